@@ -1,0 +1,1 @@
+"""Control and application layer: CLI, inference clients, (later) the inferlet runtime."""

@@ -1,0 +1,88 @@
+"""Typed configuration of the inference layer: the model's shape and the server's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_ENDPOINT = "ipc:///tmp/oven-inference.sock"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+BACKENDS = ("auto", "torch", "flashinfer")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder, independent of where the weights came from."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    max_position: int
+
+    def __post_init__(self) -> None:
+        if self.num_q_heads % self.num_kv_heads:
+            raise ValueError(f"{self.name}: {self.num_q_heads} query heads is not a multiple of {self.num_kv_heads} kv heads")
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim", "max_position"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{self.name}: {field} must be positive")
+
+    def kv_page_bytes(self, page_size: int, dtype_bytes: int) -> int:
+        """Bytes of one KvPage over all layers (K and V)."""
+        return self.num_layers * 2 * page_size * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def num_params(self) -> int:
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        q = self.num_q_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + self.num_layers * per_layer + h + head
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceConfig:
+    """Settings of one inference process. ``None`` sizes are derived at startup."""
+
+    model: str = DEFAULT_MODEL
+    endpoint: str = DEFAULT_ENDPOINT
+    device: str = "auto"
+    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    attention_backend: str = "auto"  # flashinfer on CUDA when it imports, else torch
+    page_size: int = 16
+    num_kv_pages: int | None = None  # overrides kv_memory_bytes
+    kv_memory_bytes: int | None = None  # None: 512 MiB on CPU, 85% of free GPU memory on CUDA
+    num_host_pages: int | None = None  # None: as many as num_kv_pages
+    num_embeds: int = 8192
+    max_batch_items: int = 512
+    max_batch_tokens: int = 8192
+    default_top_k: int = 256
+    torch_threads: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, not {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(f"attention_backend must be one of {BACKENDS}, not {self.attention_backend!r}")
+        if not 1 <= self.page_size <= 256:
+            raise ValueError("page_size must be between 1 and 256")
+        for field in ("num_kv_pages", "kv_memory_bytes", "num_host_pages", "torch_threads"):
+            value = getattr(self, field)
+            if value is not None and value <= 0:
+                raise ValueError(f"{field} must be positive")
+        for field in ("num_embeds", "max_batch_items", "max_batch_tokens", "default_top_k"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be positive")
+
+    def replace(self, **changes) -> "InferenceConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,293 @@
+"""The batched handlers: one request = one batch of one call type, one outcome per item.
+
+:class:`Engine` owns the model, the pools and the attention backend. Each
+handler validates its items first (a bad item gets an :class:`ItemError` and
+is left out of the batch), runs the good ones together, and returns the reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from oven.proto import inference as p
+
+from .attention import make_backend
+from .attention.base import BatchLayout
+from .config import InferenceConfig
+from .llama import PagedLlama, build_model
+from .memory import EmbedPool, HostKvTier, KvPagePool
+from .models import ModelSource, resolve_model
+from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
+                       check_positions, check_token_range, check_top_k, unpack_mask)
+
+log = logging.getLogger(__name__)
+
+TRAITS = [p.TRAIT_INPUT_TEXT, p.TRAIT_TOKENIZE, p.TRAIT_OUTPUT_TEXT, p.TRAIT_FORWARD,
+          p.TRAIT_FORWARD_TEXT, p.TRAIT_KVPAGE_HOST_TIER]
+
+
+class BatchTooLarge(ValueError):
+    """The whole request exceeds the batch limits; the server answers with an ErrorReply."""
+
+
+class Engine:
+    def __init__(self, cfg: InferenceConfig, progress: bool = True):
+        self.cfg = cfg
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.source: ModelSource = resolve_model(cfg.model)
+        self.model: PagedLlama = build_model(self.source, self.device, self.dtype, cfg.seed, progress)
+        mc = self.model.config
+        num_pages = cfg.num_kv_pages or self._pages_for_budget()
+        self.kv_pool = KvPagePool(mc, num_pages, cfg.page_size, self.dtype, self.device)
+        self.embed_pool = EmbedPool(cfg.num_embeds, mc.hidden_size, self.dtype, self.device)
+        self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or num_pages)
+        self.backend = make_backend(cfg.attention_backend, self.kv_pool, mc.num_q_heads)
+        self.limits = Limits(num_pages, cfg.page_size, cfg.num_embeds, self.host_tier.num_slots,
+                             mc.vocab_size, mc.max_position)
+        self.started = time.monotonic()
+        self.num_batches = self.num_items = self.num_item_errors = 0
+        self.handlers: dict[type, Callable] = {
+            p.EmbedTextRequest: self.embed_text,
+            p.ForwardRequest: self.forward,
+            p.NextDistRequest: self.next_dist,
+            p.ForwardTextRequest: self.forward_text,
+            p.CopyKvPageRequest: self.copy_kvpage,
+            p.MaskKvPageRequest: self.mask_kvpage,
+            p.OffloadRequest: self.offload,
+            p.RestoreRequest: self.restore,
+            p.InfoRequest: self.info,
+            p.HealthRequest: self.health,
+        }
+        log.info("%s on %s/%s, %s attention, %d pages of %d tokens, %d host slots, %d embeds",
+                 mc.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
+                 num_pages, cfg.page_size, self.host_tier.num_slots, cfg.num_embeds)
+
+    def _pages_for_budget(self) -> int:
+        page_bytes = self.model.config.kv_page_bytes(self.cfg.page_size, self.dtype.itemsize)
+        budget = self.cfg.kv_memory_bytes
+        if budget is None:
+            budget = int(torch.cuda.mem_get_info()[0] * 0.85) if self.device.type == "cuda" else 512 << 20
+        return max(1, budget // page_bytes)
+
+    def handle(self, request):
+        """Dispatch a decoded request to its handler (KeyError for a type with none)."""
+        reply = self.handlers[type(request)](request)
+        if isinstance(request, p.BATCH_REQUESTS):
+            self.num_batches += 1
+            self.num_items += len(request.items)
+            self.num_item_errors += sum(e is not None for e in reply.errors)
+        return reply
+
+    # -- embed / forward / sample -------------------------------------------
+
+    def embed_text(self, req: p.EmbedTextRequest) -> p.AckReply:
+        def check(item: p.EmbedTextItem):
+            check_lengths(token_ids=item.token_ids, positions=item.positions, embed_ids=item.embed_ids)
+            check_ids(item.token_ids, self.limits.vocab_size, p.ERR_BAD_TOKEN, "token")
+            check_positions(self.limits, item.positions)
+            check_ids(item.embed_ids, self.limits.num_embeds, p.ERR_BAD_EMBED, "embed")
+
+        errors, good = self._validate(req.items, check)
+        if good:
+            items = [req.items[i] for i in good]
+            tokens = self._long([t for it in items for t in it.token_ids])
+            self.embed_pool.store(self._long([e for it in items for e in it.embed_ids]),
+                                  self.model.embed(tokens),
+                                  self._long([q for it in items for q in it.positions]))
+        return p.AckReply(errors)
+
+    def forward(self, req: p.ForwardRequest) -> p.AckReply:
+        def check(item: p.ForwardItem):
+            num_inputs = len(item.input_embed_ids)
+            kv_len = check_context(self.limits, item.kv_page_ids, item.kv_last_page_len, num_inputs)
+            check_ids(item.input_embed_ids + item.output_embed_ids, self.limits.num_embeds, p.ERR_BAD_EMBED, "embed")
+            unwritten = [e for e in item.input_embed_ids if not self.embed_pool.written[e]]
+            if unwritten:
+                raise ItemFailure(p.ERR_BAD_EMBED, f"input embed {unwritten[0]} was never written")
+            check_lengths(output_indices=item.output_indices, output_embed_ids=item.output_embed_ids)
+            check_outputs(item.output_indices, num_inputs)
+            return unpack_mask(item.attention_mask, num_inputs, kv_len)
+
+        errors, good = self._validate(req.items, check)
+        if good:
+            items = [req.items[i] for i in good]
+            self._check_batch(sum(len(it.input_embed_ids) for it in items), len(items))
+            input_ids = self._long([e for it in items for e in it.input_embed_ids])
+            hidden = self.embed_pool.embeds[input_ids]
+            positions = self.embed_pool.positions[input_ids]
+            layout = BatchLayout.build(self.cfg.page_size, [
+                (it.kv_page_ids, it.kv_last_page_len, len(it.input_embed_ids), good[i]) for i, it in zip(good, items)])
+            out = self._run(hidden, positions, layout)
+            rows = self._output_rows(layout, [it.output_indices for it in items])
+            self.embed_pool.store(self._long([e for it in items for e in it.output_embed_ids]),
+                                  out[rows], positions[rows])
+        return p.AckReply(errors)
+
+    def next_dist(self, req: p.NextDistRequest) -> p.NextDistReply:
+        def check(item: p.NextDistItem):
+            check_ids([item.embed_id], self.limits.num_embeds, p.ERR_BAD_EMBED, "embed")
+            if not self.embed_pool.written[item.embed_id]:
+                raise ItemFailure(p.ERR_BAD_EMBED, f"embed {item.embed_id} was never written")
+            check_top_k(item.top_k, self.limits.vocab_size)
+
+        errors, good = self._validate(req.items, check)
+        dists: list[p.TopKDist | None] = [None] * len(req.items)
+        if good:
+            hidden = self.embed_pool.embeds[self._long([req.items[i].embed_id for i in good])]
+            for i, dist in zip(good, self._top_k(hidden, [req.items[i].top_k for i in good])):
+                dists[i] = dist
+        return p.NextDistReply(errors, dists)
+
+    def forward_text(self, req: p.ForwardTextRequest) -> p.ForwardTextReply:
+        def check(item: p.ForwardTextItem):
+            num_inputs = check_lengths(token_ids=item.token_ids, positions=item.positions)
+            kv_len = check_context(self.limits, item.kv_page_ids, item.kv_last_page_len, num_inputs)
+            check_ids(item.token_ids, self.limits.vocab_size, p.ERR_BAD_TOKEN, "token")
+            check_positions(self.limits, item.positions)
+            check_outputs(item.output_indices, num_inputs)
+            check_top_k(item.top_k, self.limits.vocab_size)
+            return unpack_mask(item.attention_mask, num_inputs, kv_len)
+
+        errors, good = self._validate(req.items, check)
+        dists: list[list[p.TopKDist] | None] = [None] * len(req.items)
+        if good:
+            items = [req.items[i] for i in good]
+            self._check_batch(sum(len(it.token_ids) for it in items), len(items))
+            hidden = self.model.embed(self._long([t for it in items for t in it.token_ids]))
+            positions = self._long([q for it in items for q in it.positions])
+            layout = BatchLayout.build(self.cfg.page_size, [
+                (it.kv_page_ids, it.kv_last_page_len, len(it.token_ids), good[i]) for i, it in zip(good, items)])
+            out = self._run(hidden, positions, layout)
+            rows = self._output_rows(layout, [it.output_indices for it in items])
+            top_ks = [it.top_k for it in items for _ in it.output_indices]
+            flat = iter(self._top_k(out[rows], top_ks))
+            for i, it in zip(good, items):
+                dists[i] = [next(flat) for _ in it.output_indices]
+        return p.ForwardTextReply(errors, dists)
+
+    # -- KvPage management --------------------------------------------------
+
+    def copy_kvpage(self, req: p.CopyKvPageRequest) -> p.AckReply:
+        def check(item: p.CopyKvPageItem):
+            check_ids([item.src_page_id, item.dst_page_id], self.limits.num_pages, p.ERR_BAD_PAGE, "page")
+            check_token_range(self.limits, item.src_offset, item.num_tokens, "source")
+            check_token_range(self.limits, item.dst_offset, item.num_tokens, "destination")
+
+        errors, good = self._validate(req.items, check)
+        for i in good:  # in order: a later copy may read what an earlier one wrote
+            it = req.items[i]
+            self.kv_pool.copy_tokens(it.src_page_id, it.dst_page_id, it.src_offset, it.dst_offset, it.num_tokens)
+        return p.AckReply(errors)
+
+    def mask_kvpage(self, req: p.MaskKvPageRequest) -> p.AckReply:
+        def check(item: p.MaskKvPageItem):
+            check_ids([item.page_id], self.limits.num_pages, p.ERR_BAD_PAGE, "page")
+            if len(item.masked) != self.limits.page_size:
+                raise ItemFailure(p.ERR_BAD_ARGUMENT, f"masked must have {self.limits.page_size} entries")
+
+        errors, good = self._validate(req.items, check)
+        if good:
+            self.kv_pool.set_mask([req.items[i].page_id for i in good], [req.items[i].masked for i in good])
+        return p.AckReply(errors)
+
+    def offload(self, req: p.OffloadRequest) -> p.AckReply:
+        def check(item: p.OffloadItem):
+            check_ids([item.page_id], self.limits.num_pages, p.ERR_BAD_PAGE, "page")
+            check_ids([item.host_slot_id], self.limits.num_host_slots, p.ERR_BAD_PAGE, "host slot")
+
+        errors, good = self._validate(req.items, check)
+        if good:
+            self.host_tier.offload([req.items[i].page_id for i in good], [req.items[i].host_slot_id for i in good])
+        return p.AckReply(errors)
+
+    def restore(self, req: p.RestoreRequest) -> p.AckReply:
+        def check(item: p.RestoreItem):
+            check_ids([item.page_id], self.limits.num_pages, p.ERR_BAD_PAGE, "page")
+            check_ids([item.host_slot_id], self.limits.num_host_slots, p.ERR_BAD_PAGE, "host slot")
+            if not self.host_tier.occupied[item.host_slot_id]:
+                raise ItemFailure(p.ERR_BAD_PAGE, f"host slot {item.host_slot_id} holds no offloaded page")
+
+        errors, good = self._validate(req.items, check)
+        if good:
+            self.host_tier.restore([req.items[i].host_slot_id for i in good], [req.items[i].page_id for i in good])
+        return p.AckReply(errors)
+
+    # -- info -----------------------------------------------------------------
+
+    def info(self, _req: p.InfoRequest) -> p.InfoReply:
+        mc = self.model.config
+        return p.InfoReply(
+            model_name=mc.name, architecture="llama", vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
+            num_layers=mc.num_layers, max_position=mc.max_position, device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."), attention_backend=self.backend.name,
+            page_size=self.cfg.page_size, num_kv_pages=self.kv_pool.num_pages, num_embeds=self.cfg.num_embeds,
+            num_host_pages=self.host_tier.num_slots, max_batch_items=self.cfg.max_batch_items,
+            max_batch_tokens=self.cfg.max_batch_tokens, default_top_k=self.cfg.default_top_k,
+            traits=list(TRAITS), tokenizer=self.source.tokenizer)
+
+    def health(self, _req: p.HealthRequest) -> p.HealthReply:
+        return p.HealthReply(True, time.monotonic() - self.started, self.num_batches, self.num_items,
+                             self.num_item_errors)
+
+    # -- helpers --------------------------------------------------------------
+
+    def _validate(self, items: list, check: Callable) -> tuple[list[p.ItemError | None], dict[int, object]]:
+        """Run ``check`` on every item; return per-item errors and {index: check's result} of the good ones."""
+        errors: list[p.ItemError | None] = [None] * len(items)
+        good: dict[int, object] = {}
+        for i, item in enumerate(items):
+            try:
+                good[i] = check(item)
+            except ItemFailure as failure:
+                errors[i] = failure.error
+        return errors, good
+
+    def _check_batch(self, num_tokens: int, num_items: int) -> None:
+        if num_tokens > self.cfg.max_batch_tokens or num_items > self.cfg.max_batch_items:
+            raise BatchTooLarge(f"batch of {num_items} items / {num_tokens} tokens exceeds the limits "
+                                f"({self.cfg.max_batch_items} items / {self.cfg.max_batch_tokens} tokens)")
+
+    @torch.inference_mode()
+    def _run(self, hidden: torch.Tensor, positions: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
+        self.backend.plan(layout)
+        return self.model(hidden, positions, self.backend)
+
+    def _output_rows(self, layout: BatchLayout, output_indices: list[list[int]]) -> torch.Tensor:
+        rows = [layout.qo_indptr[b] + j for b, idx in enumerate(output_indices) for j in idx]
+        return self._long(rows)
+
+    @torch.inference_mode()
+    def _top_k(self, hidden: torch.Tensor, top_ks: list[int]) -> list[p.TopKDist]:
+        if not top_ks:
+            return []
+        ks = [k or self.cfg.default_top_k for k in top_ks]
+        probs = torch.softmax(self.model.logits(hidden), dim=-1)
+        values, ids = torch.topk(probs, min(max(ks), probs.shape[-1]), dim=-1)
+        values = values.cpu().numpy().astype("<f4")
+        ids = ids.cpu().numpy().astype("<i4")
+        return [p.TopKDist(ids[r, :k].tobytes(), values[r, :k].tobytes()) for r, k in enumerate(ks)]
+
+    def _long(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)

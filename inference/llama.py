@@ -1,0 +1,192 @@
+"""A Llama-family decoder that reads and writes a paged KV cache.
+
+Parameter names match transformers' ``LlamaForCausalLM``, so a state dict moves
+between the two unchanged (the tests rely on this). Attention is delegated to
+an :class:`~oven.inference.attention.base.AttentionBackend` that has already
+been planned for the batch: this module only does the dense math.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .attention.base import AttentionBackend
+from .config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like transformers, so bf16 results match it too.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_q_heads, self.num_kv_heads, self.head_dim = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_q_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_q_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, backend: AttentionBackend, layer_idx: int) -> torch.Tensor:
+        n = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(n, self.num_q_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        out = backend.run(layer_idx, q, k, v)
+        return self.o_proj(out.reshape(n, self.num_q_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, cos, sin, backend, layer_idx):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, layer_idx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Body(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class PagedLlama(nn.Module):
+    """Llama decoder over token-flattened batches.
+
+    Shapes: N tokens in the batch, H hidden size, V vocabulary.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = Body(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # RoPE: float32 inverse frequencies [head_dim / 2] and cos/sin scale. A plain
+        # tuple, not a buffer, so casting the model to bf16 never rounds them.
+        self.rope_params: tuple[torch.Tensor, float] = (torch.ones(cfg.head_dim // 2), 1.0)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """int64 [N] -> [N, H] in the model dtype."""
+        return self.model.embed_tokens(token_ids)
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+        """Input embeddings [N, H] at int64 ``positions`` [N] -> final normed hidden states [N, H].
+
+        ``backend`` must have been planned for this batch; it writes every
+        layer's K/V of the N tokens into their pages before attending.
+        """
+        cos, sin = self.rope(positions, hidden.dtype)
+        for i, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, cos, sin, backend, i)
+        return self.model.norm(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [M, H] -> float32 logits [M, V]."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (hidden @ weight.T).float()
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq, scaling = self.rope_params
+        freqs = positions[:, None].float() * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+    # -- weights ----------------------------------------------------------
+
+    def load_safetensors(self, folder: Path, progress: bool = True) -> None:
+        """Copy every tensor of ``folder/*.safetensors`` into the matching parameter."""
+        from safetensors import safe_open
+        from tqdm import tqdm
+
+        params = dict(self.named_parameters())
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{folder}: no *.safetensors files")
+        loaded = set()
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in tqdm(list(f.keys()), desc=f"loading {file.name}", disable=not progress, unit="tensor"):
+                    if name in params:
+                        params[name].data.copy_(f.get_tensor(name))
+                        loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def init_random(self, seed: int) -> None:
+        """Deterministic random weights: N(0, 0.02) matrices, unit norms (same seed, same device -> same model)."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.data.fill_(1.0)
+            else:
+                param.data.normal_(0.0, 0.02, generator=gen)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D], cos/sin [N, D] -> x rotated (the half-split layout transformers uses)."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def build_model(source, device: torch.device, dtype: torch.dtype, seed: int = 0, progress: bool = True) -> PagedLlama:
+    """Instantiate a :class:`PagedLlama` for a :class:`~oven.inference.models.ModelSource`."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope = LlamaRotaryEmbedding(source.hf_config)
+    with torch.device("meta"):
+        model = PagedLlama(source.config)
+    model = model.to_empty(device=device).to(dtype)
+    model.rope_params = (rope.inv_freq.float().to(device), float(rope.attention_scaling))
+    if source.weights_dir is None:
+        log.info("initialising %s with random weights (seed %d)", source.name, seed)
+        model.init_random(seed)
+    else:
+        model.load_safetensors(Path(source.weights_dir), progress=progress)
+    return model.eval().requires_grad_(False)

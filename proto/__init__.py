@@ -1,0 +1,1 @@
+"""Contracts between oven's processes: typed messages and their one codec."""

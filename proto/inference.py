@@ -1,0 +1,310 @@
+"""Messages between the control layer and an inference process.
+
+Transport: ZeroMQ, the inference process binds a ROUTER, the control layer
+connects a DEALER. Every frame is one envelope of :data:`CODEC`. One request
+carries one batch of a single call type; its reply carries one outcome per item,
+in order, so a bad item fails alone. All ids here are *physical* ids: the
+inference layer never sees an inferlet's virtual handles and makes no policy
+decision.
+
+Conventions shared by the forward calls:
+
+* A context is a list of KvPage ids plus ``kv_last_page_len`` (1..page_size),
+  the number of valid tokens in the last page *after* the call, FlashInfer
+  style. Its length is ``(len(kv_page_ids) - 1) * page_size + kv_last_page_len``.
+* The call's inputs are the *last* ``num_inputs`` tokens of that context: their
+  K/V are written there, and they attend causally to everything before them.
+* ``attention_mask`` (optional) has one entry per input: the bits of
+  ``numpy.packbits(bool_row)`` over the whole context, 1 = may attend. It is
+  combined (AND) with causality and with the page mask set by ``MaskKvPage``.
+* Distributions are top-K, sorted by probability (descending); ``token_ids``
+  is little-endian int32 bytes and ``probs`` little-endian float32 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .codec import Codec
+
+PROTOCOL_VERSION = 1
+
+# Traits (Pie §4.4) a model served by an inference process may implement.
+TRAIT_INPUT_TEXT = "input_text"
+TRAIT_TOKENIZE = "tokenize"
+TRAIT_OUTPUT_TEXT = "output_text"
+TRAIT_FORWARD = "forward"
+TRAIT_FORWARD_TEXT = "forward_text"
+TRAIT_KVPAGE_HOST_TIER = "kvpage_host_tier"
+
+
+# -- items ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedTextItem:
+    """Store the embedding of ``token_ids[i]`` at position ``positions[i]`` in ``embed_ids[i]``."""
+
+    token_ids: list[int]
+    positions: list[int]
+    embed_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardItem:
+    """Run input embeds through the model over a paged context.
+
+    ``output_indices[j]`` (an index into ``input_embed_ids``) selects the input
+    whose final hidden state is stored in ``output_embed_ids[j]``.
+    """
+
+    kv_page_ids: list[int]
+    kv_last_page_len: int
+    input_embed_ids: list[int]
+    output_indices: list[int]
+    output_embed_ids: list[int]
+    attention_mask: list[bytes] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NextDistItem:
+    """Top-``top_k`` next-token distribution of an output embed (``top_k`` 0 = server default)."""
+
+    embed_id: int
+    top_k: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTextItem:
+    """Fused embed + forward + next-dist: tokens in, distributions at ``output_indices`` out."""
+
+    token_ids: list[int]
+    positions: list[int]
+    kv_page_ids: list[int]
+    kv_last_page_len: int
+    output_indices: list[int]
+    top_k: int = 0
+    attention_mask: list[bytes] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyKvPageItem:
+    """Copy ``num_tokens`` token slots (K, V and mask bits, every layer) between pages."""
+
+    src_page_id: int
+    dst_page_id: int
+    src_offset: int
+    dst_offset: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class MaskKvPageItem:
+    """Set the page's mask bits: ``masked[i]`` True hides token slot i from later forwards."""
+
+    page_id: int
+    masked: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadItem:
+    """Copy GPU-tier page ``page_id`` (all layers, mask bits) into host slot ``host_slot_id``."""
+
+    page_id: int
+    host_slot_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreItem:
+    """Copy host slot ``host_slot_id`` back into GPU-tier page ``page_id``."""
+
+    host_slot_id: int
+    page_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopKDist:
+    token_ids: bytes  # int32 little-endian
+    probs: bytes  # float32 little-endian
+
+
+@dataclass(frozen=True, slots=True)
+class ItemError:
+    code: str  # one of the ERR_* constants
+    message: str
+
+
+ERR_BAD_PAGE = "bad_page"
+ERR_BAD_EMBED = "bad_embed"
+ERR_BAD_POSITION = "bad_position"
+ERR_BAD_TOKEN = "bad_token"
+ERR_BAD_ARGUMENT = "bad_argument"
+ERR_INTERNAL = "internal"
+
+
+# -- requests ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedTextRequest:
+    items: list[EmbedTextItem]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRequest:
+    items: list[ForwardItem]
+
+
+@dataclass(frozen=True, slots=True)
+class NextDistRequest:
+    items: list[NextDistItem]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTextRequest:
+    items: list[ForwardTextItem]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyKvPageRequest:
+    items: list[CopyKvPageItem]
+
+
+@dataclass(frozen=True, slots=True)
+class MaskKvPageRequest:
+    items: list[MaskKvPageItem]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadRequest:
+    items: list[OffloadItem]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreRequest:
+    items: list[RestoreItem]
+
+
+@dataclass(frozen=True, slots=True)
+class InfoRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRequest:
+    pass
+
+
+BATCH_REQUESTS = (
+    EmbedTextRequest,
+    ForwardRequest,
+    NextDistRequest,
+    ForwardTextRequest,
+    CopyKvPageRequest,
+    MaskKvPageRequest,
+    OffloadRequest,
+    RestoreRequest,
+)
+
+
+# -- replies ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AckReply:
+    """Reply to a batch with no payload per item: ``errors[i]`` is None when item i succeeded."""
+
+    errors: list[ItemError | None]
+
+
+@dataclass(frozen=True, slots=True)
+class NextDistReply:
+    errors: list[ItemError | None]
+    dists: list[TopKDist | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardTextReply:
+    errors: list[ItemError | None]
+    dists: list[list[TopKDist] | None]  # one distribution per output index
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerSpec:
+    """Everything the control layer needs to tokenize without crossing processes."""
+
+    tokenizer_json: str  # a `tokenizers.Tokenizer` serialised with to_str()
+    chat_template: str  # Jinja2, Hugging Face conventions; "" when the model has none
+    bos_token: str
+    eos_token: str
+    stop_token_ids: list[int]  # eos and end-of-turn ids
+
+
+@dataclass(frozen=True, slots=True)
+class InfoReply:
+    model_name: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    max_position: int
+    device: str
+    dtype: str
+    attention_backend: str
+    page_size: int
+    num_kv_pages: int
+    num_embeds: int
+    num_host_pages: int
+    max_batch_items: int
+    max_batch_tokens: int
+    default_top_k: int
+    traits: list[str]
+    tokenizer: TokenizerSpec
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReply:
+    ok: bool
+    uptime_s: float
+    num_batches: int
+    num_items: int
+    num_item_errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """The whole message was rejected (malformed, unknown type, wrong version)."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdleNotice:
+    """Unsolicited: the server has nothing queued. Sent with request_id 0."""
+
+    num_batches: int
+
+
+CODEC = Codec(
+    PROTOCOL_VERSION,
+    {
+        "embed_text": EmbedTextRequest,
+        "forward": ForwardRequest,
+        "next_dist": NextDistRequest,
+        "forward_text": ForwardTextRequest,
+        "copy_kvpage": CopyKvPageRequest,
+        "mask_kvpage": MaskKvPageRequest,
+        "offload": OffloadRequest,
+        "restore": RestoreRequest,
+        "info": InfoRequest,
+        "health": HealthRequest,
+        "ack": AckReply,
+        "next_dist_reply": NextDistReply,
+        "forward_text_reply": ForwardTextReply,
+        "info_reply": InfoReply,
+        "health_reply": HealthReply,
+        "error": ErrorReply,
+        "idle": IdleNotice,
+    },
+)
