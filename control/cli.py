@@ -1,0 +1,176 @@
+"""The ``oven`` command line.
+
+Subcommands so far:
+
+* ``oven generate PROMPT`` - greedy chat completion on a model, streamed;
+  starts a private inference process unless ``--endpoint`` names a running one;
+* ``oven inference`` - run an inference process in the foreground;
+* ``oven info`` - what a running inference process serves;
+* ``oven prepare-model [SPEC]`` - convert/cache a model ahead of time (setup uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from oven.inference.config import DEFAULT_MODEL, InferenceConfig
+
+EXIT_USAGE = 2
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import GenerationError, greedy_generate
+    from .inference_client import InferenceClient
+    from .inference_process import private_endpoint, start_inference_process
+    from .tokenizer import Tokenizer
+
+    process = None
+    if args.endpoint:
+        client = InferenceClient(args.endpoint, timeout_s=args.timeout)
+        try:
+            info = client.info()
+        except TimeoutError:
+            print(f"oven: no inference server answers at {args.endpoint}", file=sys.stderr)
+            return 1
+    else:
+        config = InferenceConfig(model=args.model, endpoint=private_endpoint(), torch_threads=args.threads,
+                                 num_kv_pages=args.num_kv_pages)
+        print(f"oven: starting an inference process for {args.model} ...", file=sys.stderr, flush=True)
+        try:
+            process = start_inference_process(config, echo_stderr=args.verbose)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"oven: {exc}", file=sys.stderr)
+            return 1
+        info, client = process.info, process.client()
+    try:
+        tokenizer = Tokenizer(info.tokenizer)
+        if args.raw:
+            prompt_ids = tokenizer.encode(args.prompt)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else [])
+            prompt_ids = tokenizer.encode_chat(messages + [{"role": "user", "content": args.prompt}])
+        stream = _TextStream(tokenizer)
+        result = greedy_generate(client, prompt_ids, args.max_new_tokens, tokenizer.stop_token_ids,
+                                 info.page_size, info.num_kv_pages, on_token=stream.push)
+        stream.finish()
+        decode_s = max(result.total_s - result.time_to_first_token_s, 1e-9)
+        print(f"[{info.model_name} on {info.device}/{info.attention_backend}: {result.prompt_tokens} prompt tokens, "
+              f"{len(result.token_ids)} generated, first token {result.time_to_first_token_s * 1000:.0f} ms, "
+              f"{(len(result.token_ids) - 1) / decode_s:.1f} tok/s, stopped by {result.stopped_by}]",
+              file=sys.stderr)
+        return 0
+    except GenerationError as exc:
+        print(f"\noven: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+        if process:
+            process.stop()
+
+
+class _TextStream:
+    """Print decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.token_ids, self.printed = tokenizer, [], ""
+
+    def push(self, token_id: int) -> None:
+        if token_id in self.tokenizer.stop_token_ids:
+            return
+        self.token_ids.append(token_id)
+        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[len(self.printed):])
+        sys.stdout.flush()
+        self.printed = text
+
+    def finish(self) -> None:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .inference_client import InferenceClient
+
+    with InferenceClient(args.endpoint, timeout_s=args.timeout) as client:
+        try:
+            info = client.info()
+        except TimeoutError:
+            print(f"oven: no inference server answers at {args.endpoint}", file=sys.stderr)
+            return 1
+    for name in info.__dataclass_fields__:
+        if name != "tokenizer":
+            print(f"{name:18} {getattr(info, name)}")
+    print(f"{'stop_token_ids':18} {info.tokenizer.stop_token_ids}")
+    return 0
+
+
+def cmd_prepare_model(args: argparse.Namespace) -> int:
+    import logging
+
+    from oven.inference.models import resolve_model
+
+    logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
+    source = resolve_model(args.model, progress=lambda msg: print(f"oven: {msg}", file=sys.stderr))
+    cfg = source.config
+    print(f"oven: {cfg.name} ready: {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"vocab {cfg.vocab_size}, {cfg.num_params() / 1e6:.0f}M parameters", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oven", description="oven: a programmable LLM serving system.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="greedy chat completion, streamed",
+                         description="Greedy chat completion of PROMPT, streamed to stdout; stats go to stderr.")
+    gen.add_argument("prompt", metavar="PROMPT")
+    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
+    gen.add_argument("--endpoint", help="use the inference process at this ZeroMQ endpoint instead of starting one")
+    gen.add_argument("--max-new-tokens", type=int, default=128, help="default 128")
+    gen.add_argument("--system", help="system message (default: the chat template's own)")
+    gen.add_argument("--raw", action="store_true", help="feed PROMPT as plain text, without the chat template")
+    gen.add_argument("--threads", type=int, default=None, help="torch threads in the inference process")
+    gen.add_argument("--num-kv-pages", type=int, default=None, help="KV pages to allocate (default: memory budget)")
+    gen.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one reply")
+    gen.add_argument("-v", "--verbose", action="store_true", help="show the inference process's log")
+    gen.set_defaults(func=cmd_generate)
+
+    inf = sub.add_parser("inference", help="run an inference process in the foreground", add_help=False)
+    inf.set_defaults(func=None)
+
+    info = sub.add_parser("info", help="show what a running inference process serves")
+    info.add_argument("--endpoint", default=InferenceConfig.endpoint, help=f"default {InferenceConfig.endpoint}")
+    info.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
+    info.set_defaults(func=cmd_info)
+
+    prep = sub.add_parser("prepare-model", help="convert and cache a model ahead of time")
+    prep.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
+    prep.set_defaults(func=cmd_prepare_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "inference":  # its flags mirror InferenceConfig; let the server parse them
+        from oven.inference.server import main as inference_main
+
+        return inference_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("\noven: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Client side of the inference protocol: a DEALER socket that speaks :data:`oven.proto.inference.CODEC`.
+
+Requests may be pipelined: :meth:`InferenceClient.send` returns the request id
+at once and :meth:`InferenceClient.recv` yields replies as they come, with
+idle notices counted on the side; :meth:`InferenceClient.call` is the
+blocking round trip built on the two.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import zmq
+
+from oven.proto import inference as p
+
+
+class InferenceError(RuntimeError):
+    """The server rejected a whole request (an :class:`ErrorReply`)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class InferenceClient:
+    def __init__(self, endpoint: str, timeout_s: float = 600.0):
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._early: dict[int, object] = {}  # replies that arrived while waiting for another
+        self.num_idle_notices = 0
+        self.server_idle = True
+
+    def send(self, request) -> int:
+        request_id = next(self._ids)
+        self._sock.send(p.CODEC.encode(request, request_id))
+        self.server_idle = False
+        return request_id
+
+    def send_raw(self, payload: bytes) -> None:
+        """Send bytes as they are (for tests of malformed input)."""
+        self._sock.send(payload)
+
+    def recv(self, timeout_s: float | None = None) -> tuple[int, object]:
+        """Next (request_id, reply), skipping idle notices; TimeoutError when none comes in time."""
+        while True:
+            if not self._sock.poll(int(1000 * (self.timeout_s if timeout_s is None else timeout_s))):
+                raise TimeoutError(f"no reply from the inference server at {self.endpoint}")
+            envelope = p.CODEC.decode(self._sock.recv())
+            if isinstance(envelope.message, p.IdleNotice):
+                self.num_idle_notices += 1
+                self.server_idle = True
+                continue
+            return envelope.request_id, envelope.message
+
+    def wait(self, request_id: int, timeout_s: float | None = None):
+        """The reply to ``request_id``; an ErrorReply raises :class:`InferenceError`."""
+        reply = self._early.pop(request_id, None)
+        while reply is None:
+            rid, message = self.recv(timeout_s)
+            if rid == request_id:
+                reply = message
+            else:
+                self._early[rid] = message
+        if isinstance(reply, p.ErrorReply):
+            raise InferenceError(reply.code, reply.message)
+        return reply
+
+    def call(self, request, timeout_s: float | None = None):
+        return self.wait(self.send(request), timeout_s)
+
+    def info(self) -> p.InfoReply:
+        return self.call(p.InfoRequest())
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+    def __enter__(self) -> "InferenceClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

