@@ -1,0 +1,47 @@
+"""Shared fixtures. Every test runs on the CPU with one torch thread (two are erratic on CI machines)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["OVEN_TORCH_THREADS"] = "1"  # inherited by spawned inference processes
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from oven.inference.config import InferenceConfig  # noqa: E402
+from oven.inference.engine import Engine  # noqa: E402
+
+MODELS = ["tiny", "smollm2-135m-instruct"]
+
+
+def make_engine(model: str, **overrides) -> Engine:
+    cfg = dict(model=model, device="cpu", num_kv_pages=64, num_host_pages=16, num_embeds=1024, torch_threads=1)
+    cfg.update(overrides)
+    return Engine(InferenceConfig(**cfg), progress=False)
+
+
+def hf_reference(engine: Engine):
+    """transformers' LlamaForCausalLM holding exactly the engine's weights."""
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM(engine.source.hf_config).to(engine.dtype).eval()
+    result = hf.load_state_dict(engine.model.state_dict(), strict=False)
+    assert not result.unexpected_keys
+    assert set(result.missing_keys) <= {"lm_head.weight"} and hf.config.tie_word_embeddings == (
+        "lm_head.weight" in result.missing_keys)
+    return hf
+
+
+@pytest.fixture(scope="session", params=MODELS)
+def engine_and_hf(request):
+    engine = make_engine(request.param)
+    return engine, hf_reference(engine)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    return make_engine("tiny")
