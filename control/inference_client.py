@@ -45,17 +45,30 @@ class InferenceClient:
         """Send bytes as they are (for tests of malformed input)."""
         self._sock.send(payload)
 
+    def _next(self, timeout_s: float | None) -> tuple[int, object] | None:
+        """One message off the socket: (request_id, reply), or None for an idle notice."""
+        if not self._sock.poll(int(1000 * (self.timeout_s if timeout_s is None else timeout_s))):
+            raise TimeoutError(f"no message from the inference server at {self.endpoint}")
+        envelope = p.CODEC.decode(self._sock.recv())
+        if isinstance(envelope.message, p.IdleNotice):
+            self.num_idle_notices += 1
+            self.server_idle = True
+            return None
+        return envelope.request_id, envelope.message
+
     def recv(self, timeout_s: float | None = None) -> tuple[int, object]:
         """Next (request_id, reply), skipping idle notices; TimeoutError when none comes in time."""
         while True:
-            if not self._sock.poll(int(1000 * (self.timeout_s if timeout_s is None else timeout_s))):
-                raise TimeoutError(f"no reply from the inference server at {self.endpoint}")
-            envelope = p.CODEC.decode(self._sock.recv())
-            if isinstance(envelope.message, p.IdleNotice):
-                self.num_idle_notices += 1
-                self.server_idle = True
-                continue
-            return envelope.request_id, envelope.message
+            message = self._next(timeout_s)
+            if message is not None:
+                return message
+
+    def wait_idle(self, timeout_s: float | None = None) -> None:
+        """Block until the server reports idle (replies that arrive meanwhile are kept for :meth:`wait`)."""
+        while not self.server_idle:
+            message = self._next(timeout_s)
+            if message is not None:
+                self._early[message[0]] = message[1]
 
     def wait(self, request_id: int, timeout_s: float | None = None):
         """The reply to ``request_id``; an ErrorReply raises :class:`InferenceError`."""

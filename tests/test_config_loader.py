@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from oven.inference.config import InferenceConfig
+from oven.proto.config_loader import add_config_arguments, config_from_args, config_to_argv
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, InferenceConfig)
+    return parser.parse_args(argv)
+
+
+def test_precedence_file_env_flags(tmp_path, monkeypatch):
+    config = tmp_path / "oven.toml"
+    config.write_text('[inference]\npage_size = 8\nnum_embeds = 100\nmodel = "tiny"\n')
+    monkeypatch.setenv("OVEN_NUM_EMBEDS", "200")
+    monkeypatch.setenv("OVEN_MODEL", "dummy:llama-3.2-1b")
+    cfg = config_from_args(InferenceConfig, parse(["--config", str(config), "--model", "tiny", "--num-kv-pages", "7"]))
+    assert (cfg.page_size, cfg.num_embeds, cfg.model, cfg.num_kv_pages) == (8, 200, "tiny", 7)
+
+
+def test_argv_round_trip(monkeypatch):
+    for name in ("OVEN_TORCH_THREADS", "OVEN_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = InferenceConfig(model="tiny", page_size=32, num_kv_pages=5)
+    assert config_from_args(InferenceConfig, parse(config_to_argv(cfg))) == cfg
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--page-size", "0"], "page_size"),
+    (["--device", "tpu"], "device must be one of"),
+    (["--dtype", "int4"], "dtype must be one of"),
+])
+def test_invalid_settings_are_explained(argv, fragment, monkeypatch):
+    monkeypatch.delenv("OVEN_TORCH_THREADS", raising=False)
+    with pytest.raises(ValueError, match=fragment):
+        config_from_args(InferenceConfig, parse(argv))
+
+
+def test_unknown_file_setting_is_rejected(tmp_path):
+    config = tmp_path / "oven.toml"
+    config.write_text("[inference]\npage_sise = 8\n")
+    with pytest.raises(ValueError, match="page_sise"):
+        config_from_args(InferenceConfig, parse(["--config", str(config)]))

@@ -1,0 +1,140 @@
+"""A real inference process over ZeroMQ: per-item errors, malformed messages, idle notices."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import zmq
+
+from oven.control.inference_client import InferenceError
+from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.tokenizer import Tokenizer
+from oven.inference.config import InferenceConfig
+from oven.proto import inference as p
+
+NUM_PAGES, NUM_EMBEDS, NUM_HOST = 32, 256, 8
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=NUM_PAGES,
+                             num_embeds=NUM_EMBEDS, num_host_pages=NUM_HOST, max_batch_tokens=256,
+                             torch_threads=1)
+    with start_inference_process(config, timeout_s=120) as process:
+        yield process
+
+
+@pytest.fixture
+def client(server):
+    with server.client() as c:
+        c.timeout_s = 60
+        yield c
+
+
+def good_item(top_k=3) -> p.ForwardTextItem:
+    return p.ForwardTextItem([10, 11, 12], [0, 1, 2], [0], 3, [2], top_k=top_k)
+
+
+def test_info_describes_model_and_tokenizer(client):
+    info = client.info()
+    assert (info.model_name, info.page_size, info.num_kv_pages) == ("tiny", 16, NUM_PAGES)
+    assert (info.num_embeds, info.num_host_pages, info.attention_backend) == (NUM_EMBEDS, NUM_HOST, "torch")
+    assert p.TRAIT_FORWARD_TEXT in info.traits and p.TRAIT_KVPAGE_HOST_TIER in info.traits
+    tok = Tokenizer(info.tokenizer)
+    assert tok.decode(tok.encode("hello world")) == "hello world"
+    assert tok.token_to_id("<|im_end|>") in tok.stop_token_ids
+
+
+def test_bad_items_fail_alone(client):
+    alone = client.call(p.ForwardTextRequest([good_item()]))
+    bad = [
+        (p.ForwardTextItem([10], [0], [NUM_PAGES], 1, [0]), p.ERR_BAD_PAGE),
+        (p.ForwardTextItem([10], [0], [], 1, [0]), p.ERR_BAD_PAGE),
+        (p.ForwardTextItem([10, 11], [0, 1], [1, 1], 2, [0]), p.ERR_BAD_PAGE),
+        (p.ForwardTextItem([10], [10**9], [1], 1, [0]), p.ERR_BAD_POSITION),
+        (p.ForwardTextItem([-1], [0], [1], 1, [0]), p.ERR_BAD_TOKEN),
+        (p.ForwardTextItem([10, 11], [0], [1], 2, [0]), p.ERR_BAD_ARGUMENT),
+        (p.ForwardTextItem([10], [0], [1], 0, [0]), p.ERR_BAD_ARGUMENT),
+        (p.ForwardTextItem([10, 11, 12], [0, 1, 2], [1], 2, [0]), p.ERR_BAD_ARGUMENT),
+        (p.ForwardTextItem([10], [0], [1], 1, [1]), p.ERR_BAD_ARGUMENT),
+        (p.ForwardTextItem([10], [0], [1], 1, [0], top_k=10**6), p.ERR_BAD_ARGUMENT),
+        (p.ForwardTextItem([10], [0], [1], 1, [0], attention_mask=[b"\x80", b"\x80"]), p.ERR_BAD_ARGUMENT),
+    ]
+    reply = client.call(p.ForwardTextRequest([item for item, _ in bad] + [good_item()]))
+    assert [e.code for e in reply.errors[:-1]] == [code for _, code in bad]
+    assert all(d is None for d in reply.dists[:-1])
+    assert reply.errors[-1] is None and reply.dists[-1] == alone.dists[0]
+
+
+def test_unknown_and_unwritten_embeds(client):
+    reply = client.call(p.NextDistRequest([p.NextDistItem(NUM_EMBEDS), p.NextDistItem(NUM_EMBEDS - 1)]))
+    assert [e.code for e in reply.errors] == [p.ERR_BAD_EMBED] * 2
+    assert "never written" in reply.errors[1].message
+    reply = client.call(p.ForwardRequest([p.ForwardItem([2], 1, [NUM_EMBEDS - 2], [0], [0])]))
+    assert reply.errors[0].code == p.ERR_BAD_EMBED
+    reply = client.call(p.EmbedTextRequest([p.EmbedTextItem([1], [0], [NUM_EMBEDS]),
+                                            p.EmbedTextItem([1, 2], [0, 1], [0, 1])]))
+    assert reply.errors[0].code == p.ERR_BAD_EMBED and reply.errors[1] is None
+
+
+def test_page_management_errors(client):
+    reply = client.call(p.RestoreRequest([p.RestoreItem(0, 0), p.RestoreItem(NUM_HOST, 0)]))
+    assert [e.code for e in reply.errors] == [p.ERR_BAD_PAGE, p.ERR_BAD_PAGE]
+    assert "holds no offloaded page" in reply.errors[0].message
+    reply = client.call(p.OffloadRequest([p.OffloadItem(NUM_PAGES, 0), p.OffloadItem(3, 1)]))
+    assert reply.errors[0].code == p.ERR_BAD_PAGE and reply.errors[1] is None
+    reply = client.call(p.CopyKvPageRequest([p.CopyKvPageItem(0, 1, 10, 0, 7), p.CopyKvPageItem(0, 1, 0, 0, 16)]))
+    assert reply.errors[0].code == p.ERR_BAD_ARGUMENT and reply.errors[1] is None
+    reply = client.call(p.MaskKvPageRequest([p.MaskKvPageItem(0, [True]), p.MaskKvPageItem(-1, [False] * 16)]))
+    assert [e.code for e in reply.errors] == [p.ERR_BAD_ARGUMENT, p.ERR_BAD_PAGE]
+
+
+@pytest.mark.parametrize("payload, code", [
+    (b"\xc1 not msgpack", "malformed"),
+    (msgpack.packb([2, "forward", 5, [[]]]), "malformed"),
+    (msgpack.packb([1, "no_such_call", 5, []]), "malformed"),
+    (msgpack.packb([1, "forward", 5, [[[["x"], 1, [], [], [], None]]]]), "malformed"),
+    (p.CODEC.encode(p.IdleNotice(0), 5), "not_a_request"),
+])
+def test_malformed_messages_get_error_replies(client, payload, code):
+    client.send_raw(payload)
+    request_id, reply = client.recv()
+    assert isinstance(reply, p.ErrorReply) and reply.code == code
+    assert request_id in (0, 5)
+    assert client.call(p.ForwardTextRequest([good_item()])).errors == [None]
+
+
+def test_oversized_batch_is_rejected_whole(client):
+    item = p.ForwardTextItem(list(range(200)), list(range(200)), list(range(13)), 8, [199])
+    with pytest.raises(InferenceError) as info:
+        client.call(p.ForwardTextRequest([item, item]))
+    assert info.value.code == "batch_too_large"
+    assert client.call(p.ForwardTextRequest([item])).errors == [None]
+
+
+def test_idle_notice_follows_the_last_reply(client):
+    for _ in range(3):
+        client.send(p.ForwardTextRequest([good_item()]))
+    assert not client.server_idle
+    client.wait_idle(timeout_s=60)
+    assert client.server_idle and client.num_idle_notices >= 1
+    assert len(client._early) == 3  # the replies were kept
+
+
+def test_req_socket_peer_and_health(server, client):
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(server.config.endpoint)
+    sock.send(p.CODEC.encode(p.HealthRequest(), 9))
+    assert sock.poll(30000)
+    envelope = p.CODEC.decode(sock.recv())
+    sock.close()
+    assert envelope.request_id == 9 and envelope.message.ok
+    health = client.call(p.HealthRequest())
+    assert health.num_batches >= 1 and health.num_item_errors >= 1
+
+
+def test_sigterm_stops_the_server_cleanly():
+    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=4, num_embeds=16, torch_threads=1)
+    process = start_inference_process(config, timeout_s=120)
+    assert process.stop() == 0
