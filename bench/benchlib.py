@@ -34,7 +34,7 @@ def machine_lines() -> list[str]:
     if "cpu family" in info:
         cpu += f" (family {info['cpu family']}, model {info.get('model', '?')})"
     lines = [f"CPU: {cpu}, {os.cpu_count()} logical cores, {len(os.sched_getaffinity(0))} usable",
-             f"torch {torch.__version__}, Python {platform.python_version()}, {torch.get_num_threads()} torch threads"]
+             f"torch {torch.__version__}, Python {platform.python_version()}"]
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         lines.append(f"GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}")
@@ -115,9 +115,9 @@ def check_reply(reply: p.ForwardTextReply) -> p.ForwardTextReply:
     return reply
 
 
-def interleaved_medians(cases: dict[str, Callable[[], object]], reps: int, warmup: int,
-                        sync: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """Median seconds of each case, timed round-robin (one call of every case per round) so drift hits all alike."""
+def interleaved_times(cases: dict[str, Callable[[], object]], reps: int, warmup: int,
+                      sync: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+    """Seconds of each call of each case, timed round-robin (one call of every case per round) so drift hits all alike."""
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_idx in range(warmup + reps):
         for name, fn in cases.items():
@@ -127,7 +127,17 @@ def interleaved_medians(cases: dict[str, Callable[[], object]], reps: int, warmu
             sync()
             if round_idx >= warmup:
                 times[name].append(time.perf_counter() - start)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def iqr(values: list[float]) -> float:
+    """Interquartile range: the spread of the middle half of the samples."""
+    quartiles = statistics.quantiles(values, n=4)
+    return quartiles[2] - quartiles[0]
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

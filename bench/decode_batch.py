@@ -1,22 +1,21 @@
 """Batched decode on the CPU: does a batch of 8 decode steps cost little more than one?
 
-Builds an in-process :class:`~oven.inference.engine.Engine` (float32, CPU), prefills
-up to 16 distinct prompts of ``--context`` tokens (64) on disjoint pages of 16
-tokens, then times one ``forward_text`` decode step (one token per sequence,
-``top_k`` 1 as greedy generation asks) at batch 1, 2, 4, 8 and 16. Every rep
-rewrites the same KV slot (position ``context``), so each step attends over
-``context + 1`` tokens. Beside each step it times the same batch through the
-model's weight matrices alone (``x @ W.T`` for every linear layer and the LM
-head): the GEMM floor of this CPU, with no attention, norms or Python around it.
+Builds an in-process :class:`~oven.inference.engine.Engine` on the CPU (float32
+unless ``--dtype``), prefills 16 distinct prompts of ``--context`` tokens (64) on
+disjoint pages of 16 tokens, then times one ``forward_text`` decode step (one
+token per sequence, ``top_k`` 1 as greedy generation asks) at batch 1, 2, 4, 8
+and 16. Every rep rewrites the same KV slot (position ``context``), so each step
+attends over ``context + 1`` tokens. Beside each step it times the same batch
+through the model's weight matrices alone (``x @ W.T`` for every linear layer
+and the LM head): the GEMM floor of this CPU, with no attention, norms or Python.
 
-It also starts a real inference server process (same model, same threads,
-private ipc endpoint), prefills it the same way, and times the batch-8 decode
-step through ZeroMQ: transport + serialization overhead =
-(server step - in-process step) / server step. All cases run round-robin in one
-loop, so the ratios are measured side by side.
+It also starts a real inference server process (same model, dtype and threads,
+private ipc endpoint), prefills it the same way, and times the batch-8 step
+through ZeroMQ: transport + serialization = (server step - in-process step) /
+server step. All cases run round-robin in one loop, so ratios are side by side.
 
-Goals: batch-8 step <= 1.5x the batch-1 step; server overhead small. Results go
-to stdout and ``bench/results/decode_batch.md``.
+Goal: batch-8 step <= 1.5x the batch-1 step. Results go to stdout and
+``bench/results/decode_batch.md`` (``decode_batch_bfloat16.md`` for ``--dtype bfloat16``).
 
     .venv/bin/python bench/decode_batch.py              # one torch thread
     .venv/bin/python bench/decode_batch.py --threads 1 2
@@ -33,8 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (PagedBatch, check_reply, interleaved_medians, machine_lines, markdown_table,  # noqa: E402
-                      text_prompts, write_results)
+from benchlib import (PagedBatch, check_reply, interleaved_times, iqr, machine_lines, markdown_table,  # noqa: E402
+                      medians, text_prompts, write_results)
 
 from oven.control.inference_process import private_endpoint, start_inference_process  # noqa: E402
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig  # noqa: E402
@@ -48,17 +47,18 @@ GOAL_RATIO = 1.5
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model spec (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="weights and KV dtype (default: %(default)s)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1], help="torch thread counts to measure (default: 1)")
     parser.add_argument("--context", type=int, default=64, help="prompt tokens per sequence (default: %(default)s)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="decode batch sizes")
-    parser.add_argument("--server-batch", type=int, default=8, help="batch timed through the server (default: 8)")
     parser.add_argument("--reps", type=int, default=40, help="timed rounds (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default: %(default)s)")
     parser.add_argument("--no-server", action="store_true", help="skip the inference-server comparison")
     args = parser.parse_args()
-    if 1 not in args.batch_sizes or args.server_batch not in args.batch_sizes:
-        parser.error("--batch-sizes must include 1 and the --server-batch size")
+    if not {1, 8} <= set(args.batch_sizes):
+        parser.error("--batch-sizes must include 1 and 8")
     return args
 
 
@@ -80,14 +80,15 @@ def top1(reply: p.ForwardTextReply) -> list[int]:
     return [int(np.frombuffer(d[0].token_ids, dtype="<i4")[0]) for d in check_reply(reply).dists]
 
 
-def codec_seconds(request, reply, reps: int = 200) -> float:
-    """Median seconds to encode and decode one request and its reply (what the round trip serializes)."""
-    cases = {"codec": lambda: (p.CODEC.decode(p.CODEC.encode(request, 1)), p.CODEC.decode(p.CODEC.encode(reply, 1)))}
-    return interleaved_medians(cases, reps, warmup=10)["codec"]
+def codec_seconds(request, reply) -> float:
+    """Median seconds to encode and decode one request and its reply (what a round trip serializes)."""
+    codec = p.CODEC
+    cases = {"codec": lambda: (codec.decode(codec.encode(request, 1)), codec.decode(codec.encode(reply, 1)))}
+    return medians(interleaved_times(cases, reps=200, warmup=10))["codec"]
 
 
 def measure(engine: Engine, batch: PagedBatch, args, threads: int) -> dict:
-    """Time every case for one thread count; returns the medians and side results."""
+    """Time every case at one thread count: in process at each batch size, GEMM-only, and through a server."""
     torch.set_num_threads(threads)
     requests = {b: batch.decode_request(b) for b in args.batch_sizes}
     cases = {}
@@ -95,61 +96,49 @@ def measure(engine: Engine, batch: PagedBatch, args, threads: int) -> dict:
         cases[f"engine {b}"] = lambda r=requests[b]: check_reply(engine.forward_text(r))
         cases[f"gemm {b}"] = gemm_case(engine.model, b)
     result: dict = {"threads": threads}
-    server = None
-    if not args.no_server:
-        cfg = engine.cfg.replace(endpoint=private_endpoint(), torch_threads=threads)
-        log.info("starting an inference server (%d threads) at %s", threads, cfg.endpoint)
-        server = start_inference_process(cfg)
-    try:
-        if server:
-            client = server.client()
-            for req in batch.prefill_requests(engine.cfg.max_batch_tokens):
-                check_reply(client.call(req))
-            server_req = requests[args.server_batch]
-            cases["server"] = lambda: check_reply(client.call(server_req))
+    in_process = engine.forward_text(requests[8])
+    result["same_as_batch1"] = top1(engine.forward_text(requests[1]))[0] == top1(in_process)[0]
+    if args.no_server:
+        result["times"] = interleaved_times(cases, args.reps, args.warmup)
+        return result
+    cfg = engine.cfg.replace(endpoint=private_endpoint(), torch_threads=threads)
+    log.info("starting an inference server (%d threads) at %s", threads, cfg.endpoint)
+    with start_inference_process(cfg) as server, server.client() as client:
+        for req in batch.prefill_requests(engine.cfg.max_batch_tokens):
+            check_reply(client.call(req))
+        cases["server 8"] = lambda: check_reply(client.call(requests[8]))
+        cases["round trip"] = lambda: client.call(p.HealthRequest())  # transport alone: tiny messages
         log.info("timing %d cases x %d rounds (+%d warmup) at %d threads", len(cases), args.reps, args.warmup, threads)
-        result["medians"] = interleaved_medians(cases, args.reps, args.warmup)
-        in_process = engine.forward_text(requests[args.server_batch])
-        result["same_as_batch1"] = top1(engine.forward_text(requests[1]))[0] == top1(in_process)[0]
-        if server:
-            result["same_as_server"] = top1(client.call(server_req)) == top1(in_process)
-            result["codec"] = codec_seconds(server_req, in_process)
-            client.close()
-    finally:
-        if server:
-            server.stop()
+        result["times"] = interleaved_times(cases, args.reps, args.warmup)
+        result["same_as_server"] = top1(client.call(requests[8])) == top1(in_process)
+    result["codec"] = codec_seconds(requests[8], in_process)
     return result
 
 
-def report(results: list[dict], args) -> list[str]:
-    """Print the tables and return them as markdown sections."""
-    sections = []
-    sb = args.server_batch
-    for r in results:
-        m, n = r["medians"], r["threads"]
-        t1, g1 = m["engine 1"], m["gemm 1"]
-        rows = [[b, f"{m[f'engine {b}'] * 1e3:.1f}", f"{m[f'engine {b}'] / t1:.2f}x", f"{b / m[f'engine {b}']:.0f}",
-                 f"{b * t1 / m[f'engine {b}']:.2f}x", f"{m[f'gemm {b}'] * 1e3:.1f}", f"{m[f'gemm {b}'] / g1:.2f}x",
-                 f"{m[f'engine {b}'] / m[f'gemm {b}']:.2f}"] for b in args.batch_sizes]
-        table = markdown_table(["batch", "step ms", "step / batch-1", "tokens/s", "per-token speedup",
-                                "GEMM-only ms", "GEMM / batch-1", "step / GEMM"], rows)
-        ratio = m["engine 8"] / t1 if 8 in args.batch_sizes else float("nan")
-        lines = [f"### {n} torch thread{'s' if n > 1 else ''}", "", table, "",
-                 f"- batch-8 step / batch-1 step: **{ratio:.2f}x** (goal <= {GOAL_RATIO}x: "
-                 f"{'met' if ratio <= GOAL_RATIO else 'missed'}); per-token speedup {8 / ratio:.2f}x",
-                 f"- GEMM-only batch-8 / batch-1: {m['gemm 8'] / g1:.2f}x (the weights alone, no engine)"
-                 if 8 in args.batch_sizes else "",
-                 f"- batch-{sb} top-1 of sequence 0 equals its batch-1 top-1: {r['same_as_batch1']}"]
-        if "server" in m:
-            s, e = m["server"], m[f"engine {sb}"]
-            lines += [f"- batch-{sb} step through the inference server: {s * 1e3:.1f} ms vs {e * 1e3:.1f} ms in process: "
-                      f"transport + serialization = **{(s - e) / s:.1%}** of the server step "
-                      f"({(s - e) * 1e3:.2f} ms, of which codec encode+decode {r['codec'] * 1e3:.2f} ms)",
-                      f"- server and in-process top-1 tokens agree: {r['same_as_server']}"]
-        section = "\n".join(line for line in lines if line != "")
-        print("\n" + section)
-        sections.append(section)
-    return sections
+def report(r: dict, args) -> str:
+    """One thread count's table and ratios, as markdown."""
+    m, n = medians(r["times"]), r["threads"]
+    t1, g1 = m["engine 1"], m["gemm 1"]
+    rows = [[b, f"{m[f'engine {b}'] * 1e3:.1f}", f"{m[f'engine {b}'] / t1:.2f}x", f"{b / m[f'engine {b}']:.0f}",
+             f"{b * t1 / m[f'engine {b}']:.2f}x", f"{m[f'gemm {b}'] * 1e3:.1f}", f"{m[f'gemm {b}'] / g1:.2f}x",
+             f"{m[f'engine {b}'] / m[f'gemm {b}']:.2f}"] for b in args.batch_sizes]
+    ratio = m["engine 8"] / t1
+    lines = [f"### {n} torch thread{'s' if n > 1 else ''}", "",
+             markdown_table(["batch", "step ms", "step / batch-1", "tokens/s", "per-token speedup",
+                             "GEMM-only ms", "GEMM / batch-1", "step / GEMM"], rows), "",
+             f"- batch-8 step / batch-1 step: **{ratio:.2f}x** (goal <= {GOAL_RATIO}x: "
+             f"{'met' if ratio <= GOAL_RATIO else 'missed'}); per-token speedup {8 / ratio:.2f}x",
+             f"- GEMM-only batch-8 / batch-1: {m['gemm 8'] / g1:.2f}x (the weights alone, no engine around them)",
+             f"- sequence 0's top-1 token is the same at batch 8 as at batch 1: {r['same_as_batch1']}"]
+    if "server 8" in m:
+        s, e = m["server 8"], m["engine 8"]
+        lines += [f"- batch-8 step through the inference server {s * 1e3:.1f} ms (IQR {iqr(r['times']['server 8']) * 1e3:.1f}) "
+                  f"vs {e * 1e3:.1f} ms in process (IQR {iqr(r['times']['engine 8']) * 1e3:.1f}): "
+                  f"transport + serialization = **{(s - e) / s:.1%}** of the server step ({(s - e) * 1e3:.2f} ms)",
+                  f"- for scale: an empty `health` round trip takes {m['round trip'] * 1e3:.2f} ms; encoding + "
+                  f"decoding the batch-8 request and its reply takes {r['codec'] * 1e3:.2f} ms",
+                  f"- server and in-process top-1 tokens agree: {r['same_as_server']}"]
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -157,8 +146,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     torch.set_num_threads(args.threads[0])
     num_seqs = max(args.batch_sizes)
-    # Pages for the prompts only; one host slot (the host tier is unused here).
-    cfg = InferenceConfig(model=args.model, device="cpu", dtype="float32", page_size=args.page_size,
+    # KV pages for exactly these sequences; one host slot (the host tier is unused here).
+    cfg = InferenceConfig(model=args.model, device="cpu", dtype=args.dtype, page_size=args.page_size,
                           num_kv_pages=num_seqs * -(-(args.context + 1) // args.page_size), num_host_pages=1,
                           torch_threads=args.threads[0])
     engine = Engine(cfg, progress=False)
@@ -166,16 +155,17 @@ def main() -> int:
     log.info("prefilling %d sequences of %d tokens", num_seqs, args.context)
     for req in batch.prefill_requests(cfg.max_batch_tokens):
         check_reply(engine.forward_text(req))
-    print("\n".join(machine_lines()))
-    print(f"model {engine.model.config.name}, float32, {engine.backend.name} attention, context {args.context + 1} "
-          f"tokens per sequence (the same slot rewritten each rep), {args.reps} reps, median")
-    results = [measure(engine, batch, args, n) for n in args.threads]
-    intro = (f"Model `{engine.model.config.name}` (float32, {engine.backend.name} attention), page size "
+    intro = (f"Model `{engine.model.config.name}` ({args.dtype}, {engine.backend.name} attention), page size "
              f"{args.page_size}, context {args.context + 1} tokens per sequence (each rep rewrites the same slot), "
              f"`top_k` 1, median of {args.reps} interleaved reps after {args.warmup} warmup. "
              "GEMM-only: `x @ W.T` over every weight a decode step reads.")
-    path = write_results("decode_batch", "Batched decode step on the CPU", [intro, *report(results, args)])
-    print(f"\nwrote {path}")
+    print("\n".join(machine_lines()) + "\n" + intro)
+    sections = []
+    for threads in args.threads:
+        sections.append(report(measure(engine, batch, args, threads), args))
+        print("\n" + sections[-1])
+    name = "decode_batch" if args.dtype == "float32" else f"decode_batch_{args.dtype}"
+    print(f"\nwrote {write_results(name, f'Batched decode step on the CPU ({args.dtype})', [intro, *sections])}")
     return 0
 
 
