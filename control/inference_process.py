@@ -8,6 +8,7 @@ dies first. The control layer itself never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -24,9 +25,12 @@ from oven.proto.config_loader import config_to_argv
 from .inference_client import InferenceClient
 
 
+PRIVATE_PREFIX = "oven-endpoint-"
+
+
 def private_endpoint() -> str:
     """A fresh ipc endpoint in a private temporary folder."""
-    folder = tempfile.mkdtemp(prefix="oven-")
+    folder = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
     return f"ipc://{Path(folder) / 'inference.sock'}"
 
 
@@ -80,7 +84,11 @@ class InferenceProcess:
                 self.proc.wait()
         endpoint = self.config.endpoint
         if endpoint.startswith("ipc://"):
-            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
+            path = Path(endpoint.removeprefix("ipc://"))
+            path.unlink(missing_ok=True)
+            if path.parent.name.startswith(PRIVATE_PREFIX):
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()
         return self.proc.returncode
 
     def __enter__(self) -> "InferenceProcess":

@@ -59,7 +59,7 @@ class InferenceConfig:
     page_size: int = 16
     num_kv_pages: int | None = None  # overrides kv_memory_bytes
     kv_memory_bytes: int | None = None  # None: 512 MiB on CPU, 85% of free GPU memory on CUDA
-    num_host_pages: int | None = None  # None: as many as num_kv_pages
+    num_host_pages: int | None = None  # None: as many as num_kv_pages, at most 4 GiB
     num_embeds: int = 8192
     max_batch_items: int = 512
     max_batch_tokens: int = 8192

@@ -31,6 +31,9 @@ TRAITS = [p.TRAIT_INPUT_TEXT, p.TRAIT_TOKENIZE, p.TRAIT_OUTPUT_TEXT, p.TRAIT_FOR
           p.TRAIT_FORWARD_TEXT, p.TRAIT_KVPAGE_HOST_TIER]
 
 
+DEFAULT_HOST_TIER_BYTES = 4 << 30
+
+
 class BatchTooLarge(ValueError):
     """The whole request exceeds the batch limits; the server answers with an ErrorReply."""
 
@@ -48,7 +51,7 @@ class Engine:
         num_pages = cfg.num_kv_pages or self._pages_for_budget()
         self.kv_pool = KvPagePool(mc, num_pages, cfg.page_size, self.dtype, self.device)
         self.embed_pool = EmbedPool(cfg.num_embeds, mc.hidden_size, self.dtype, self.device)
-        self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or num_pages)
+        self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or self._default_host_pages(num_pages))
         self.backend = make_backend(cfg.attention_backend, self.kv_pool, mc.num_q_heads)
         self.limits = Limits(num_pages, cfg.page_size, cfg.num_embeds, self.host_tier.num_slots,
                              mc.vocab_size, mc.max_position)
@@ -77,6 +80,11 @@ class Engine:
             budget = int(torch.cuda.mem_get_info()[0] * 0.85) if self.device.type == "cuda" else 512 << 20
         return max(1, budget // page_bytes)
 
+    def _default_host_pages(self, num_pages: int) -> int:
+        """As many as the device pool, but never more than DEFAULT_HOST_TIER_BYTES of (pinned) host memory."""
+        page_bytes = self.model.config.kv_page_bytes(self.cfg.page_size, self.dtype.itemsize)
+        return max(1, min(num_pages, DEFAULT_HOST_TIER_BYTES // page_bytes))
+
     def handle(self, request):
         """Dispatch a decoded request to its handler (KeyError for a type with none)."""
         reply = self.handlers[type(request)](request)
@@ -98,8 +106,9 @@ class Engine:
         errors, good = self._validate(req.items, check)
         if good:
             items = [req.items[i] for i in good]
+            self._check_batch(sum(len(it.token_ids) for it in items), len(items))
             tokens = self._long([t for it in items for t in it.token_ids])
-            self.embed_pool.store(self._long([e for it in items for e in it.embed_ids]),
+            self.embed_pool.store([e for it in items for e in it.embed_ids],
                                   self.model.embed(tokens),
                                   self._long([q for it in items for q in it.positions]))
         return p.AckReply(errors)
@@ -127,7 +136,7 @@ class Engine:
                 (it.kv_page_ids, it.kv_last_page_len, len(it.input_embed_ids), good[i]) for i, it in zip(good, items)])
             out = self._run(hidden, positions, layout)
             rows = self._output_rows(layout, [it.output_indices for it in items])
-            self.embed_pool.store(self._long([e for it in items for e in it.output_embed_ids]),
+            self.embed_pool.store([e for it in items for e in it.output_embed_ids],
                                   out[rows], positions[rows])
         return p.AckReply(errors)
 
@@ -141,6 +150,7 @@ class Engine:
         errors, good = self._validate(req.items, check)
         dists: list[p.TopKDist | None] = [None] * len(req.items)
         if good:
+            self._check_batch(len(good), len(good))
             hidden = self.embed_pool.embeds[self._long([req.items[i].embed_id for i in good])]
             for i, dist in zip(good, self._top_k(hidden, [req.items[i].top_k for i in good])):
                 dists[i] = dist
@@ -269,8 +279,10 @@ class Engine:
         if not top_ks:
             return []
         ks = [k or self.cfg.default_top_k for k in top_ks]
-        probs = torch.softmax(self.model.logits(hidden), dim=-1)
-        values, ids = torch.topk(probs, min(max(ks), probs.shape[-1]), dim=-1)
+        logits = self.model.logits(hidden)
+        top_logits, ids = torch.topk(logits, min(max(ks), logits.shape[-1]), dim=-1)
+        # Probabilities of the top K only: exp(logit - logsumexp), no full softmax materialised.
+        values = torch.exp(top_logits - torch.logsumexp(logits, dim=-1, keepdim=True))
         values = values.cpu().numpy().astype("<f4")
         ids = ids.cpu().numpy().astype("<i4")
         return [p.TopKDist(ids[r, :k].tobytes(), values[r, :k].tobytes()) for r, k in enumerate(ks)]

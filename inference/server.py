@@ -29,6 +29,8 @@ from .engine import BatchTooLarge, Engine
 
 log = logging.getLogger(__name__)
 
+MAX_MESSAGE_BYTES = 256 << 20
+
 
 class InferenceServer:
     def __init__(self, engine: Engine, endpoint: str):
@@ -37,6 +39,7 @@ class InferenceServer:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a peer cannot make us buffer gigabytes
         self._sock.bind(endpoint)
         self._stopping = False
         self._served_since_idle: set[bytes] = set()

@@ -26,7 +26,7 @@ def test_layout_page_table_and_write_slots():
 def random_pool(num_pages=16, kv_heads=2, head_dim=8, device="cpu", dtype=torch.float32):
     gen = torch.Generator(device=device).manual_seed(0)
     cache = torch.randn((1, num_pages, 2, PAGE, kv_heads, head_dim), generator=gen, device=device, dtype=dtype)
-    return cache, torch.zeros((num_pages, PAGE), dtype=torch.bool, device=device)
+    return cache, torch.zeros((num_pages, PAGE), dtype=torch.bool)  # page masks live in host memory
 
 
 def dense_attention(q, k, v, allow):

@@ -76,8 +76,8 @@ class AttentionBackend(abc.ABC):
     """Paged attention over a KvPagePool. Plan once per batch, run once per layer.
 
     The pool's cache is ``[layers, pages, 2, page_size, kv_heads, head_dim]``
-    (K at index 0, V at 1) and ``page_mask`` is bool ``[pages, page_size]``
-    (True = hidden from attention).
+    (K at index 0, V at 1) and ``page_mask`` is a host-memory bool tensor
+    ``[pages, page_size]`` (True = hidden from attention).
     """
 
     name: str
@@ -107,8 +107,7 @@ class AttentionBackend(abc.ABC):
         Call after :meth:`clear_written_mask_bits`, so the batch's own tokens are visible.
         """
         slots = [layout.item_slots(b) for b in range(layout.num_items)]
-        flat = torch.from_numpy(np.concatenate(slots)).to(self.page_mask.device)
-        hidden = self.page_mask.view(-1)[flat].cpu().numpy()
+        hidden = self.page_mask.view(-1).numpy()[np.concatenate(slots)]
         masks, start = [], 0
         for b in range(layout.num_items):
             q_len, kv_len = int(layout.q_lens[b]), int(layout.kv_lens[b])
@@ -125,9 +124,8 @@ class AttentionBackend(abc.ABC):
         if any(m is not None for m in layout.user_masks):
             return True
         slots = np.concatenate([layout.item_slots(b) for b in range(layout.num_items)])
-        return bool(self.page_mask.reshape(-1)[torch.from_numpy(slots).to(self.page_mask.device)].any())
+        return bool(self.page_mask.view(-1).numpy()[slots].any())
 
     def clear_written_mask_bits(self, layout: BatchLayout) -> None:
         """A newly written token is visible: clear the page-mask bits of the batch's write slots."""
-        slots = torch.from_numpy(layout.write_slots).to(self.page_mask.device)
-        self.page_mask.view(-1)[slots] = False
+        self.page_mask.view(-1).numpy()[layout.write_slots] = False

@@ -20,8 +20,7 @@ from .base import AttentionBackend, BatchLayout
 @dataclass
 class _Group:
     q_rows: torch.Tensor  # int64 [G * Lq]: rows of the batch's q that this group computes
-    kv_pages: torch.Tensor  # int64 [G, Lk]
-    kv_offsets: torch.Tensor  # int64 [G, Lk]
+    k_rows: torch.Tensor  # int64 [G * Lk]: rows of the layer's flat cache view holding the keys
     allow: torch.Tensor  # bool [G, 1, Lq, Lk]
     empty_rows: torch.Tensor | None  # bool [G, Lq, 1]: queries that may attend to nothing
     shape: tuple[int, int]  # (G, Lq)
@@ -33,8 +32,7 @@ class TorchPagedAttention(AttentionBackend):
     def plan(self, layout: BatchLayout) -> None:
         self.clear_written_mask_bits(layout)
         device = self.kv_cache.device
-        slots = torch.from_numpy(layout.write_slots).to(device)
-        self._write_pages, self._write_offsets = slots // self.page_size, slots % self.page_size
+        self._write_k_rows = torch.from_numpy(self._k_rows(layout.write_slots)).to(device)
         masks = self.full_masks(layout)
         q_lens = layout.q_lens
         decode = [b for b in range(layout.num_items) if q_lens[b] == 1]
@@ -58,29 +56,42 @@ class TorchPagedAttention(AttentionBackend):
             # SDPA returns NaN for a row with nothing to attend to; let it see slot 0, then zero it.
             allow[..., 0] |= empty
             empty_rows = torch.from_numpy(empty[:, 0, :, None]).to(device)
-        slots_t = torch.from_numpy(slots).to(device)
         return _Group(
             q_rows=torch.from_numpy(q_rows).to(device),
-            kv_pages=slots_t // self.page_size,
-            kv_offsets=slots_t % self.page_size,
+            k_rows=torch.from_numpy(self._k_rows(slots.reshape(-1))).to(device),
             allow=torch.from_numpy(allow).to(device),
             empty_rows=empty_rows,
             shape=(len(items), num_q),
         )
 
+    def _k_rows(self, slots: np.ndarray) -> np.ndarray:
+        """Flat slots -> rows of ``cache.view(-1, kv_heads, D)`` holding K (V is ``page_size`` rows on)."""
+        pages, offsets = np.divmod(slots, self.page_size)
+        return pages * 2 * self.page_size + offsets
+
     def run(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache = self.kv_cache[layer_idx]  # [pages, 2, page_size, kv_heads, D]
-        cache[self._write_pages, 0, self._write_offsets] = k
-        cache[self._write_pages, 1, self._write_offsets] = v
+        # One flat row per (page, K/V, offset): index_select/index_copy_ on single int64 indices
+        # are several times faster than advanced indexing with (page, offset) pairs.
+        rows = self.kv_cache[layer_idx].view(-1, self.num_kv_heads, self.head_dim)
+        rows.index_copy_(0, self._write_k_rows, k)
+        rows.index_copy_(0, self._write_k_rows + self.page_size, v)
         out = torch.empty_like(q)
         for group in self._groups:
             num_groups, num_q = group.shape
             q_g = q[group.q_rows].view(num_groups, num_q, self.num_q_heads, self.head_dim).transpose(1, 2)
-            k_g = cache[group.kv_pages, 0, group.kv_offsets].transpose(1, 2)
-            v_g = cache[group.kv_pages, 1, group.kv_offsets].transpose(1, 2)
-            o = F.scaled_dot_product_attention(q_g, k_g, v_g, attn_mask=group.allow, enable_gqa=True)
+            k_g = rows.index_select(0, group.k_rows).view(num_groups, -1, self.num_kv_heads, self.head_dim)
+            v_g = rows.index_select(0, group.k_rows + self.page_size).view_as(k_g)
+            o = self._sdpa(q_g, k_g.transpose(1, 2), v_g.transpose(1, 2), group.allow)
             o = o.transpose(1, 2)  # [G, Lq, q_heads, D]
             if group.empty_rows is not None:
                 o = o.masked_fill(group.empty_rows[..., None], 0.0)
             out[group.q_rows] = o.reshape(num_groups * num_q, self.num_q_heads, self.head_dim)
         return out
+
+    @staticmethod
+    def _sdpa(q, k, v, allow) -> torch.Tensor:
+        if q.is_cuda or q.dtype == torch.float32:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allow, enable_gqa=True)
+        # CPU SDPA in bf16/fp16 is several times slower than in float32 (measured in bench/).
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allow,
+                                              enable_gqa=True).to(q.dtype)
