@@ -46,7 +46,8 @@ class Engine:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.source: ModelSource = resolve_model(cfg.model)
-        self.model: PagedLlama = build_model(self.source, self.device, self.dtype, cfg.seed, progress)
+        self.model: PagedLlama = build_model(self.source, self.device, self.dtype, cfg.seed, progress,
+                                             cfg.cpu_packed_weights)
         mc = self.model.config
         num_pages = cfg.num_kv_pages or self._pages_for_budget()
         self.kv_pool = KvPagePool(mc, num_pages, cfg.page_size, self.dtype, self.device)

@@ -28,7 +28,9 @@ def hf_logits(hf, tokens: list[int], positions: list[int] | None = None) -> torc
 
 
 def tol(engine) -> float:
-    return 1e-5 if engine.model.config.num_layers <= 2 else 2e-4
+    # float32 over 30 layers: GEMM kernels that differ from transformers' (oneDNN packed vs MKL)
+    # reorder sums; logits are ~10 in magnitude, so 1e-3 is a relative error of ~1e-4.
+    return 1e-5 if engine.model.config.num_layers <= 2 else 1e-3
 
 
 def ok(reply) -> None:
@@ -243,3 +245,15 @@ def test_forward_text_matches_separate_calls(engine_and_hf):
         ids = np.frombuffer(dist.token_ids, "<i4").astype(np.int64)
         np.testing.assert_allclose(np.frombuffer(dist.probs, "<f4"), probs[row][ids].numpy(), atol=1e-5)
         assert ids[0] == int(probs[row].argmax())
+
+
+def test_unpacked_cpu_weights_also_match():
+    """The plain-GEMM path (cpu_packed_weights=False) computes the same logits."""
+    from .conftest import hf_reference, make_engine
+
+    engine = make_engine("tiny", cpu_packed_weights=False)
+    assert not any(type(m).__name__ == "PackedLinear" for m in engine.model.modules())
+    toks = tokens_for(20, 15)
+    item, out = Seq([1, 2], 0).forward_item(engine, toks)
+    forward(engine, item)
+    torch.testing.assert_close(logits_of(engine, out), hf_logits(hf_reference(engine), toks), atol=1e-5, rtol=0)
