@@ -38,6 +38,7 @@ from benchlib import (PagedBatch, check_reply, interleaved_times, iqr, machine_l
 from oven.control.inference_process import private_endpoint, start_inference_process  # noqa: E402
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig  # noqa: E402
 from oven.inference.engine import Engine  # noqa: E402
+from oven.inference.llama import PackedLinear  # noqa: E402
 from oven.proto import inference as p  # noqa: E402
 
 log = logging.getLogger("decode_batch")
@@ -63,16 +64,20 @@ def parse_args() -> argparse.Namespace:
 
 
 def gemm_case(model: torch.nn.Module, batch_size: int):
-    """``x @ W.T`` through every weight a decode step reads (linear layers, then the tied or own LM head)."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    """Every weight matrix a decode step reads, through the same kernels the engine uses
+    (oneDNN-packed ``PackedLinear`` or plain ``nn.Linear``; a tied head without one as ``x @ E.T``)."""
+    layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear))]
     if model.lm_head is None:
-        weights.append(model.model.embed_tokens.weight)
-    inputs = {w.shape[1]: torch.randn(batch_size, w.shape[1], dtype=w.dtype) for w in weights}
+        embed = model.model.embed_tokens.weight
+        layers.append(lambda x: x @ embed.T)
+    shapes = [model.config.hidden_size, model.config.intermediate_size]
+    inputs = {n: torch.randn(batch_size, n, dtype=model.dtype) for n in shapes}
 
     @torch.inference_mode()
     def run() -> None:
-        for w in weights:
-            torch.mm(inputs[w.shape[1]], w.t())
+        for layer in layers:
+            width = layer.weight.shape[1] if hasattr(layer, "weight") else model.config.hidden_size
+            layer(inputs[width])
     return run
 
 
@@ -158,7 +163,7 @@ def main() -> int:
     intro = (f"Model `{engine.model.config.name}` ({args.dtype}, {engine.backend.name} attention), page size "
              f"{args.page_size}, context {args.context + 1} tokens per sequence (each rep rewrites the same slot), "
              f"`top_k` 1, median of {args.reps} interleaved reps after {args.warmup} warmup. "
-             "GEMM-only: `x @ W.T` over every weight a decode step reads.")
+             "GEMM-only: every weight matrix a decode step reads, through the kernels the engine uses (oneDNN-packed on CPU).")
     print("\n".join(machine_lines()) + "\n" + intro)
     sections = []
     for threads in args.threads:

@@ -31,7 +31,8 @@ def hf_reference(engine: Engine):
     hf = LlamaForCausalLM(engine.source.hf_config).to(engine.dtype).eval()
     result = hf.load_state_dict(engine.model.state_dict(), strict=False)
     assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}
-    assert torch.equal(hf.lm_head.weight, engine.model.lm_head.weight)
+    head = engine.model.lm_head or engine.model.model.embed_tokens
+    assert torch.equal(hf.lm_head.weight, head.weight)
     return hf
 
 
