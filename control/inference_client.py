@@ -32,12 +32,16 @@ class InferenceClient:
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._early: dict[int, object] = {}  # replies that arrived while waiting for another
+        self._unanswered: set[int] = set()
         self.num_idle_notices = 0
+        # True once the server said it is idle after answering everything we sent; a notice
+        # that overtakes our latest request (sent before the server saw it) does not count.
         self.server_idle = True
 
     def send(self, request) -> int:
         request_id = next(self._ids)
         self._sock.send(p.CODEC.encode(request, request_id))
+        self._unanswered.add(request_id)
         self.server_idle = False
         return request_id
 
@@ -52,8 +56,9 @@ class InferenceClient:
         envelope = p.CODEC.decode(self._sock.recv())
         if isinstance(envelope.message, p.IdleNotice):
             self.num_idle_notices += 1
-            self.server_idle = True
+            self.server_idle = not self._unanswered
             return None
+        self._unanswered.discard(envelope.request_id)
         return envelope.request_id, envelope.message
 
     def recv(self, timeout_s: float | None = None) -> tuple[int, object]:

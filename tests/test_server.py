@@ -112,13 +112,28 @@ def test_oversized_batch_is_rejected_whole(client):
     assert client.call(p.ForwardTextRequest([item])).errors == [None]
 
 
-def test_idle_notice_follows_the_last_reply(client):
-    for _ in range(3):
-        client.send(p.ForwardTextRequest([good_item()]))
-    assert not client.server_idle
-    client.wait_idle(timeout_s=60)
-    assert client.server_idle and client.num_idle_notices >= 1
-    assert len(client._early) == 3  # the replies were kept
+def test_idle_notice_follows_the_last_reply(server):
+    """Replies come in order, and once the queue runs dry an idle notice follows the last one."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(server.config.endpoint)
+    for request_id in (1, 2, 3):
+        sock.send(p.CODEC.encode(p.ForwardTextRequest([good_item()]), request_id))
+    seen = []
+    while not (seen and seen[-1] == "idle" and "reply 3" in seen):
+        assert sock.poll(60000), f"nothing more after {seen}"
+        envelope = p.CODEC.decode(sock.recv())
+        seen.append("idle" if isinstance(envelope.message, p.IdleNotice) else f"reply {envelope.request_id}")
+    sock.close()
+    assert [s for s in seen if s != "idle"] == ["reply 1", "reply 2", "reply 3"]
+
+
+def test_client_keeps_replies_while_waiting_for_idle(client):
+    request_ids = [client.send(p.ForwardTextRequest([good_item()])) for _ in range(2)]
+    client.wait_idle(timeout_s=60)  # returns only after both replies and a later idle notice
+    assert client.server_idle and client.num_idle_notices >= 1 and sorted(client._early) == request_ids
+    replies = [client.wait(rid, timeout_s=60) for rid in request_ids]
+    assert all(r.errors == [None] for r in replies)
 
 
 def test_req_socket_peer_and_health(server, client):
