@@ -61,6 +61,19 @@ class InferenceClient:
         self._unanswered.discard(envelope.request_id)
         return envelope.request_id, envelope.message
 
+    @property
+    def socket(self) -> zmq.Socket:
+        """The DEALER socket, for callers that poll several sockets at once."""
+        return self._sock
+
+    def try_recv(self) -> tuple[int, object] | None:
+        """A reply that has already arrived, or None (idle notices are counted and skipped)."""
+        while self._sock.poll(0):
+            message = self._next(0)
+            if message is not None:
+                return message
+        return None
+
     def recv(self, timeout_s: float | None = None) -> tuple[int, object]:
         """Next (request_id, reply), skipping idle notices; TimeoutError when none comes in time."""
         while True:

@@ -1,0 +1,45 @@
+"""Resource bookkeeping of the control layer: pure Python, no torch, no I/O.
+
+The inference layer addresses KvPages, Embeds and host-tier slots by physical
+id and decides nothing. Here live the pools of those ids (:class:`PhysicalPool`),
+each inferlet instance's virtual handles (:class:`ResourceTable`), shared KV
+between instances (:class:`ExportRegistry`), and the policy for an exhausted
+pool (:func:`choose_victims`).
+"""
+
+from .exhaustion import (
+    OFFLOAD,
+    TERMINATE_NEWEST,
+    WAIT,
+    Decision,
+    ExhaustionPolicy,
+    InstanceUsage,
+    choose_victims,
+)
+from .exports import MAX_NAME_BYTES, Export, ExportRegistry
+from .pool import PhysicalPool, PoolExhausted
+from .slab import U32_MAX, HandleSlab, ResourceError
+from .table import DEVICE, HOST, PagePlacement, QuotaExceeded, ResourceTable
+
+__all__ = [
+    "DEVICE",
+    "HOST",
+    "MAX_NAME_BYTES",
+    "OFFLOAD",
+    "TERMINATE_NEWEST",
+    "U32_MAX",
+    "WAIT",
+    "Decision",
+    "ExhaustionPolicy",
+    "Export",
+    "ExportRegistry",
+    "HandleSlab",
+    "InstanceUsage",
+    "PagePlacement",
+    "PhysicalPool",
+    "PoolExhausted",
+    "QuotaExceeded",
+    "ResourceError",
+    "ResourceTable",
+    "choose_victims",
+]

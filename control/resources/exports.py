@@ -1,0 +1,118 @@
+"""Named KvPage exports: how inferlets share KV cache (Pie's export_kvpage / import_kvpage).
+
+An export holds its own reference on every page, so the pages outlive the
+exporter's dealloc *and its exit*; each import takes one more reference per
+page into the importer's table; a physical page is freed only when the last
+of these holders lets go. Pages are shared, not copied: the runtime, not this
+module, decides whether writes to a shared page are allowed.
+
+Lifetime: an export lasts until it is released explicitly, as in Pie. Outliving
+the exporter is the point — a prompt-cache inferlet exports a system prompt's
+KV once and exits, and later inferlets import it. Only the exporter may
+``unexport`` while it runs; ``drop`` is for the runtime itself (an operator
+command, or reclaiming an orphaned export under memory pressure), and
+``names_exported_by`` tells it which exports an exited instance left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from .pool import PhysicalPool
+from .slab import ResourceError
+from .table import ResourceTable
+
+MAX_NAME_BYTES = 256  # names are kept in control memory for as long as the export lives
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    name: str
+    owner_id: Hashable  # instance id of the exporter
+    page_ids: tuple[int, ...]  # physical KvPage ids, in the exporter's order
+
+
+class ExportRegistry:
+    """Every live export over one KvPage pool, by name."""
+
+    def __init__(self, kv_pool: PhysicalPool):
+        self.kv_pool = kv_pool
+        self._export_by_name: dict[str, Export] = {}
+
+    def __len__(self) -> int:
+        return len(self._export_by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._export_by_name
+
+    def export_kvpages(self, owner: ResourceTable, name: str, handles: Iterable[int]) -> None:
+        """Publish the owner's device pages under ``name``; the owner keeps its handles.
+
+        Raises ResourceError for a taken or malformed name, an unknown,
+        repeated or host-resident handle; nothing changes then.
+        """
+        self._check_pool(owner)
+        _check_name(name)
+        if name in self._export_by_name:
+            raise ResourceError(f"export name {name!r} is taken")
+        handles = list(handles)
+        if len(set(handles)) != len(handles):
+            raise ResourceError(f"export {name!r} names a kvpage handle twice")
+        page_ids = owner.physical_pages(handles)
+        self.kv_pool.retain(page_ids)
+        self._export_by_name[name] = Export(name, owner.instance_id, tuple(page_ids))
+
+    def import_kvpages(self, importer: ResourceTable, name: str) -> list[int]:
+        """Fresh handles in the importer's space for the pages of ``name``, in export order.
+
+        Raises ResourceError for an unknown name and QuotaExceeded past the
+        importer's KvPage quota. Importing the same name twice gives two sets of
+        handles onto the same pages.
+        """
+        self._check_pool(importer)
+        return importer.adopt_kvpages(self._get(name).page_ids)
+
+    def unexport(self, name: str, instance_id: Hashable) -> None:
+        """Release ``name`` on behalf of ``instance_id``, which must be its exporter.
+
+        Pages still held by the exporter or importers stay; the others are freed.
+        """
+        export = self._get(name)
+        if export.owner_id != instance_id:
+            raise ResourceError(f"export {name!r} belongs to another inferlet; only its exporter may release it")
+        self.drop(name)
+
+    def drop(self, name: str) -> None:
+        """Release ``name`` whoever exported it (the runtime's own call, not an inferlet's)."""
+        export = self._get(name)
+        del self._export_by_name[name]
+        self.kv_pool.release(export.page_ids)
+
+    def get(self, name: str) -> Export:
+        return self._get(name)
+
+    def list_exports(self) -> list[tuple[str, int]]:
+        """(name, number of pages) of every export, sorted by name."""
+        return sorted((name, len(export.page_ids)) for name, export in self._export_by_name.items())
+
+    def names_exported_by(self, instance_id: Hashable) -> list[str]:
+        return sorted(name for name, export in self._export_by_name.items() if export.owner_id == instance_id)
+
+    def _get(self, name: str) -> Export:
+        export = self._export_by_name.get(name) if isinstance(name, str) else None
+        if export is None:
+            raise ResourceError(f"no kvpage export named {name!r}")
+        return export
+
+    def _check_pool(self, table: ResourceTable) -> None:
+        # A table over another pool would make the page ids meaningless here: a wiring bug, not an inferlet's.
+        if table.kv_pool is not self.kv_pool:
+            raise ValueError("table and export registry use different KvPage pools")
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ResourceError(f"export name must be a non-empty string, got {name!r}")
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise ResourceError(f"export name is {len(name.encode())} bytes; at most {MAX_NAME_BYTES}")

@@ -1,0 +1,1 @@
+"""The application layer: inferlet programs in wasmtime, their host imports, and the control loop."""

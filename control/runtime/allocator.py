@@ -1,0 +1,207 @@
+"""Allocation, freeing and tier moves of KvPages and Embeds, with the exhaustion policy.
+
+* **alloc**: a fresh KvPage still holds its previous owner's K/V, so before the
+  handles are handed out every slot is masked (hidden) on the device; a write
+  unmasks its slot. An inferlet can therefore never attend over tokens it did
+  not write. When a pool is exhausted the configured policy decides:
+  ``terminate-newest`` kills the newest instances (Pie's FCFS), ``wait`` parks
+  the call until memory is freed, ``offload`` moves the pages of instances
+  waiting on I/O to the host tier.
+* **dealloc**: memory returns to the pool once every call issued before it on
+  that queue has completed.
+* **offload / restore**: the copy is queued like any call; the handle keeps its
+  number, and the bookkeeping moves when the inference layer confirms the copy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from oven.control.resources import ExhaustionPolicy, InstanceUsage, PoolExhausted, ResourceError, choose_victims
+from oven.control.scheduling import HostSlot, KvSlots
+from oven.proto import inference as p
+
+from .futures import UNIT, Future
+from .instance import State
+
+
+@dataclass
+class _Parked:
+    inst: object
+    q: int
+    kind: str
+    count: int
+    fut: Future
+    since: float
+
+
+class Allocator:
+    def __init__(self, loop):
+        self.loop = loop
+        self.policy = ExhaustionPolicy(loop.config.exhaustion_policy)
+        self._parked: list[_Parked] = []
+
+    # -- alloc / dealloc -------------------------------------------------------
+
+    def allocate(self, inst, q: int, kind: str, count: int, fut: Future) -> None:
+        table = inst.resources
+        try:
+            inst.queue(q)
+            handles = table.alloc_kvpages(count) if kind == "kvpages" else table.alloc_embeds(count)
+        except ResourceError as exc:
+            inst.futures.fail(fut, str(exc))
+        except PoolExhausted as exc:
+            self._exhausted(inst, q, kind, count, fut, exc)
+        else:
+            if kind == "kvpages" and handles:
+                self._mask_fresh_pages(inst, q, handles, fut)
+            else:
+                inst.futures.complete(fut, handles)
+
+    def _mask_fresh_pages(self, inst, q: int, handles: list[int], fut: Future) -> None:
+        page_size = self.loop.info.page_size
+        masks = []
+        for page_id in inst.resources.physical_pages(handles):
+            mask = Future(-1, UNIT)
+            self.loop.submit(inst, q, "mask_kvpage", p.MaskKvPageItem(page_id, [True] * page_size), mask, 1,
+                             frozenset({KvSlots.page(page_id)}), frozenset())
+            masks.append(mask)
+        _when_all(masks, lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut, handles))
+
+    def deallocate(self, inst, q: int, kind: str, handles: list[int], fut: Future) -> None:
+        def release() -> None:
+            try:
+                if kind == "kvpages":
+                    inst.resources.dealloc_kvpages(handles)
+                else:
+                    inst.resources.dealloc_embeds(handles)
+            except ResourceError as exc:
+                inst.futures.fail(fut, str(exc))
+                return
+            inst.futures.complete(fut)
+            self.retry_parked()
+        try:
+            inst.queue(q).when_drained(release)
+        except ValueError as exc:
+            inst.futures.fail(fut, str(exc))
+
+    # -- exhaustion ------------------------------------------------------------
+
+    def _exhausted(self, inst, q, kind, count, fut, exc: PoolExhausted) -> None:
+        now = time.monotonic()
+        usage = [self._usage(i, kind, now) for i in self.loop.instances.values()]
+        decision = choose_victims(self.policy, usage, inst.instance_id, exc.requested - exc.available, now,
+                                  self.loop.host_pool.num_free)
+        if decision.wait:
+            inst.blocked_since = now
+            self._parked.append(_Parked(inst, q, kind, count, fut, now))
+            return
+        for victim_id in decision.offload:
+            self._offload_all(self.loop.instances[victim_id])
+        for victim_id in decision.terminate:
+            victim = self.loop.instances.get(victim_id)
+            if victim is not None:
+                self.loop.kill(victim, f"terminated to free {kind} for an older instance (pool exhausted)")
+        if inst.alive and not decision.offload:
+            self.allocate(inst, q, kind, count, fut)
+        elif inst.alive:
+            self._parked.append(_Parked(inst, q, kind, count, fut, now))
+
+    def _usage(self, inst, kind: str, now: float) -> InstanceUsage:
+        table = inst.resources
+        held = table.num_exclusive_pages() if kind == "kvpages" else table.num_embeds
+        offloadable = len(table.exclusive_device_handles()) if kind == "kvpages" and inst.io_idle else 0
+        return InstanceUsage(inst.instance_id, inst.started_at, held, offloadable,
+                             io_wait_since=inst.io_wait_since if inst.io_idle else None,
+                             blocked_since=getattr(inst, "blocked_since", None))
+
+    def retry_parked(self) -> None:
+        parked, self._parked = self._parked, []
+        for entry in parked:
+            if entry.inst.alive:
+                entry.inst.blocked_since = None
+                self.allocate(entry.inst, entry.q, entry.kind, entry.count, entry.fut)
+
+    def forget(self, inst) -> None:
+        self._parked = [e for e in self._parked if e.inst is not inst]
+
+    # -- tier moves --------------------------------------------------------------
+
+    def move_pages(self, inst, q: int, handles: list[int], direction: str, fut: Future) -> None:
+        try:
+            inst.queue(q)
+            if direction == "offload":
+                self._offload(inst, q, handles, fut)
+            else:
+                self._restore(inst, q, handles, fut)
+        except (ResourceError, ValueError) as exc:
+            inst.futures.fail(fut, str(exc))
+        except PoolExhausted as exc:
+            inst.futures.fail(fut, f"cannot {direction}: {exc}")
+
+    def _offload(self, inst, q, handles, fut) -> None:
+        table = inst.resources
+        page_ids = table.physical_pages(handles)  # raises for a handle already on the host
+        slot_ids = self.loop.host_pool.allocate(len(handles))
+        copies = []
+        for page_id, slot_id in zip(page_ids, slot_ids):
+            copy = Future(-1, UNIT)
+            self.loop.submit(inst, q, "offload", p.OffloadItem(page_id, slot_id), copy, 1,
+                             frozenset({HostSlot(slot_id)}), frozenset({KvSlots.page(page_id)}))
+            copies.append(copy)
+
+        def done(error: str | None) -> None:
+            if error or not inst.alive:
+                self.loop.host_pool.release(slot_ids)
+                if error:
+                    inst.futures.fail(fut, error)
+                return
+            table.mark_offloaded(handles, slot_ids)
+            inst.futures.complete(fut)
+            self.retry_parked()
+        _when_all(copies, done)
+
+    def _restore(self, inst, q, handles, fut) -> None:
+        table = inst.resources
+        slot_ids = table.host_slots(handles)
+        page_ids = self.loop.kv_pool.allocate(len(handles))
+        copies = []
+        for slot_id, page_id in zip(slot_ids, page_ids):
+            copy = Future(-1, UNIT)
+            self.loop.submit(inst, q, "restore", p.RestoreItem(slot_id, page_id), copy, 1,
+                             frozenset({KvSlots.page(page_id)}), frozenset({HostSlot(slot_id)}))
+            copies.append(copy)
+
+        def done(error: str | None) -> None:
+            if error or not inst.alive:
+                self.loop.kv_pool.release(page_ids)
+                if error:
+                    inst.futures.fail(fut, error)
+                return
+            table.mark_restored(handles, page_ids)
+            inst.futures.complete(fut)
+        _when_all(copies, done)
+
+    def _offload_all(self, victim) -> None:
+        handles = victim.resources.exclusive_device_handles()
+        if handles and victim.state is not State.KILLED:
+            self._offload(victim, 0, handles, Future(-1, UNIT))
+
+
+def _when_all(futures: list[Future], then) -> None:
+    """Call ``then(first error or None)`` once every future has settled."""
+    remaining = [len(futures)]
+    errors: list[str] = []
+
+    def settled(fut: Future) -> None:
+        if fut.error:
+            errors.append(fut.error)
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            then(errors[0] if errors else None)
+    for fut in futures:
+        fut.callbacks.append(settled)
+    if not futures:
+        then(None)
+

@@ -1,0 +1,86 @@
+"""Per-instance table of futures: the handles an inferlet waits on.
+
+A future has a kind that decides which ``take-*`` getter may read it. The
+control loop completes futures as batch replies, timers and messages arrive;
+completing one marks its instance runnable (``on_ready``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+UNIT, HANDLES, DISTS, TEXT, HTTP = "unit", "handles", "dists", "text", "http"
+
+
+class FutureError(ValueError):
+    """A guest used a future handle wrongly (unknown, not ready, wrong getter): it is trapped."""
+
+
+@dataclass
+class Future:
+    handle: int
+    kind: str
+    io: bool = False  # waits on the outside world (message, http, timer), not on the GPU
+    done: bool = False
+    value: Any = None
+    error: str | None = None
+    callbacks: list[Callable[["Future"], None]] = field(default_factory=list)
+
+
+class FutureTable:
+    def __init__(self, on_ready: Callable[[int], None]):
+        self._futures: dict[int, Future] = {}
+        self._next_handle = 1
+        self._on_ready = on_ready
+
+    def __len__(self) -> int:
+        return len(self._futures)
+
+    def create(self, kind: str, io: bool = False) -> Future:
+        fut = Future(self._next_handle, kind, io)
+        self._next_handle += 1
+        self._futures[fut.handle] = fut
+        return fut
+
+    def complete(self, fut: Future, value: Any = None) -> None:
+        self._settle(fut, value, None)
+
+    def fail(self, fut: Future, error: str) -> None:
+        self._settle(fut, None, error)
+
+    def _settle(self, fut: Future, value: Any, error: str | None) -> None:
+        if fut.done:
+            return
+        fut.done, fut.value, fut.error = True, value, error
+        for callback in fut.callbacks:
+            callback(fut)
+        if fut.handle in self._futures:
+            self._on_ready(fut.handle)
+
+    def ready(self, handles: list[int]) -> list[int]:
+        return [h for h in handles if (f := self._futures.get(h)) is not None and f.done]
+
+    def get(self, handle: int) -> Future:
+        return self._futures[handle]
+
+    def is_known(self, handle: int) -> bool:
+        return handle in self._futures
+
+    def take(self, handle: int, kind: str) -> tuple[Any, str | None]:
+        """(value, error) of a completed future, which is then forgotten."""
+        fut = self._futures.get(handle)
+        if fut is None:
+            raise FutureError(f"future {handle} is unknown (never issued, or already taken)")
+        if fut.kind != kind:
+            raise FutureError(f"future {handle} holds a {fut.kind} result, not {kind}")
+        if not fut.done:
+            raise FutureError(f"future {handle} has not completed yet")
+        del self._futures[handle]
+        return fut.value, fut.error
+
+    def discard(self, handle: int) -> None:
+        self._futures.pop(handle, None)
+
+    def pending(self) -> list[Future]:
+        return [f for f in self._futures.values() if not f.done]

@@ -1,0 +1,47 @@
+"""``forward``: the forward pass, next-token distributions, and the fused forward-text path."""
+
+from __future__ import annotations
+
+from oven.proto import inference as p
+
+from oven.control.scheduling import Embed, forward_kv_footprint
+
+from .. import futures as f
+from .issue import issue
+
+
+def _kv_footprint(inst, page_ids: list[int], last_page_len: int, num_inputs: int):
+    try:
+        return forward_kv_footprint(page_ids, last_page_len, num_inputs, inst.loop.info.page_size)
+    except ValueError:  # a malformed context: the inference layer reports the exact error
+        return frozenset(), frozenset()
+
+
+def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask) -> int:
+    def build():
+        page_ids = inst.resources.physical_pages(pages)
+        in_ids, out_ids = inst.resources.physical_embeds(inputs), inst.resources.physical_embeds(outputs)
+        item = p.ForwardItem(page_ids, last_page_len, in_ids, list(output_indices), out_ids,
+                             [bytes(row) for row in mask] if mask else None)
+        reads, writes = _kv_footprint(inst, page_ids, last_page_len, len(inputs))
+        return item, len(inputs), writes | {Embed(e) for e in out_ids}, reads | {Embed(e) for e in in_ids}
+    return issue(inst, q, "forward", f.UNIT, build)
+
+
+def get_next_dist(inst, q: int, embed: int, top_k: int) -> int:
+    def build():
+        (embed_id,) = inst.resources.physical_embeds([embed])
+        return p.NextDistItem(embed_id, top_k), 1, set(), {Embed(embed_id)}
+    return issue(inst, q, "next_dist", f.DISTS, build)
+
+
+def forward_text(inst, q, tokens, positions, pages, last_page_len, output_indices, top_k) -> int:
+    def build():
+        page_ids = inst.resources.physical_pages(pages)
+        item = p.ForwardTextItem(list(tokens), list(positions), page_ids, last_page_len, list(output_indices), top_k)
+        reads, writes = _kv_footprint(inst, page_ids, last_page_len, len(tokens))
+        return item, len(tokens), writes, reads
+    return issue(inst, q, "forward_text", f.DISTS, build)
+
+
+FUNCS = {"forward": forward, "get-next-dist": get_next_dist, "forward-text": forward_text}

@@ -1,0 +1,32 @@
+"""Turning a guest call into a queued command, with bad handles reported through the future."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from oven.control.resources import ResourceError
+
+
+def issue(inst, q: int, call_type: str, kind: str, build: Callable) -> int:
+    """Create a future, resolve handles with ``build()`` and queue the command on ``q``.
+
+    ``build`` returns (item, num_tokens, written keys, read keys) in physical ids; a
+    ResourceError (foreign, freed or forged handle) fails the future instead of trapping.
+    """
+    fut = inst.futures.create(kind)
+    try:
+        item, num_tokens, writes, reads = build()
+    except ResourceError as exc:
+        inst.futures.fail(fut, str(exc))
+        return fut.handle
+    inst.loop.submit(inst, q, call_type, item, fut, num_tokens, frozenset(writes), frozenset(reads))
+    return fut.handle
+
+
+def resource_call(action: Callable):
+    """Run a synchronous resource operation as a WIT ``result``: its value, or the error text."""
+    try:
+        value = action()
+    except ResourceError as exc:
+        return str(exc)
+    return value

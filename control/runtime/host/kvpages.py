@@ -1,0 +1,67 @@
+"""``kvpages``: allocate, free, copy, mask, offload/restore and share KvPages."""
+
+from __future__ import annotations
+
+from oven.proto import inference as p
+
+from oven.control.scheduling import KvSlots
+
+from .. import futures as f
+from .issue import issue, resource_call
+
+
+def alloc_kvpages(inst, q: int, count: int) -> int:
+    fut = inst.futures.create(f.HANDLES)
+    inst.loop.allocate(inst, q, "kvpages", count, fut)
+    return fut.handle
+
+
+def dealloc_kvpages(inst, q: int, pages: list[int]) -> int:
+    fut = inst.futures.create(f.UNIT)
+    inst.loop.deallocate(inst, q, "kvpages", pages, fut)
+    return fut.handle
+
+
+def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: int, count: int) -> int:
+    def build():
+        src_id, dst_id = inst.resources.physical_pages([src, dst])
+        item = p.CopyKvPageItem(src_id, dst_id, src_offset, dst_offset, count)
+        try:
+            writes, reads = {KvSlots(dst_id, dst_offset, dst_offset + count)}, {KvSlots(src_id, src_offset, src_offset + count)}
+        except ValueError:  # empty or negative range: the inference layer reports the exact error
+            writes, reads = set(), set()
+        return item, 1, writes, reads
+    return issue(inst, q, "copy_kvpage", f.UNIT, build)
+
+
+def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
+    def build():
+        (page_id,) = inst.resources.physical_pages([page])
+        return p.MaskKvPageItem(page_id, list(masked)), 1, {KvSlots.page(page_id)}, set()
+    return issue(inst, q, "mask_kvpage", f.UNIT, build)
+
+
+def offload_kvpages(inst, q: int, pages: list[int]) -> int:
+    fut = inst.futures.create(f.UNIT)
+    inst.loop.move_pages(inst, q, pages, "offload", fut)
+    return fut.handle
+
+
+def restore_kvpages(inst, q: int, pages: list[int]) -> int:
+    fut = inst.futures.create(f.UNIT)
+    inst.loop.move_pages(inst, q, pages, "restore", fut)
+    return fut.handle
+
+
+FUNCS = {
+    "alloc-kvpages": alloc_kvpages,
+    "dealloc-kvpages": dealloc_kvpages,
+    "copy-kvpage": copy_kvpage,
+    "mask-kvpage": mask_kvpage,
+    "offload-kvpages": offload_kvpages,
+    "restore-kvpages": restore_kvpages,
+    "export-kvpages": lambda inst, pages, name: resource_call(
+        lambda: inst.loop.exports.export_kvpages(inst.resources, name, pages)),
+    "import-kvpages": lambda inst, name: resource_call(lambda: inst.loop.exports.import_kvpages(inst.resources, name)),
+    "release-export": lambda inst, name: resource_call(lambda: inst.loop.exports.unexport(name, inst.instance_id)),
+}

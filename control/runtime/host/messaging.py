@@ -1,0 +1,28 @@
+"""``messaging``: to and from the client, and broadcast/subscribe between instances."""
+
+from __future__ import annotations
+
+from .. import futures as f
+
+
+def send(inst, message: str) -> None:
+    inst.loop.emit(inst, "message", message)
+
+
+def receive(inst) -> int:
+    fut = inst.futures.create(f.TEXT, io=True)
+    inst.inbox.wait(lambda text: inst.futures.complete(fut, text))
+    return fut.handle
+
+
+def broadcast(inst, topic: str, message: str) -> None:
+    inst.loop.topics.publish(topic, message)
+
+
+def subscribe(inst, topic: str) -> int:
+    fut = inst.futures.create(f.TEXT, io=True)
+    inst.loop.topics.wait(inst.instance_id, topic, lambda text: inst.futures.complete(fut, text))
+    return fut.handle
+
+
+FUNCS = {"send": send, "receive": receive, "broadcast": broadcast, "subscribe": subscribe}

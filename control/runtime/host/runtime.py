@@ -1,0 +1,29 @@
+"""``runtime``: arguments, identity, clock and sleep, exit code, models and traits."""
+
+from __future__ import annotations
+
+import time
+
+from .. import futures as f
+
+
+def sleep(inst, ms: int) -> int:
+    fut = inst.futures.create(f.UNIT, io=True)
+    inst.loop.timers.add(time.monotonic() + ms / 1000.0, lambda: inst.futures.complete(fut))
+    return fut.handle
+
+
+def set_exit_code(inst, code: int) -> None:
+    inst.exit_code = code
+
+
+FUNCS = {
+    "arguments": lambda inst: list(inst.args),
+    "instance-id": lambda inst: inst.instance_id,
+    "now-ms": lambda inst: int(time.monotonic() * 1000),
+    "sleep": sleep,
+    "set-exit-code": set_exit_code,
+    "models": lambda inst: [inst.loop.info.model_name],
+    "available-traits": lambda inst: [t.replace("_", "-") for t in inst.loop.info.traits],
+    "page-size": lambda inst: inst.loop.info.page_size,
+}

@@ -1,0 +1,19 @@
+"""``tokenize``: answered in the control process from the model's tokenizer spec."""
+
+from __future__ import annotations
+
+
+def render_chat(inst, roles: list[str], contents: list[str], add_generation_prompt: bool) -> str:
+    if len(roles) != len(contents):
+        raise ValueError(f"render-chat: {len(roles)} roles but {len(contents)} contents")
+    messages = [{"role": r, "content": c} for r, c in zip(roles, contents)]
+    return inst.loop.tokenizer.render_chat(messages, add_generation_prompt)
+
+
+FUNCS = {
+    "tokenize": lambda inst, text: inst.loop.tokenizer.encode(text),
+    "detokenize": lambda inst, tokens: inst.loop.tokenizer.decode(list(tokens)),
+    "vocab-size": lambda inst: inst.loop.info.vocab_size,
+    "stop-tokens": lambda inst: sorted(inst.loop.tokenizer.stop_token_ids),
+    "render-chat": render_chat,
+}

@@ -1,0 +1,131 @@
+"""One running inferlet: its wasmtime store, futures, resources, queues and inbox.
+
+The control loop drives an instance in *slices*: ``start()`` once, then
+``resume(ready)`` whenever a future it waits on completes. Each slice runs
+under an epoch deadline, so a guest that spins is trapped at the deadline and
+only that instance dies. A slice that returns no futures ends the instance.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import wasmtime
+from wasmtime import component
+
+from .futures import FutureTable
+
+
+class State(enum.Enum):
+    READY = "ready"  # has a slice to run
+    WAITING = "waiting"  # waits on futures
+    FINISHED = "finished"
+    KILLED = "killed"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceLimits:
+    memory_bytes: int = 512 << 20  # linear memories + tables of one instance
+    slice_ms: int = 2000  # epoch deadline of one start/resume slice
+    max_kv_pages: int = 4096
+    max_embeds: int = 4096
+
+
+class Inbox:
+    """Client messages for one instance: queued until a ``receive`` future takes them."""
+
+    def __init__(self):
+        self._messages: deque[str] = deque()
+        self._waiters: deque[Callable[[str], None]] = deque()
+
+    def push(self, text: str) -> None:
+        if self._waiters:
+            self._waiters.popleft()(text)
+        else:
+            self._messages.append(text)
+
+    def wait(self, deliver: Callable[[str], None]) -> None:
+        if self._messages:
+            deliver(self._messages.popleft())
+        else:
+            self._waiters.append(deliver)
+
+
+class Instance:
+    def __init__(self, instance_id: str, program: str, args: list[str], loop, limits: InstanceLimits,
+                 engine: wasmtime.Engine, linker: component.Linker, comp: component.Component, ticks_per_ms: float):
+        self.instance_id, self.program, self.args, self.loop, self.limits = instance_id, program, args, loop, limits
+        self.state = State.READY
+        self.exit_code: int | None = None
+        self.error: str | None = None
+        self.started = False
+        self.started_at = 0.0  # monotonic launch time: exhaustion policies prefer older instances
+        self.blocked_since: float | None = None  # parked on an allocation
+        self.io_wait_since: float | None = None  # waits only on I/O since then
+        self.waiting_on: list[int] = []
+        self.ready_handles: list[int] = []
+        self.futures = FutureTable(self._on_future_ready)
+        self.inbox = Inbox()
+        self.queues = {}  # virtual queue id -> QueueState, filled by the loop
+        self.resources = None  # ResourceTable, set by the loop
+        self._slice_ticks = max(1, int(limits.slice_ms * ticks_per_ms))
+        self.store = wasmtime.Store(engine)
+        self.store.set_limits(memory_size=limits.memory_bytes)
+        wasi = wasmtime.WasiConfig()  # no preopened folders, no sockets, no environment
+        wasi.stdout_custom = lambda data: loop.emit(self, "stdout", data.decode("utf-8", "replace"))
+        wasi.stderr_custom = lambda data: loop.emit(self, "stderr", data.decode("utf-8", "replace"))
+        self.store.set_wasi(wasi)
+        self.store.set_epoch_deadline(self._slice_ticks)
+        wasm = linker.instantiate(self.store, comp)
+        self._start = wasm.get_func(self.store, "start")
+        self._resume = wasm.get_func(self.store, "resume")
+        if self._start is None or self._resume is None:
+            raise wasmtime.WasmtimeError("the component does not export start and resume")
+
+    def queue(self, q: int):
+        state = self.queues.get(q)
+        if state is None:
+            raise ValueError(f"queue {q} does not exist in this inferlet")
+        return state
+
+    def _on_future_ready(self, handle: int) -> None:
+        if self.state is State.WAITING and handle in self.waiting_on:
+            self.state = State.READY
+
+    def run_slice(self) -> None:
+        """Run ``start`` or ``resume`` once; raises wasmtime.Trap/WasmtimeError if the guest fails."""
+        self.store.set_epoch_deadline(self._slice_ticks)
+        if not self.started:
+            self.started = True
+            waiting = self._start(self.store)
+            self._start.post_return(self.store)
+        else:
+            ready = self.futures.ready(self.waiting_on)
+            waiting = self._resume(self.store, ready)
+            self._resume.post_return(self.store)
+        unknown = [h for h in waiting if not self.futures.is_known(h)]
+        if unknown:
+            raise ValueError(f"the inferlet waits on future {unknown[0]}, which it does not hold")
+        self.waiting_on = list(waiting)
+        if not self.waiting_on:
+            self.state = State.FINISHED
+            self.exit_code = self.exit_code or 0
+        elif self.futures.ready(self.waiting_on):
+            self.state = State.READY
+        else:
+            self.state = State.WAITING
+            io_only = all(self.futures.get(h).io for h in self.waiting_on)
+            self.io_wait_since = (self.io_wait_since or time.monotonic()) if io_only else None
+
+    @property
+    def io_idle(self) -> bool:
+        """Waiting on I/O only: its KV pages are idle until a message, response or timer arrives."""
+        return self.state is State.WAITING and self.io_wait_since is not None
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (State.READY, State.WAITING)

@@ -1,0 +1,304 @@
+"""The control loop: one thread that runs inferlet slices, batches their calls and talks to inference.
+
+Each turn of :meth:`ControlLoop.step`:
+
+1. runs one slice of every instance that has a completed future it waits on;
+2. asks the dispatch policy whether to form a batch now and, if so, sends the
+   scheduler's batch to the inference process (several, under ``eager``);
+3. completes futures from the replies that arrived, fires due timers and runs
+   callbacks posted from other threads (HTTP);
+4. blocks in ``zmq.Poller`` until a reply, a client request or a deadline.
+
+The inference process answers in FIFO order, which is what makes it safe to
+free memory as soon as the calls that used it have been *sent*: anything that
+reuses it is sent later and so runs later.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+import wasmtime
+import zmq
+from wasmtime import component
+
+from oven.control.config import ControlConfig
+from oven.control.inference_client import InferenceClient
+from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
+from oven.control.scheduling import BatchScheduler, Command, DispatchPolicy
+from oven.control.tokenizer import Tokenizer
+from oven.proto import inference as p
+
+from . import host
+from .allocator import Allocator
+from .futures import DISTS, Future
+from .http_client import HttpClient
+from .instance import Instance, InstanceLimits, State
+from .programs import ProgramStore, engine_config
+from .queues import QueueState
+from .timers import Timers
+from .topics import Topics
+
+log = logging.getLogger(__name__)
+
+EPOCH_TICK_S = 0.005
+EventSink = Callable[[Instance, str, object], None]  # (instance, "stdout"|"stderr"|"message"|"exit", payload)
+
+
+def make_policy(cfg: ControlConfig) -> DispatchPolicy:
+    if cfg.dispatch_policy == "eager":
+        return DispatchPolicy.eager()
+    if cfg.dispatch_policy == "k":
+        return DispatchPolicy.k(cfg.dispatch_k)
+    if cfg.dispatch_policy == "t":
+        return DispatchPolicy.t(cfg.dispatch_t_ms / 1000.0)
+    return DispatchPolicy.adaptive()
+
+
+class ControlLoop:
+    def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink):
+        self.client, self.config, self._on_event = client, config, on_event
+        self.info: p.InfoReply = client.info()
+        self.tokenizer = Tokenizer(self.info.tokenizer)
+        self.engine = wasmtime.Engine(engine_config())
+        self.programs = ProgramStore(config.programs_path, self.engine)
+        self.linker = component.Linker(self.engine)
+        self.linker.add_wasip2()
+        host.define_imports(self.linker, lambda: self.current)
+        self.current: Instance | None = None
+        self.scheduler = BatchScheduler()
+        self.policy = make_policy(config)
+        self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
+        self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
+        self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
+        self.exports = ExportRegistry(self.kv_pool)
+        self.allocator = Allocator(self)
+        self.timers, self.topics = Timers(), Topics()
+        self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = _wake_pipe()
+        self.http = HttpClient(config.http_allowed_hosts, post=self.post)
+        self.instances: dict[str, Instance] = {}
+        self.finished: dict[str, Instance] = {}
+        self._commands: dict[int, tuple[Instance, Future]] = {}
+        self._in_flight: dict[int, object] = {}  # request id -> Batch
+        self._ids = itertools.count(1)
+        self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
+                                      config.max_kv_pages_per_instance, config.max_embeds_per_instance)
+        self._ticker = threading.Thread(target=self._tick_epochs, daemon=True, name="oven-epoch")
+        self._stopping = False
+        self._ticker.start()
+
+    # -- lifecycle of instances ---------------------------------------------
+
+    def launch(self, program: str, args: list[str]) -> Instance:
+        """Instantiate a stored program; raises ProgramError / wasmtime errors for a bad one."""
+        if len(self.instances) >= self.config.max_instances:
+            raise RuntimeError(f"the server runs its maximum of {self.config.max_instances} instances")
+        digest = self.programs.resolve(program)
+        instance_id = f"{next(self._ids):x}-{digest[:8]}"
+        inst = Instance(instance_id, digest, list(args), self, self._limits, self.engine, self.linker,
+                        self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S))
+        inst.started_at = time.monotonic()
+        inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
+                                       max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
+        inst.queues[0] = QueueState(self.scheduler.create_queue(_numeric(instance_id)))
+        self.instances[instance_id] = inst
+        return inst
+
+    def kill(self, inst: Instance, reason: str, exit_code: int = 1) -> None:
+        if not inst.alive:
+            return
+        inst.state, inst.error, inst.exit_code = State.KILLED, reason, exit_code
+        self._retire(inst)
+
+    def _retire(self, inst: Instance) -> None:
+        """Return everything the instance holds; fail what it still had queued."""
+        for command in self.scheduler.remove_instance(_numeric(inst.instance_id)):
+            _, fut = self._commands.pop(command.command_id)
+            inst.futures.fail(fut, "the instance ended")
+        self.allocator.forget(inst)
+        inst.resources.release_all()
+        self.topics.forget(inst.instance_id)
+        self.instances.pop(inst.instance_id, None)
+        self.finished[inst.instance_id] = inst
+        self.emit(inst, "exit", inst.exit_code)
+        self.allocator.retry_parked()
+
+    # -- calls from host functions -------------------------------------------
+
+    def emit(self, inst: Instance, kind: str, payload: object) -> None:
+        self._on_event(inst, kind, payload)
+
+    def submit(self, inst: Instance, q: int, call_type: str, item, fut: Future, num_tokens: int,
+               writes: frozenset, reads: frozenset) -> None:
+        state = inst.queue(q)
+        command = Command(command_id=next(self._ids), queue_id=state.scheduler_queue_id, call_type=call_type,
+                          item=item, enqueued_at=time.monotonic(), num_tokens=max(1, num_tokens),
+                          reads=reads, writes=writes)
+        self._commands[command.command_id] = (inst, fut)
+        state.track(fut)
+        self.scheduler.submit(command)
+
+    def create_queue(self, inst: Instance, priority: int) -> int:
+        q = max(inst.queues) + 1
+        inst.queues[q] = QueueState(self.scheduler.create_queue(_numeric(inst.instance_id), priority))
+        return q
+
+    def destroy_queue(self, inst: Instance, q: int) -> None:
+        if q == 0:
+            raise ValueError("queue 0 cannot be destroyed")
+        state = inst.queues.pop(q, None)
+        if state is None:
+            raise ValueError(f"queue {q} does not exist in this inferlet")
+        for command in self.scheduler.remove_queue(state.scheduler_queue_id):
+            _, fut = self._commands.pop(command.command_id)
+            inst.futures.fail(fut, "its queue was destroyed")
+
+    def set_queue_priority(self, inst: Instance, q: int, priority: int) -> None:
+        self.scheduler.set_priority(inst.queue(q).scheduler_queue_id, priority)
+
+    def allocate(self, inst, q, kind, count, fut) -> None:
+        self.allocator.allocate(inst, q, kind, count, fut)
+
+    def deallocate(self, inst, q, kind, handles, fut) -> None:
+        self.allocator.deallocate(inst, q, kind, handles, fut)
+
+    def move_pages(self, inst, q, handles, direction, fut) -> None:
+        self.allocator.move_pages(inst, q, handles, direction, fut)
+
+    def post(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the loop thread (safe to call from any thread)."""
+        self._posted.put(callback)
+        self._wake_w.send(b"")
+
+    # -- the loop --------------------------------------------------------------
+
+    def step(self, timeout_s: float, extra: dict | None = None) -> None:
+        """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
+        self._run_ready_instances()
+        self._dispatch()
+        poller = zmq.Poller()
+        poller.register(self.client.socket, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        for sock in extra or {}:
+            poller.register(sock, zmq.POLLIN)
+        busy = any(i.state is State.READY for i in self.instances.values())
+        wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
+        for sock, _ in poller.poll(int(wait_s * 1000)):
+            if sock is self.client.socket:
+                self._drain_replies()
+            elif sock is self._wake_r:
+                while self._wake_r.poll(0):
+                    self._wake_r.recv()
+            else:
+                extra[sock]()
+        while not self._posted.empty():
+            self._posted.get()()
+        self.timers.fire_due(time.monotonic())
+
+    def run_until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            self.step(min(0.05, deadline - time.monotonic()))
+        return True
+
+    def _time_to_next_event(self, cap_s: float) -> float:
+        now = time.monotonic()
+        candidates = [cap_s]
+        if (deadline := self.timers.next_deadline()) is not None:
+            candidates.append(deadline - now)
+        if (wake := self.policy.next_wakeup(now, self.scheduler.oldest_enqueued_at)) is not None:
+            candidates.append(wake - now)
+        return max(0.0, min(candidates))
+
+    def _run_ready_instances(self) -> None:
+        for inst in [i for i in self.instances.values() if i.state is State.READY]:
+            self.current = inst
+            try:
+                inst.run_slice()
+            except (wasmtime.Trap, wasmtime.WasmtimeError, ValueError) as exc:
+                self.kill(inst, _trap_message(exc))
+            finally:
+                self.current = None
+            if inst.state is State.FINISHED:
+                self._retire(inst)
+
+    def _dispatch(self) -> None:
+        while True:
+            now = time.monotonic()
+            if not self.policy.should_dispatch(now, self.scheduler.num_pending, self.scheduler.oldest_enqueued_at,
+                                               not self._in_flight, len(self._in_flight)):
+                return
+            batch = self.scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
+            if batch is None:
+                return
+            self._in_flight[self.client.send(batch.to_request())] = batch
+
+    def _drain_replies(self) -> None:
+        while (message := self.client.try_recv()) is not None:
+            request_id, reply = message
+            batch = self._in_flight.pop(request_id, None)
+            if batch is not None:
+                self._complete(batch, reply)
+
+    def _complete(self, batch, reply) -> None:
+        values = getattr(reply, "dists", None)
+        for i, command in enumerate(batch.commands):
+            inst, fut = self._commands.pop(command.command_id, (None, None))
+            if inst is None:
+                continue
+            if isinstance(reply, p.ErrorReply):
+                inst.futures.fail(fut, f"{reply.code}: {reply.message}")
+            elif reply.errors[i] is not None:
+                inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
+            elif fut.kind == DISTS:
+                dists = values[i] if isinstance(values[i], list) else [values[i]]
+                inst.futures.complete(fut, [_decode_dist(d) for d in dists])
+            else:
+                inst.futures.complete(fut)
+
+    def _tick_epochs(self) -> None:
+        while not self._stopping:
+            time.sleep(EPOCH_TICK_S)
+            self.engine.increment_epoch()
+
+    def close(self) -> None:
+        self._stopping = True
+        for inst in list(self.instances.values()):
+            self.kill(inst, "the server is shutting down")
+        self.http.close()
+
+
+def _decode_dist(dist: p.TopKDist) -> tuple[list[int], list[float]]:
+    import numpy as np
+
+    return (np.frombuffer(dist.token_ids, "<i4").tolist(), np.frombuffer(dist.probs, "<f4").tolist())
+
+
+def _numeric(instance_id: str) -> int:
+    return int(instance_id.split("-", 1)[0], 16)
+
+
+def _trap_message(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _wake_pipe():
+    ctx = zmq.Context.instance()
+    address = f"inproc://oven-wake-{id(ctx)}-{next(_wake_ids)}"
+    reader = ctx.socket(zmq.PULL)
+    reader.bind(address)
+    writer = ctx.socket(zmq.PUSH)
+    writer.connect(address)
+    return reader, writer
+
+
+_wake_ids = itertools.count()

@@ -1,0 +1,175 @@
+"""When to dispatch a batch: the policies compared in Pie's Table 5.
+
+A policy only answers *when*; :class:`~.batcher.BatchScheduler` decides *what*
+goes into the batch. Policies are pure: the clock comes in as ``now`` (seconds,
+any monotonic origin shared with ``enqueued_at``), so they hold no state and
+are tested with hand-fed times. The runtime asks :meth:`should_dispatch` after
+every submission, every finished batch and every wakeup, and sleeps until
+:meth:`next_wakeup` when there is nothing else to wait for.
+
+Deadlines are checked as ``now >= deadline`` against the very float
+:meth:`next_wakeup` returns, so waking at that time always finds the policy
+ready (``now - oldest >= t`` can miss by a rounding error and spin).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+__all__ = ["DispatchPolicy", "EagerPolicy", "KPolicy", "TPolicy", "AdaptivePolicy"]
+
+DEFAULT_MAX_WAIT_S = 0.05
+
+
+class DispatchPolicy(ABC):
+    """Decides whether the pending commands should be formed into a batch now."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def should_dispatch(self, now: float, num_pending_commands: int, oldest_enqueued_at: float | None,
+                        inference_idle: bool, num_in_flight_batches: int) -> bool:
+        """True when a batch should be formed now; always False when nothing is pending.
+
+        ``oldest_enqueued_at`` is that of the oldest pending command (None when
+        none); ``inference_idle`` is the inference layer's own report that it has
+        nothing queued; ``num_in_flight_batches`` counts batches sent and not yet
+        answered.
+        """
+
+    def next_wakeup(self, now: float, oldest_enqueued_at: float | None) -> float | None:
+        """The time at which :meth:`should_dispatch` may turn true with no new event, or None.
+
+        It may be at or before ``now``: re-check at once.
+        """
+        return None
+
+    @staticmethod
+    def eager() -> EagerPolicy:
+        return EagerPolicy()
+
+    @staticmethod
+    def k(k: int, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> KPolicy:
+        return KPolicy(k, max_wait_s)
+
+    @staticmethod
+    def t(seconds: float) -> TPolicy:
+        return TPolicy(seconds)
+
+    @staticmethod
+    def adaptive() -> AdaptivePolicy:
+        return AdaptivePolicy()
+
+    @staticmethod
+    def parse(spec: str) -> DispatchPolicy:
+        """From a config or CLI string: ``eager``, ``adaptive``, ``k=8`` or ``t=0.005``.
+
+        Raises ValueError for anything else.
+        """
+        name, _, value = spec.strip().partition("=")
+        try:
+            if name == "eager" and not value:
+                return EagerPolicy()
+            if name == "adaptive" and not value:
+                return AdaptivePolicy()
+            if name == "k" and value:
+                return KPolicy(int(value))
+            if name == "t" and value:
+                return TPolicy(float(value))
+        except ValueError as exc:
+            raise ValueError(f"bad dispatch policy {spec!r}: {exc}") from None
+        raise ValueError(f"bad dispatch policy {spec!r} (expected eager, adaptive, k=N or t=SECONDS)")
+
+
+def _nothing_pending(num_pending_commands: int, oldest_enqueued_at: float | None) -> bool:
+    return num_pending_commands <= 0 or oldest_enqueued_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class EagerPolicy(DispatchPolicy):
+    """Dispatch as soon as anything is pending, even while the device is busy.
+
+    No batching beyond what piles up between two checks: Pie's baseline "Eager".
+    """
+
+    def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
+                        num_in_flight_batches) -> bool:
+        return not _nothing_pending(num_pending_commands, oldest_enqueued_at)
+
+    def __str__(self) -> str:
+        return "eager"
+
+
+@dataclass(frozen=True, slots=True)
+class KPolicy(DispatchPolicy):
+    """Dispatch once at least ``k`` commands are pending (Pie's "K-only").
+
+    Pure K would hold the last few commands forever when fewer than ``k``
+    remain, so the oldest command also forces a dispatch once it has waited
+    ``max_wait_s``.
+    """
+
+    k: int
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be at least 1, got {self.k}")
+        if not self.max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be positive, got {self.max_wait_s}")
+
+    def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
+                        num_in_flight_batches) -> bool:
+        if _nothing_pending(num_pending_commands, oldest_enqueued_at):
+            return False
+        return num_pending_commands >= self.k or now >= self.next_wakeup(now, oldest_enqueued_at)
+
+    def next_wakeup(self, now, oldest_enqueued_at) -> float | None:
+        return None if oldest_enqueued_at is None else oldest_enqueued_at + self.max_wait_s
+
+    def __str__(self) -> str:
+        return f"k={self.k}"
+
+
+@dataclass(frozen=True, slots=True)
+class TPolicy(DispatchPolicy):
+    """Dispatch once the oldest pending command has waited ``seconds`` (Pie's "T-only")."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not self.seconds >= 0:
+            raise ValueError(f"seconds must be non-negative, got {self.seconds}")
+
+    def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
+                        num_in_flight_batches) -> bool:
+        if _nothing_pending(num_pending_commands, oldest_enqueued_at):
+            return False
+        return now >= self.next_wakeup(now, oldest_enqueued_at)
+
+    def next_wakeup(self, now, oldest_enqueued_at) -> float | None:
+        return None if oldest_enqueued_at is None else oldest_enqueued_at + self.seconds
+
+    def __str__(self) -> str:
+        return f"t={self.seconds:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptivePolicy(DispatchPolicy):
+    """Work-conserving (Pie §6.1): dispatch the moment the inference layer is idle.
+
+    While a batch runs, commands pile up and become the next, larger batch; when
+    load is light each command goes out alone without waiting for company. Idle
+    means both views agree: the inference layer says so and the control layer
+    has no batch in flight (an idle notice can overtake a request just sent).
+    """
+
+    def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
+                        num_in_flight_batches) -> bool:
+        if _nothing_pending(num_pending_commands, oldest_enqueued_at):
+            return False
+        return inference_idle and num_in_flight_batches == 0
+
+    def __str__(self) -> str:
+        return "adaptive"
