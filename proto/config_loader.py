@@ -35,7 +35,8 @@ def _parse(kind: type, text: str) -> Any:
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one optional flag per field of ``cls`` (defaults shown in --help)."""
     hints = typing.get_type_hints(cls)
-    parser.add_argument("--config", type=Path, help="TOML file with a table of these settings")
+    if "--config" not in parser._option_string_actions:  # several configs may share one parser
+        parser.add_argument("--config", type=Path, help="TOML file with [inference] / [control] tables")
     for field in dataclasses.fields(cls):
         kind = _scalar_type(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 from pathlib import Path
@@ -48,7 +49,8 @@ class ProgramStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.engine = engine
         self._components: dict[str, component.Component] = {}
-        self._names: dict[str, str] = {}
+        self._names_file = self.root / "names.json"
+        self._names: dict[str, str] = json.loads(self._names_file.read_text()) if self._names_file.exists() else {}
 
     def add(self, wasm: bytes, name: str | None = None) -> str:
         """Store a component; return its hash. Compiles now, so a bad upload fails here, not at launch."""
@@ -59,8 +61,9 @@ class ProgramStore:
         if not path.exists():
             _atomic_write(path, wasm)
         self.component(digest)
-        if name:
+        if name and self._names.get(name) != digest:
             self._names[name] = digest
+            _atomic_write(self._names_file, json.dumps(self._names, indent=1).encode())
         return digest
 
     def resolve(self, name_or_hash: str) -> str:
@@ -72,12 +75,12 @@ class ProgramStore:
     def has(self, digest: str) -> bool:
         return (self.root / f"{digest}.wasm").exists()
 
-    def names(self) -> dict[str, str]:
-        return dict(self._names)
-
-    def list(self) -> list[tuple[str, int]]:
-        """(hash, size in bytes) of every stored program."""
-        return sorted((p.stem, p.stat().st_size) for p in self.root.glob("*.wasm"))
+    def entries(self) -> list[tuple[str, list[str], int]]:
+        """(hash, names, size in bytes) of every stored program."""
+        names: dict[str, list[str]] = {}
+        for name, digest in sorted(self._names.items()):
+            names.setdefault(digest, []).append(name)
+        return sorted((p.stem, names.get(p.stem, []), p.stat().st_size) for p in self.root.glob("*.wasm"))
 
     def component(self, digest: str) -> component.Component:
         """The compiled component: from memory, else from the on-disk cache, else compiled now."""

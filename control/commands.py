@@ -1,0 +1,170 @@
+"""The client verbs of the ``oven`` CLI: serve, run, upload, ps, kill, send."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from oven.inference.config import InferenceConfig
+from oven.proto.config_loader import config_from_args
+
+from .client import ControlRequestError, OvenClient
+from .config import ControlConfig
+from .inference_process import private_endpoint
+
+INFERLETS_DIR = Path(__file__).resolve().parent.parent / "inferlets"
+EXIT_FAILURE = 1
+
+
+def resolve_program(program: str) -> tuple[Path, str]:
+    """(wasm path, name) for an inferlet name in inferlets/ or a path to a .wasm file."""
+    path = Path(program)
+    if path.suffix == ".wasm":
+        if not path.is_file():
+            raise FileNotFoundError(f"{program}: no such file")
+        return path, path.stem
+    built = INFERLETS_DIR / program / f"{program}.wasm"
+    if built.is_file():
+        return built, program
+    if (INFERLETS_DIR / program).is_dir():
+        raise FileNotFoundError(f"inferlet {program!r} is not built yet: run setup.sh (it builds inferlets/)")
+    known = sorted(d.name for d in INFERLETS_DIR.iterdir() if d.is_dir()) if INFERLETS_DIR.is_dir() else []
+    raise FileNotFoundError(f"{program!r} is neither a .wasm file nor an inferlet ({', '.join(known) or 'none'})")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from .serve import serve
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s control %(levelname)s %(message)s")
+    try:
+        inference = config_from_args(InferenceConfig, args)
+        control = config_from_args(ControlConfig, args, section="control")
+    except ValueError as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return 2
+    return serve(inference, control, verbose=not args.quiet)
+
+
+class EmbeddedServer:
+    """A private ``oven serve`` for one ``oven run``, stopped when the run ends."""
+
+    def __init__(self, model: str):
+        self.endpoint = private_endpoint()
+        cmd = [sys.executable, "-m", "oven.control.cli", "serve", "--model", model, "--quiet",
+               "--control-endpoint", self.endpoint, "--endpoint", private_endpoint()]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def wait_ready(self, client: OvenClient, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not client.reachable(timeout_s=1.0):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the embedded server exited with status {self.proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the embedded server did not come up")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        path, name = resolve_program(args.program)
+    except FileNotFoundError as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return 2
+    client, embedded, instance_id = OvenClient(args.server), None, None
+    try:
+        if not client.reachable():
+            client.close()
+            print("oven: no server answers; starting an embedded one ...", file=sys.stderr, flush=True)
+            embedded = EmbeddedServer(args.model)
+            client = OvenClient(embedded.endpoint)
+            embedded.wait_ready(client)
+        digest = client.upload_file(path, name)
+        instance_id = client.launch(digest, args.args, detach=args.detach)
+        if args.detach:
+            print(instance_id)
+            return 0
+        return stream(client, instance_id)
+    except (ControlRequestError, RuntimeError, TimeoutError) as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        if instance_id:
+            client.terminate(instance_id)
+        raise
+    finally:
+        client.close()
+        if embedded:
+            embedded.stop()
+
+
+def stream(client: OvenClient, instance_id: str) -> int:
+    """Print an instance's output until it exits; return its exit code."""
+    for event in client.events():
+        if event is None or event.instance_id != instance_id:
+            continue
+        if event.kind == "stdout":
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif event.kind == "stderr":
+            sys.stderr.write(event.text)
+            sys.stderr.flush()
+        elif event.kind == "message":
+            print(event.text, flush=True)
+        elif event.kind == "exit":
+            if event.text:
+                print(f"oven: {instance_id} failed: {event.text}", file=sys.stderr)
+            return event.exit_code if event.exit_code is not None else EXIT_FAILURE
+    return EXIT_FAILURE
+
+
+def _with_client(args: argparse.Namespace, action) -> int:
+    with OvenClient(args.server, timeout_s=30) as client:
+        try:
+            return action(client) or 0
+        except TimeoutError:
+            print(f"oven: no server answers at {args.server} (start one with `oven serve`)", file=sys.stderr)
+        except ControlRequestError as exc:
+            print(f"oven: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    try:
+        path, name = resolve_program(args.program)
+    except FileNotFoundError as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return 2
+    return _with_client(args, lambda client: print(client.upload_file(path, args.name or name)))
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    def show(client: OvenClient) -> None:
+        if args.programs:
+            for entry in client.programs():
+                print(f"{entry.sha256[:16]}  {entry.size_bytes / 1e6:7.1f} MB  {', '.join(entry.names)}")
+            return
+        print(f"{'INSTANCE':20} {'PROGRAM':14} {'STATE':9} {'AGE':>8}  EXIT")
+        for i in client.instances():
+            exit_text = "" if i.exit_code is None else str(i.exit_code)
+            print(f"{i.instance_id:20} {i.program:14} {i.state:9} {i.age_s:7.1f}s  {exit_text} {i.error}")
+    return _with_client(args, show)
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    return _with_client(args, lambda client: client.terminate(args.instance_id))
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    return _with_client(args, lambda client: client.send(args.instance_id, args.text))

@@ -1,0 +1,82 @@
+//! `oven:inferlet/kvpages`: the paged KV cache (handles are this instance's own).
+
+use crate::abi::RetArea;
+
+#[link(wasm_import_module = "oven:inferlet/kvpages@0.1.0")]
+extern "C" {
+    #[link_name = "alloc-kvpages"]
+    fn raw_alloc_kvpages(q: u32, count: u32) -> u32;
+    #[link_name = "dealloc-kvpages"]
+    fn raw_dealloc_kvpages(q: u32, pages_ptr: *const u32, pages_len: usize) -> u32;
+    #[link_name = "copy-kvpage"]
+    fn raw_copy_kvpage(q: u32, src: u32, dst: u32, src_offset: u32, dst_offset: u32, count: u32) -> u32;
+    #[link_name = "mask-kvpage"]
+    fn raw_mask_kvpage(q: u32, page: u32, masked_ptr: *const bool, masked_len: usize) -> u32;
+    #[link_name = "offload-kvpages"]
+    fn raw_offload_kvpages(q: u32, pages_ptr: *const u32, pages_len: usize) -> u32;
+    #[link_name = "restore-kvpages"]
+    fn raw_restore_kvpages(q: u32, pages_ptr: *const u32, pages_len: usize) -> u32;
+    #[link_name = "export-kvpages"]
+    fn raw_export_kvpages(pages_ptr: *const u32, pages_len: usize, name_ptr: *const u8, name_len: usize, ret: *mut u8);
+    #[link_name = "import-kvpages"]
+    fn raw_import_kvpages(name_ptr: *const u8, name_len: usize, ret: *mut u8);
+    #[link_name = "release-export"]
+    fn raw_release_export(name_ptr: *const u8, name_len: usize, ret: *mut u8);
+}
+
+/// A future for `count` new pages (take-handles).
+pub fn alloc_kvpages(q: u32, count: u32) -> u32 {
+    unsafe { raw_alloc_kvpages(q, count) }
+}
+
+/// Frees pages once the calls issued on `q` before it are done (take-unit).
+pub fn dealloc_kvpages(q: u32, pages: &[u32]) -> u32 {
+    unsafe { raw_dealloc_kvpages(q, pages.as_ptr(), pages.len()) }
+}
+
+/// Copy K/V and mask bits of `count` token slots (take-unit).
+pub fn copy_kvpage(q: u32, src: u32, dst: u32, src_offset: u32, dst_offset: u32, count: u32) -> u32 {
+    unsafe { raw_copy_kvpage(q, src, dst, src_offset, dst_offset, count) }
+}
+
+/// `masked[i]` hides token slot i of `page` from later forwards (take-unit).
+/// A Rust `bool` is one byte holding 0 or 1: the ABI's `list<bool>` element exactly.
+pub fn mask_kvpage(q: u32, page: u32, masked: &[bool]) -> u32 {
+    unsafe { raw_mask_kvpage(q, page, masked.as_ptr(), masked.len()) }
+}
+
+/// Move pages to the host tier; their handles stay valid (take-unit).
+pub fn offload_kvpages(q: u32, pages: &[u32]) -> u32 {
+    unsafe { raw_offload_kvpages(q, pages.as_ptr(), pages.len()) }
+}
+
+/// Bring offloaded pages back (take-unit).
+pub fn restore_kvpages(q: u32, pages: &[u32]) -> u32 {
+    unsafe { raw_restore_kvpages(q, pages.as_ptr(), pages.len()) }
+}
+
+/// Share pages under a server-wide name; they live until released.
+pub fn export_kvpages(pages: &[u32], name: &str) -> Result<(), String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_export_kvpages(pages.as_ptr(), pages.len(), name.as_ptr(), name.len(), ret.ptr());
+        ret.take_result(|_| ())
+    }
+}
+
+/// Handles in this instance for the pages exported under `name`.
+pub fn import_kvpages(name: &str) -> Result<Vec<u32>, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_import_kvpages(name.as_ptr(), name.len(), ret.ptr());
+        ret.take_result(|r| r.take_list(4))
+    }
+}
+
+pub fn release_export(name: &str) -> Result<(), String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_release_export(name.as_ptr(), name.len(), ret.ptr());
+        ret.take_result(|_| ())
+    }
+}
