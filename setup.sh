@@ -29,8 +29,30 @@ build_python_inferlets() {
     done
 }
 
+# Rust inferlets: Debian's toolchain is the only offline one with a wasm32 std (see DESIGN.md).
+ensure_rust_toolchain() {
+    if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown ]; then
+        say "installing Debian's Rust toolchain for wasm32 with apt"
+        apt-get update -qq && apt-get install -y -qq rustc cargo libstd-rust-dev-wasm32 >/dev/null
+    fi
+}
+
+build_rust_inferlets() {
+    for manifest in inferlets/*/Cargo.toml; do
+        [ -e "$manifest" ] || continue
+        dir=$(dirname "$manifest"); name=$(basename "$dir"); out="$dir/$name.wasm"
+        if [ -f "$out" ] && [ -z "$(find "$dir/src" sdk/rust proto/wit "$manifest" -newer "$out" -type f | head -1)" ]; then
+            continue
+        fi
+        ensure_rust_toolchain
+        say "building inferlet $name (cargo + wasm-tools)"
+        bash "$dir/build.sh" 2>&1 | sed 's/^/    /' >&2
+    done
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && .venv/bin/python -c "import oven.inference, torch" 2>/dev/null; then
     build_python_inferlets
+    build_rust_inferlets
     say "already set up (.venv is current)"
     exit 0
 fi
@@ -54,5 +76,6 @@ say "installing oven and its dependencies"
 say "preparing the default model"
 .venv/bin/oven prepare-model
 build_python_inferlets
+build_rust_inferlets
 want_stamp > "$STAMP"
 say "done"

@@ -157,7 +157,12 @@ class Allocator:
                 if error:
                     inst.futures.fail(fut, error)
                 return
-            table.mark_offloaded(handles, slot_ids)
+            try:  # the handles may have been freed while the copy ran
+                table.mark_offloaded(handles, slot_ids)
+            except ResourceError as exc:
+                self.loop.host_pool.release(slot_ids)
+                inst.futures.fail(fut, str(exc))
+                return
             inst.futures.complete(fut)
             self.retry_parked()
         _when_all(copies, done)
@@ -179,7 +184,12 @@ class Allocator:
                 if error:
                     inst.futures.fail(fut, error)
                 return
-            table.mark_restored(handles, page_ids)
+            try:
+                table.mark_restored(handles, page_ids)
+            except ResourceError as exc:
+                self.loop.kv_pool.release(page_ids)
+                inst.futures.fail(fut, str(exc))
+                return
             inst.futures.complete(fut)
         _when_all(copies, done)
 

@@ -9,6 +9,7 @@ only that instance dies. A slice that returns no futures ends the instance.
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ import wasmtime
 from wasmtime import component
 
 from .futures import FutureTable
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
 
 class State(enum.Enum):
@@ -67,7 +71,7 @@ class Instance:
         self.blocked_since: float | None = None  # parked on an allocation
         self.io_wait_since: float | None = None  # waits only on I/O since then
         self.waiting_on: list[int] = []
-        self.ready_handles: list[int] = []
+        self.stderr_tail = ""
         self.futures = FutureTable(self._on_future_ready)
         self.inbox = Inbox()
         self.queues = {}  # virtual queue id -> QueueState, filled by the loop
@@ -125,6 +129,13 @@ class Instance:
     def io_idle(self) -> bool:
         """Waiting on I/O only: its KV pages are idle until a message, response or timer arrives."""
         return self.state is State.WAITING and self.io_wait_since is not None
+
+    def last_stderr_line(self) -> str:
+        """The guest's last error line on stderr (a Python exception line if there is one)."""
+        lines = [line.strip() for line in self.stderr_tail.splitlines()
+                 if line.strip() and not line.startswith(("note: run with", "thread '"))]
+        errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
+        return errors[-1] if errors else (lines[-1] if lines else "")
 
     @property
     def alive(self) -> bool:

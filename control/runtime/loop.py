@@ -132,6 +132,9 @@ class ControlLoop:
     # -- calls from host functions -------------------------------------------
 
     def emit(self, inst: Instance, kind: str, payload: object) -> None:
+        if kind == "stderr":
+            inst.stderr_tail += str(payload)
+            inst.stderr_tail = inst.stderr_tail[-4096:]
         self._on_event(inst, kind, payload)
 
     def submit(self, inst: Instance, q: int, call_type: str, item, fut: Future, num_tokens: int,
@@ -224,7 +227,8 @@ class ControlLoop:
             try:
                 inst.run_slice()
             except (wasmtime.Trap, wasmtime.WasmtimeError, ValueError) as exc:
-                self.kill(inst, _trap_message(exc))
+                last_words = inst.last_stderr_line()  # a guest's own error text beats "unreachable"
+                self.kill(inst, _trap_message(exc) + (f" ({last_words})" if last_words else ""))
             finally:
                 self.current = None
             if inst.state is State.FINISHED:
@@ -249,20 +253,28 @@ class ControlLoop:
                 self._complete(batch, reply)
 
     def _complete(self, batch, reply) -> None:
-        values = getattr(reply, "dists", None)
         for i, command in enumerate(batch.commands):
             inst, fut = self._commands.pop(command.command_id, (None, None))
             if inst is None:
                 continue
-            if isinstance(reply, p.ErrorReply):
-                inst.futures.fail(fut, f"{reply.code}: {reply.message}")
-            elif reply.errors[i] is not None:
-                inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
-            elif fut.kind == DISTS:
-                dists = values[i] if isinstance(values[i], list) else [values[i]]
-                inst.futures.complete(fut, [_decode_dist(d) for d in dists])
-            else:
-                inst.futures.complete(fut)
+            try:
+                self._settle(inst, fut, reply, i)
+            except Exception as exc:  # a bookkeeping bug hits one instance, never the loop
+                log.exception("completing a %s call of %s failed", command.call_type, inst.instance_id)
+                self.kill(inst, f"internal error: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _settle(inst: Instance, fut: Future, reply, i: int) -> None:
+        """Complete item ``i``'s future from a batch reply."""
+        if isinstance(reply, p.ErrorReply):
+            inst.futures.fail(fut, f"{reply.code}: {reply.message}")
+        elif reply.errors[i] is not None:
+            inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
+        elif fut.kind == DISTS:
+            dists = reply.dists[i] if isinstance(reply.dists[i], list) else [reply.dists[i]]
+            inst.futures.complete(fut, [_decode_dist(d) for d in dists])
+        else:
+            inst.futures.complete(fut)
 
     def _tick_epochs(self) -> None:
         while not self._stopping:
@@ -287,7 +299,10 @@ def _numeric(instance_id: str) -> int:
 
 
 def _trap_message(exc: Exception) -> str:
+    """The cause of a trap ("wasm trap: interrupt"), not the backtrace wasmtime puts first."""
     text = str(exc).strip()
+    if "Caused by:" in text:
+        return " ".join(text.rsplit("Caused by:", 1)[1].split())
     return text.splitlines()[0] if text else type(exc).__name__
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from wasmtime.component import Variant
+from wasmtime.component import Record, Variant
 
 from .. import futures as f
 
@@ -43,8 +43,10 @@ def take_http(inst, handle: int):
     value, error = inst.futures.take(handle, f.HTTP)
     if error is not None:
         return error
-    status, body = value
-    return SimpleNamespace(status=status, body=body)
+    # wasmtime-py accepts only its own Record for a record inside a result.
+    response = Record()
+    response.status, response.body = value
+    return response
 
 
 def discard(inst, handle: int) -> None:

@@ -117,6 +117,14 @@ impl RetArea {
         RawList { ptr: self.u32_at(offset) as usize as *mut u8, len: self.u32_at(offset + 4) as usize }.into_string()
     }
 
+    /// The `list<string>` at `offset`, each string taken too.
+    ///
+    /// # Safety
+    /// As for [`RetArea::take_list`].
+    pub unsafe fn take_string_list(&self, offset: usize) -> Vec<String> {
+        self.take_list::<RawList<u8>>(offset).into_iter().map(|s| s.into_string()).collect()
+    }
+
     /// Lift a `result<T, string>`: tag byte at 0, payload at 4; `ok` lifts the payload.
     ///
     /// # Safety
@@ -163,14 +171,4 @@ pub fn return_list_u32(items: Vec<u32>) -> *mut u8 {
 pub unsafe fn free_returned_list_u32(ret: *mut u8) {
     let [ptr, len] = *(ret as *const [usize; 2]);
     drop(RawList { ptr: ptr as *mut u32, len }.into_vec());
-}
-
-impl RetArea {
-    /// The `list<string>` at `offset`, each string taken too.
-    ///
-    /// # Safety
-    /// As for [`RetArea::take_list`].
-    pub unsafe fn take_string_list(&self, offset: usize) -> Vec<String> {
-        self.take_list::<RawList<u8>>(offset).into_iter().map(|s| s.into_string()).collect()
-    }
 }

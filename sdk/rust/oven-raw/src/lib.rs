@@ -40,26 +40,28 @@ pub use abi::cabi_realloc;
 #[macro_export]
 macro_rules! export_inferlet {
     ($start:path, $resume:path) => {
-        #[no_mangle]
-        pub extern "C" fn start() -> *mut u8 {
+        // export_name keeps the Rust names out of the caller's namespace, so the caller's own
+        // functions may be called `start` and `resume`.
+        #[export_name = "start"]
+        pub extern "C" fn __oven_export_start() -> *mut u8 {
             let waiting: ::std::vec::Vec<u32> = $start();
             $crate::abi::return_list_u32(waiting)
         }
 
-        #[no_mangle]
-        pub unsafe extern "C" fn resume(ready_ptr: *mut u32, ready_len: usize) -> *mut u8 {
+        #[export_name = "resume"]
+        pub unsafe extern "C" fn __oven_export_resume(ready_ptr: *mut u32, ready_len: usize) -> *mut u8 {
             let ready = $crate::abi::RawList { ptr: ready_ptr, len: ready_len }.into_vec();
             let waiting: ::std::vec::Vec<u32> = $resume(ready);
             $crate::abi::return_list_u32(waiting)
         }
 
-        #[no_mangle]
-        pub unsafe extern "C" fn cabi_post_start(ret: *mut u8) {
+        #[export_name = "cabi_post_start"]
+        pub unsafe extern "C" fn __oven_post_start(ret: *mut u8) {
             $crate::abi::free_returned_list_u32(ret)
         }
 
-        #[no_mangle]
-        pub unsafe extern "C" fn cabi_post_resume(ret: *mut u8) {
+        #[export_name = "cabi_post_resume"]
+        pub unsafe extern "C" fn __oven_post_resume(ret: *mut u8) {
             $crate::abi::free_returned_list_u32(ret)
         }
     };

@@ -1,0 +1,88 @@
+"""hostile: misbehaves on purpose, to prove that only the misbehaving instance suffers.
+
+Argument: one of
+  spin            loop forever without yielding (the slice deadline must stop it)
+  memory          grow memory without bound (the store's memory limit must stop it)
+  forged          use KvPage and embed handles it was never given
+  double-free     free the same pages twice
+  use-after-free  forward over pages it already freed
+  quota           allocate more pages than its quota
+  trap            raise an exception
+Errors the host reports are sent to the client as "error: <text>" lines; the
+inferlet then exits with code 3.
+"""
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime
+
+
+def wait(f):
+    while True:
+        ready = yield [f]
+        if f in ready:
+            return
+
+
+def report(error):
+    messaging.send(f"error: {error.value if isinstance(error, Err) else error}")
+    runtime.set_exit_code(3)
+
+
+def main():
+    mode = runtime.arguments()[0]
+    if mode == "spin":
+        while True:
+            pass
+    if mode == "memory":
+        hoard = []
+        while True:
+            hoard.append(bytearray(16 << 20))
+    if mode == "trap":
+        raise RuntimeError("hostile inferlet gave up")
+    if mode == "quota":
+        f = kvpages.alloc_kvpages(0, 1 << 20)
+        yield from wait(f)
+        try:
+            futures.take_handles(f)
+        except Err as e:
+            report(e)
+        return
+    f = kvpages.alloc_kvpages(0, 2)
+    yield from wait(f)
+    pages = futures.take_handles(f)
+    f = embeds.alloc_embeds(0, 2)
+    yield from wait(f)
+    slots = futures.take_handles(f)
+    if mode == "forged":
+        f = forward.forward(0, [pages[0] + 1000], 1, [slots[0]], [0], [slots[1]], [])
+    elif mode == "double-free":
+        yield from wait(kvpages.dealloc_kvpages(0, pages))
+        f = kvpages.dealloc_kvpages(0, pages)
+    elif mode == "use-after-free":
+        yield from wait(kvpages.dealloc_kvpages(0, pages))
+        f = forward.forward(0, pages, 1, [slots[0]], [0], [slots[1]], [])
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    yield from wait(f)
+    try:
+        futures.take_unit(f)
+        messaging.send("no error")
+    except Err as e:
+        report(e)
+
+
+_program = None
+
+
+class WitWorld(wit_world.WitWorld):
+    def start(self):
+        global _program
+        _program = main()
+        return next(_program, [])
+
+    def resume(self, ready):
+        try:
+            return _program.send(ready)
+        except StopIteration:
+            return []
