@@ -32,6 +32,7 @@ class OvenClient:
         self._ids = itertools.count(1)
         self._events: list[c.InstanceEvent] = []
         self._last_sent = time.monotonic()
+        self.lease_s = c.DEFAULT_LEASE_S  # learnt from the server by info() / reachable()
 
     def request(self, message, timeout_s: float | None = None):
         """Send one request and wait for its reply; a ControlError raises :class:`ControlRequestError`."""
@@ -53,7 +54,7 @@ class OvenClient:
 
     def reachable(self, timeout_s: float = 1.0) -> bool:
         try:
-            self.request(c.ServerInfo(), timeout_s)
+            self.info(timeout_s)
             return True
         except TimeoutError:
             return False
@@ -88,8 +89,10 @@ class OvenClient:
     def terminate(self, instance_id: str) -> None:
         self.request(c.Terminate(instance_id))
 
-    def info(self) -> c.ServerInfoReply:
-        return self.request(c.ServerInfo())
+    def info(self, timeout_s: float | None = None) -> c.ServerInfoReply:
+        reply = self.request(c.ServerInfo(), timeout_s)
+        self.lease_s = reply.lease_s
+        return reply
 
     def stats(self) -> c.StatsReply:
         return self.request(c.Stats())
@@ -102,10 +105,10 @@ class OvenClient:
         while True:
             while self._events:
                 yield self._events.pop(0)
-            if time.monotonic() - self._last_sent > c.LEASE_S / 3:
+            if time.monotonic() - self._last_sent > self.lease_s / 3:
                 self.request(c.Heartbeat())
                 continue
-            if self._sock.poll(int(poll_s * 1000)):
+            if self._sock.poll(int(min(poll_s, self.lease_s / 3) * 1000)):
                 envelope = c.CODEC.decode(self._sock.recv())
                 if isinstance(envelope.message, c.InstanceEvent):
                     yield envelope.message

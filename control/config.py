@@ -30,7 +30,7 @@ class ControlConfig:
     max_kv_pages_per_instance: int = 4096
     max_embeds_per_instance: int = 4096
     http_allow: str = ""  # comma-separated host names inferlets may fetch from
-    detach_on_disconnect: bool = False  # False: a client that goes away takes its instances with it
+    lease_s: float = 10.0  # a client silent this long loses its non-detached instances
 
     def __post_init__(self) -> None:
         if self.dispatch_policy not in DISPATCH_POLICIES:
@@ -41,8 +41,8 @@ class ControlConfig:
                       "max_kv_pages_per_instance", "max_embeds_per_instance"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive")
-        if self.dispatch_t_ms <= 0:
-            raise ValueError("dispatch_t_ms must be positive")
+        if self.dispatch_t_ms <= 0 or self.lease_s <= 0:
+            raise ValueError("dispatch_t_ms and lease_s must be positive")
 
     @property
     def programs_path(self) -> Path:

@@ -3,7 +3,7 @@
 Requests are dispatched through a type -> handler table; a malformed message
 or a failing handler gets a :class:`ControlError` reply and the server goes
 on. Instance output is pushed as :class:`InstanceEvent` to attached clients.
-Clients hold a lease by talking at least every ``LEASE_S`` seconds; when it
+Clients hold a lease by talking at least every ``lease_s`` seconds; when it
 lapses, their non-detached instances are terminated (see proto/control.py).
 """
 
@@ -166,7 +166,7 @@ class ControlServer:
         info = self.loop.info
         return c.ServerInfoReply([info.model_name], list(info.traits), info.page_size, info.num_kv_pages,
                                  info.num_embeds, info.device, self.loop.config.dispatch_policy,
-                                 len(self.loop.instances))
+                                 len(self.loop.instances), self.loop.config.lease_s)
 
     def _stats(self, _client, _req) -> c.StatsReply:
         s = self.loop.scheduler.stats()
@@ -178,7 +178,7 @@ class ControlServer:
 
     def _expire_leases(self, now: float) -> None:
         for client, heard in list(self._last_heard.items()):
-            if now - heard <= c.LEASE_S:
+            if now - heard <= self.loop.config.lease_s:
                 continue
             del self._last_heard[client]
             for instance_id in self._owned.pop(client, set()):

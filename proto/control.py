@@ -7,7 +7,8 @@ id 0, to every client attached to an instance (the one that launched it is
 attached at once).
 
 A client holds a lease on its attached instances by sending any message at
-least every ``LEASE_S`` seconds (:class:`Heartbeat` does nothing else). When a
+least every ``lease_s`` seconds (from :class:`ServerInfoReply`; :class:`Heartbeat`
+does nothing else). When a
 lease lapses the server terminates the instances the client launched without
 ``detach`` and forgets its attachments, so a client that vanishes leaks nothing.
 Uploads are chunked (``UPLOAD_CHUNK_BYTES``) and checked against their SHA-256.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from .codec import Codec
 
 CONTROL_PROTOCOL_VERSION = 1
-LEASE_S = 10.0
+DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
 
@@ -122,6 +123,7 @@ class ServerInfoReply:
     device: str
     dispatch_policy: str
     num_instances: int
+    lease_s: float  # talk at least this often to keep non-detached instances alive
 
 
 @dataclass(frozen=True, slots=True)

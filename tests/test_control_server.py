@@ -1,0 +1,120 @@
+"""`oven serve` and the client verbs, as real processes over ZeroMQ (tiny model)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import msgpack
+import pytest
+
+from oven.control.client import ControlRequestError, OvenClient
+from oven.control.generate import greedy_generate
+from oven.control.inference_client import InferenceClient
+from oven.control.inference_process import private_endpoint
+from oven.control.tokenizer import Tokenizer
+from oven.proto import control as c
+
+LEASE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    control, inference = private_endpoint(), private_endpoint()
+    cmd = [sys.executable, "-m", "oven.control.cli", "serve", "--model", "tiny", "--quiet",
+           "--control-endpoint", control, "--endpoint", inference, "--num-kv-pages", "128",
+           "--program-dir", str(tmp_path_factory.mktemp("programs")), "--lease-s", str(LEASE_S)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    with OvenClient(control) as client:
+        deadline = time.monotonic() + 120
+        while not client.reachable(timeout_s=1.0):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "oven serve did not come up"
+    yield control, inference, proc
+    proc.terminate()
+    assert proc.wait(30) == 0
+
+
+def oven(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "oven.control.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env=os.environ.copy())
+
+
+def direct_greedy(inference: str, prompt: str, max_new: int) -> list[int]:
+    with InferenceClient(inference) as client:
+        info = client.info()
+        tok = Tokenizer(info.tokenizer)
+        return greedy_generate(client, tok.encode(prompt), max_new, tok.stop_token_ids, info.page_size,
+                               info.num_kv_pages).token_ids
+
+
+@pytest.mark.parametrize("program", ["hello-python", "hello-rust"])
+def test_oven_run_prints_the_greedy_tokens(server, program):
+    control, inference, _ = server
+    done = oven("run", "--server", control, program, "--", "Once upon a time", "8")
+    assert done.returncode == 0, done.stderr
+    expected = " ".join(map(str, direct_greedy(inference, "Once upon a time", 8)))
+    assert done.stdout.strip().splitlines()[-1] == expected
+
+
+def test_oven_run_exits_with_the_inferlet_status(server):
+    control, _, _ = server
+    done = oven("run", "--server", control, "hostile", "--", "trap")
+    assert done.returncode == 1
+    assert "RuntimeError: hostile inferlet gave up" in done.stderr
+    done = oven("run", "--server", control, "hostile", "--", "forged")
+    assert done.returncode == 3 and done.stdout.startswith("error: ")
+
+
+def test_ps_send_and_kill(server):
+    control, _, _ = server
+    started = oven("run", "--server", control, "--detach", "echo")
+    assert started.returncode == 0, started.stderr
+    instance_id = started.stdout.strip()
+    with OvenClient(control) as client:
+        client.attach(instance_id)
+        assert oven("send", "--server", control, instance_id, "hello").returncode == 0
+        event = next(e for e in client.events() if e is not None and e.kind == "message")
+        assert event.text == "echo: hello"
+        listing = oven("ps", "--server", control).stdout
+        assert instance_id in listing and "waiting" in listing
+        assert oven("kill", "--server", control, instance_id).returncode == 0
+        event = next(e for e in client.events() if e is not None and e.kind == "exit")
+        assert event.exit_code == 143
+    assert "unknown_instance" in oven("kill", "--server", control, instance_id).stderr
+
+
+def test_malformed_client_messages_get_errors(server):
+    control, _, _ = server
+    with OvenClient(control) as client:
+        for payload in (b"\xc1", msgpack.packb([1, "launch", 4, ["x"]]), c.CODEC.encode(c.Ok(), 4)):
+            client._sock.send(payload)
+            assert client._sock.poll(10000)
+            reply = c.CODEC.decode(client._sock.recv()).message
+            assert isinstance(reply, c.ControlError) and reply.code in ("malformed", "not_a_request")
+        with pytest.raises(ControlRequestError, match="unknown_program"):
+            client.launch("no-such-program", [])
+        with pytest.raises(ControlRequestError, match="bad_upload"):
+            client.request(c.UploadChunk("x", "0" * 64, 10, 5, b"abc"))
+        assert client.info().models == ["tiny"]
+
+
+def test_vanished_client_leaks_nothing(server):
+    """A client that launches without --detach and disappears: its instance dies when the lease lapses."""
+    control, _, _ = server
+    with OvenClient(control) as client:
+        full = client.stats()
+        instance_id = client.launch("echo", [])
+    time.sleep(LEASE_S + 1.0)
+    with OvenClient(control) as client:
+        deadline = time.monotonic() + 20
+        while any(i.instance_id == instance_id and i.state in ("ready", "waiting") for i in client.instances()):
+            assert time.monotonic() < deadline, "the orphaned instance is still running"
+            time.sleep(0.2)
+        entry = next(i for i in client.instances() if i.instance_id == instance_id)
+        assert entry.state == "killed" and "lease" in entry.error
+        stats = client.stats()
+        assert (stats.free_kv_pages, stats.free_embeds) == (full.free_kv_pages, full.free_embeds)
