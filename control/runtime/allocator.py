@@ -194,9 +194,32 @@ class Allocator:
         _when_all(copies, done)
 
     def _offload_all(self, victim) -> None:
+        """Swap an I/O-idle victim out; it is swapped back in before its next slice (restore_before_slice)."""
         handles = victim.resources.exclusive_device_handles()
-        if handles and victim.state is not State.KILLED:
-            self._offload(victim, 0, handles, Future(-1, UNIT))
+        if not handles or victim.state is State.KILLED:
+            return
+        victim.swapping = True  # not run while its pages move: they would vanish under its calls
+        done = Future(-1, UNIT)
+
+        def offloaded(fut: Future) -> None:
+            victim.swapping = False
+            if not fut.error:
+                victim.swapped_out.extend(handles)
+        done.callbacks.append(offloaded)
+        self._offload(victim, 0, handles, done)
+
+    def restore_before_slice(self, inst) -> None:
+        """Bring back the pages the exhaustion policy swapped out; the instance runs once they are back."""
+        handles, inst.swapped_out = inst.swapped_out, []
+        inst.swapping = True
+        done = Future(-1, UNIT)
+
+        def restored(fut: Future) -> None:
+            inst.swapping = False
+            if fut.error:
+                self.loop.kill(inst, f"its swapped-out KV pages could not be restored: {fut.error}")
+        done.callbacks.append(restored)
+        self.move_pages(inst, 0, handles, "restore", done)
 
 
 def _when_all(futures: list[Future], then) -> None:

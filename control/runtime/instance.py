@@ -70,6 +70,8 @@ class Instance:
         self.started_at = 0.0  # monotonic launch time: exhaustion policies prefer older instances
         self.blocked_since: float | None = None  # parked on an allocation
         self.io_wait_since: float | None = None  # waits only on I/O since then
+        self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier
+        self.swapping = False  # pages on their way to or from the host tier: do not run
         self.waiting_on: list[int] = []
         self.stderr_tail = ""
         self.futures = FutureTable(self._on_future_ready)
@@ -111,6 +113,8 @@ class Instance:
             ready = self.futures.ready(self.waiting_on)
             waiting = self._resume(self.store, ready)
             self._resume.post_return(self.store)
+        if self.state is State.KILLED:  # killed by a host call of this very slice
+            return
         unknown = [h for h in waiting if not self.futures.is_known(h)]
         if unknown:
             raise ValueError(f"the inferlet waits on future {unknown[0]}, which it does not hold")

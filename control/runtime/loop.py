@@ -190,7 +190,7 @@ class ControlLoop:
         poller.register(self._wake_r, zmq.POLLIN)
         for sock in extra or {}:
             poller.register(sock, zmq.POLLIN)
-        busy = any(i.state is State.READY for i in self.instances.values())
+        busy = any(i.state is State.READY and not i.swapping for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
         for sock, _ in poller.poll(int(wait_s * 1000)):
             if sock is self.client.socket:
@@ -223,6 +223,10 @@ class ControlLoop:
 
     def _run_ready_instances(self) -> None:
         for inst in [i for i in self.instances.values() if i.state is State.READY]:
+            if inst.swapped_out:
+                self.allocator.restore_before_slice(inst)
+            if inst.swapping or not inst.alive:
+                continue
             self.current = inst
             try:
                 inst.run_slice()

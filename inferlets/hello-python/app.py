@@ -1,7 +1,9 @@
 """hello-python: greedy generation on the raw oven API (no SDK).
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat]. Prints the completion to stdout
-and sends the generated token ids to the client as one message ("1 2 3").
+Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--pause]. Prints the completion to
+stdout and sends the generated token ids to the client as one message ("1 2 3").
+With --pause it waits for a client message after the prompt is prefilled, holding
+its KV pages idle meanwhile (what an agent waiting on a tool does).
 
 The host drives the inferlet: ``start``/``resume`` run the generator ``main``
 until it yields the futures it waits on. Every decode step issues embed-text,
@@ -55,6 +57,10 @@ def main():
         futures.take_unit(forwarded)
         token = futures.take_dists(dist)[0].token_ids[0]
         generated.append(token)
+        if "--pause" in args and len(generated) == 1:
+            message = messaging.receive()
+            yield from wait_all([message])
+            futures.take_text(message)
         if token in stop:
             break
         step_tokens = [token]

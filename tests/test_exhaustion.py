@@ -1,0 +1,104 @@
+"""Pool exhaustion policies with real inferlets over a small KvPage pool (tiny model).
+
+Each hello-python run below needs 3 pages of 16 tokens (prompt + new tokens);
+the pool has 5, so a second concurrent run cannot get its pages.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from oven.control.commands import INFERLETS_DIR
+from oven.control.config import ControlConfig
+from oven.control.generate import greedy_generate
+from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.runtime.instance import State
+from oven.control.runtime.loop import ControlLoop
+from oven.control.tokenizer import Tokenizer
+from oven.inference.config import InferenceConfig
+
+NUM_PAGES = 5
+PROMPT_A = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+PROMPT_B = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma"
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def inference():
+    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=NUM_PAGES, num_embeds=256,
+                             num_host_pages=8, torch_threads=1)
+    with start_inference_process(config, timeout_s=120) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def expected(inference):
+    with inference.client() as client:
+        info = client.info()
+        tok = Tokenizer(info.tokenizer)
+        return {prompt: " ".join(map(str, greedy_generate(client, tok.encode(prompt), NEW, tok.stop_token_ids,
+                                                          info.page_size, NUM_PAGES).token_ids))
+                for prompt in (PROMPT_A, PROMPT_B)}
+
+
+def make_loop(inference, tmp_path, policy: str):
+    events = []
+    loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy),
+                       lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
+    loop.programs.add((INFERLETS_DIR / "hello-python" / "hello-python.wasm").read_bytes(), "hello-python")
+    loop.events = events
+    return loop
+
+
+def message(loop, inst) -> str | None:
+    found = [p for i, k, p in loop.events if i == inst.instance_id and k == "message"]
+    return found[0] if found else None
+
+
+def test_each_run_needs_three_pages(inference):
+    tok = Tokenizer(inference.info.tokenizer)
+    for prompt in (PROMPT_A, PROMPT_B):
+        assert 32 < len(tok.encode(prompt)) + NEW <= 48
+
+
+def settle(loop, *instances) -> None:
+    assert loop.run_until(lambda: not any(i.alive for i in instances), 120)
+
+
+def test_terminate_newest_kills_the_newcomer(inference, expected, tmp_path):
+    loop = make_loop(inference, tmp_path, "terminate-newest")
+    old = loop.launch("hello-python", [PROMPT_A, str(NEW)])
+    loop.run_until(lambda: old.resources.num_kvpages > 0, 30)
+    new = loop.launch("hello-python", [PROMPT_B, str(NEW)])
+    settle(loop, old, new)
+    assert message(loop, old) == expected[PROMPT_A]
+    assert new.state is State.KILLED and "exhausted" in new.error
+    assert loop.kv_pool.num_free == NUM_PAGES
+    loop.close()
+
+
+def test_wait_parks_the_allocation_until_pages_return(inference, expected, tmp_path):
+    loop = make_loop(inference, tmp_path, "wait")
+    first = loop.launch("hello-python", [PROMPT_A, str(NEW)])
+    loop.run_until(lambda: first.resources.num_kvpages > 0, 30)
+    second = loop.launch("hello-python", [PROMPT_B, str(NEW)])
+    settle(loop, first, second)
+    assert (message(loop, first), message(loop, second)) == (expected[PROMPT_A], expected[PROMPT_B])
+    assert loop.kv_pool.num_free == NUM_PAGES
+    loop.close()
+
+
+def test_offload_swaps_out_an_instance_waiting_on_io(inference, expected, tmp_path):
+    """A paused instance's pages go to the host tier, the newcomer runs, then the paused one resumes intact."""
+    loop = make_loop(inference, tmp_path, "offload")
+    paused = loop.launch("hello-python", [PROMPT_A, str(NEW), "--pause"])
+    assert loop.run_until(lambda: paused.io_idle, 30)
+    newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)])
+    settle(loop, newcomer)
+    assert message(loop, newcomer) == expected[PROMPT_B]
+    assert paused.resources.num_offloaded == 3 and loop.host_pool.num_free == 8 - 3
+    paused.inbox.push("go on")
+    settle(loop, paused)
+    assert message(loop, paused) == expected[PROMPT_A]
+    assert loop.kv_pool.num_free == NUM_PAGES and loop.host_pool.num_free == 8
+    loop.close()
