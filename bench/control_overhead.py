@@ -95,6 +95,7 @@ class Bench:
         self.events: dict[str, list[tuple[float, str, object]]] = {}
 
     def loop(self, **overrides) -> ControlLoop:
+        self.events.clear()  # instance ids restart at 1 in every loop
         loop = ControlLoop(InferenceClient(self.endpoint), replace(self.config, **overrides), self._record)
         for name in PROGRAMS:
             loop.programs.add((INFERLETS_DIR / name / f"{name}.wasm").read_bytes(), name)
