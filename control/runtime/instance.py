@@ -39,6 +39,18 @@ class InstanceLimits:
     max_embeds: int = 4096
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    """What remains of an ended instance (its store and memory are gone)."""
+
+    instance_id: str
+    program: str
+    state: State
+    started_at: float
+    exit_code: int | None
+    error: str | None
+
+
 class Inbox:
     """Client messages for one instance: queued until a ``receive`` future takes them."""
 
@@ -140,6 +152,9 @@ class Instance:
                  if line.strip() and not line.startswith(("note: run with", "thread '"))]
         errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
         return errors[-1] if errors else (lines[-1] if lines else "")
+
+    def record(self) -> InstanceRecord:
+        return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error)
 
     @property
     def alive(self) -> bool:

@@ -38,7 +38,7 @@ from . import host
 from .allocator import Allocator
 from .futures import DISTS, Future
 from .http_client import HttpClient
-from .instance import Instance, InstanceLimits, State
+from .instance import Instance, InstanceLimits, InstanceRecord, State
 from .programs import ProgramStore, engine_config
 from .queues import QueueState
 from .timers import Timers
@@ -47,6 +47,7 @@ from .topics import Topics
 log = logging.getLogger(__name__)
 
 EPOCH_TICK_S = 0.005
+MAX_FINISHED_RECORDS = 1000
 EventSink = Callable[[Instance, str, object], None]  # (instance, "stdout"|"stderr"|"message"|"exit", payload)
 
 
@@ -83,7 +84,7 @@ class ControlLoop:
         self._wake_r, self._wake_w = _wake_pipe()
         self.http = HttpClient(config.http_allowed_hosts, post=self.post)
         self.instances: dict[str, Instance] = {}
-        self.finished: dict[str, Instance] = {}
+        self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self._commands: dict[int, tuple[Instance, Future]] = {}
         self._in_flight: dict[int, object] = {}  # request id -> Batch
         self._ids = itertools.count(1)
@@ -125,7 +126,9 @@ class ControlLoop:
         inst.resources.release_all()
         self.topics.forget(inst.instance_id)
         self.instances.pop(inst.instance_id, None)
-        self.finished[inst.instance_id] = inst
+        self.finished[inst.instance_id] = inst.record()
+        while len(self.finished) > MAX_FINISHED_RECORDS:  # oldest first (dicts keep insertion order)
+            del self.finished[next(iter(self.finished))]
         self.emit(inst, "exit", inst.exit_code)
         self.allocator.retry_parked()
 
@@ -237,6 +240,10 @@ class ControlLoop:
                 self.current = None
             if inst.state is State.FINISHED:
                 self._retire(inst)
+            # Keep the device busy while the other slices run (xLLM-style overlap): the
+            # policy decides, so `adaptive` sends the moment the inference layer is idle.
+            self._drain_replies()
+            self._dispatch()
 
     def _dispatch(self) -> None:
         while True:

@@ -8,7 +8,13 @@ error the inferlet may handle travels back in a future or a ``result``.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Callable
+
+from wasmtime import WasmtimeError
+from wasmtime import _ffi as ffi
+from wasmtime.component._enter import catch_exceptions
+from wasmtime.component._types import FuncType
 
 from . import embeds, forward, futures, http, kvpages, messaging, queues, runtime, tokenize
 
@@ -38,4 +44,40 @@ def define_imports(linker, current: Callable[[], object]) -> None:
         for interface, funcs in INTERFACES.items():
             with root.add_instance(f"{PACKAGE}/{interface}@{VERSION}") as inst:
                 for name, func in funcs.items():
-                    inst.add_func(name, lambda _store, *args, f=func: f(current(), *args))
+                    _add_func(inst, name, lambda *args, f=func: f(current(), *args))
+
+
+# wasmtime-py's own LinkerInstance.add_func rebuilds the function's type (params,
+# result, every nested list/record type) from C on every call, about 60-90 us
+# of a ~100 us host call (bench/README.md). The types of an import never change,
+# so this trampoline builds them once per function and reuses them.
+_HOST_FUNCS: list[list] = []  # [python function, (param types, result type) or None]
+
+
+@ffi.wasmtime_component_func_callback_t
+def _trampoline(index, context, ty_raw, args, nargs, results, nresults):  # noqa: ANN001 (C callback)
+    def run(store) -> None:
+        entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
+        if entry[1] is None:
+            fty = FuncType._from_ptr(ty_raw, owner=store)
+            entry[1] = ([ty for _, ty in fty.params], fty.result)
+        param_types, result_type = entry[1]
+        value = entry[0](*[ty.convert_from_c(args[i]) for i, ty in enumerate(param_types)])
+        if result_type is not None:
+            result_type.convert_to_c(store, value, results)
+    return catch_exceptions(context, run)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _finalize(_index) -> None:  # host functions live as long as the process
+    return None
+
+
+def _add_func(linker_instance, name: str, func: Callable) -> None:
+    _HOST_FUNCS.append([func, None])
+    encoded = name.encode()
+    error = ffi.wasmtime_component_linker_instance_add_func(
+        linker_instance.ptr(), ctypes.create_string_buffer(encoded), len(encoded), _trampoline,
+        len(_HOST_FUNCS) - 1, _finalize)
+    if error:
+        raise WasmtimeError._from_ptr(error)
