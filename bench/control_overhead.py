@@ -57,7 +57,7 @@ from oven.control.runtime.loop import ControlLoop  # noqa: E402
 
 API_GOAL_US, CPU_GOAL_US, LAUNCH_P50_GOAL_MS, LAUNCH_P99_GOAL_MS = 30.0, 150.0, 10.0, 50.0
 API_OPS = ("baseline", "now-ms", "poll", "tokenize")
-PROGRAMS = ("hello-python", "bench-calls")
+PROGRAMS = ("hello-python", "hello-rust", "bench-calls")
 PROMPT = "Write a short story about a paged KV cache."
 
 
@@ -146,25 +146,26 @@ def part_api(bench: Bench, loop: ControlLoop, args) -> str:
 
 def part_cpu(bench: Bench, loop: ControlLoop, args) -> str:
     rows = []
-    for num in args.cpu_instances:
+    for program, num in [(prog, n) for prog in ("hello-python", "hello-rust") for n in args.cpu_instances]:
         thread0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
-        instances = [loop.launch("hello-python", [PROMPT, str(args.cpu_tokens)]) for _ in range(num)]
+        instances = [loop.launch(program, [PROMPT, str(args.cpu_tokens)]) for _ in range(num)]
         launch_thread = time.thread_time() - thread0
         bench.run_all(loop, instances)
         thread, proc, wall = time.thread_time() - thread0, time.process_time() - proc0, time.perf_counter() - wall0
         tokens = num * args.cpu_tokens
         thread_us, proc_us = thread / tokens * 1e6, proc / tokens * 1e6
         steady_us = (thread - launch_thread) / tokens * 1e6
-        rows.append([num, tokens, f"{thread_us:.0f}", f"{steady_us:.0f}", f"{proc_us:.0f}", f"{tokens / wall:.0f}",
+        rows.append([program, num, tokens, f"{thread_us:.0f}", f"{steady_us:.0f}", f"{proc_us:.0f}", f"{tokens / wall:.0f}",
                      f"{thread / wall:.0%}", verdict(thread_us <= CPU_GOAL_US)])
-        print(f"(b) {num:4d} instances: loop thread {thread_us:6.0f} us/token (after launch() {steady_us:.0f}), "
+        print(f"(b) {program:12s} {num:4d} instances: loop thread {thread_us:6.0f} us/token (after launch() {steady_us:.0f}), "
               f"process {proc_us:6.0f} us/token, {tokens / wall:6.0f} tokens/s, loop thread busy {thread / wall:.0%}",
               flush=True)
-    head = (f"### (b) Control CPU per generated token, `hello-python`, {args.cpu_tokens} tokens each\n\n"
+    head = (f"### (b) Control CPU per generated token, `hello-python` and `hello-rust`, {args.cpu_tokens} tokens "
+            "each\n\n"
             "Loop thread = `time.thread_time()` of the thread running the ControlLoop (launches included; the "
             "next column leaves out the `launch()` calls themselves); process = `time.process_time()` "
             f"(adds ZeroMQ's I/O thread and the epoch ticker). Goal: <= {CPU_GOAL_US:.0f} us per token.\n\n")
-    return head + markdown_table(["instances", "tokens", "loop thread us/token", "same, without launch()",
+    return head + markdown_table(["inferlet", "instances", "tokens", "loop thread us/token", "same, without launch()",
                                   "process us/token", "tokens/s", "loop thread busy", "goal"], rows)
 
 

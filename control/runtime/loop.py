@@ -82,6 +82,10 @@ class ControlLoop:
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
+        self._poller = zmq.Poller()  # built once: every turn of the loop polls it
+        self._polled = {client.socket, self._wake_r}
+        for sock in self._polled:
+            self._poller.register(sock, zmq.POLLIN)
         self.http = HttpClient(config.http_allowed_hosts, post=self.post)
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
@@ -188,14 +192,13 @@ class ControlLoop:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
         self._run_ready_instances()
         self._dispatch()
-        poller = zmq.Poller()
-        poller.register(self.client.socket, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
         for sock in extra or {}:
-            poller.register(sock, zmq.POLLIN)
+            if sock not in self._polled:
+                self._poller.register(sock, zmq.POLLIN)
+                self._polled.add(sock)
         busy = any(i.state is State.READY and not i.swapping for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
-        for sock, _ in poller.poll(int(wait_s * 1000)):
+        for sock, _ in self._poller.poll(int(wait_s * 1000)):
             if sock is self.client.socket:
                 self._drain_replies()
             elif sock is self._wake_r:
