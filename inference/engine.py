@@ -11,7 +11,6 @@ import logging
 import time
 from typing import Callable
 
-import numpy as np
 import torch
 
 from oven.proto import inference as p

@@ -86,6 +86,8 @@ def test_http_fetch_allow_list(loop):
         url = f"http://127.0.0.1:{server.server_address[1]}/tool"
         response = take(loop, inst, call(inst, "http", "fetch", "POST", url, ["X-Tool: clock"], b"now"), "take-http")
         assert (response.status, bytes(response.body)) == (201, b"got now clock")
+        unsupported = take(loop, inst, call(inst, "http", "fetch", "GET", url, [], b""), "take-http")
+        assert unsupported.status == 501  # an error status is a response, not a failure
         denied = take(loop, inst, call(inst, "http", "fetch", "GET", "http://example.com/", [], b""), "take-http")
         assert "allow-list" in denied
     finally:

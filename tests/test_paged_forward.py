@@ -115,7 +115,7 @@ def test_decode_steps_batched(engine_and_hf):
     prefill = [s.forward_item(engine, t[:20] if i == 0 else t[:2]) for i, (s, t) in enumerate(zip(seqs, full))]
     forward(engine, *(item for item, _ in prefill))
     got = [list(prefill[0][1]), list(prefill[1][1])]
-    for step in range(7):
+    for _ in range(7):
         built = [s.forward_item(engine, [t[s.length]]) for s, t in zip(seqs, full)]
         forward(engine, *(item for item, _ in built))
         for i, (_, out) in enumerate(built):

@@ -42,9 +42,9 @@ class HttpClient:
             with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
                 data, status = response.read(MAX_BODY_BYTES), response.status
             self._post(lambda: on_done(status, data))
-        except urllib.error.HTTPError as exc:
-            data = exc.read(MAX_BODY_BYTES)
-            self._post(lambda: on_done(exc.code, data))
+        except urllib.error.HTTPError as exc:  # a 4xx/5xx answer is a response, not a failure
+            data, status = exc.read(MAX_BODY_BYTES), exc.code
+            self._post(lambda: on_done(status, data))
         except Exception as exc:  # DNS, refused, timeout: the inferlet sees the reason
             message = f"{type(exc).__name__}: {exc}"
             self._post(lambda: on_error(message))
