@@ -6,6 +6,8 @@ Everything here is pure bookkeeping driven by the caller's clock, with no I/O.
 
 from __future__ import annotations
 
+import heapq
+
 from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
@@ -88,6 +90,10 @@ class BatchScheduler:
     def __init__(self) -> None:
         self._queues: dict[int, CommandQueue] = {}
         self._nonempty: dict[int, CommandQueue] = {}
+        # Heap of (enqueued_at, command_id) of pending commands; entries of commands that have
+        # left (batched or dropped) are discarded lazily, so the oldest costs O(log n), not O(queues).
+        self._by_age: list[tuple[float, int]] = []
+        self._pending_ids: set[int] = set()
         self._next_queue_id = 1
         self._num_pending = 0
         self._num_batches = self._num_commands = 0
@@ -121,6 +127,7 @@ class BatchScheduler:
         self._nonempty.pop(queue_id, None)
         dropped = queue.drain()
         self._num_pending -= len(dropped)
+        self._pending_ids.difference_update(c.command_id for c in dropped)
         return dropped
 
     def remove_instance(self, instance_id: int) -> list[Command]:
@@ -140,6 +147,8 @@ class BatchScheduler:
         queue.append(command)
         self._nonempty[queue.queue_id] = queue
         self._num_pending += 1
+        self._pending_ids.add(command.command_id)
+        heapq.heappush(self._by_age, (command.enqueued_at, command.command_id))
 
     @property
     def num_pending(self) -> int:
@@ -148,7 +157,9 @@ class BatchScheduler:
     @property
     def oldest_enqueued_at(self) -> float | None:
         """``enqueued_at`` of the oldest pending command; None when nothing is pending."""
-        return min((q.head.enqueued_at for q in self._nonempty.values()), default=None)
+        while self._by_age and self._by_age[0][1] not in self._pending_ids:
+            heapq.heappop(self._by_age)
+        return self._by_age[0][0] if self._by_age else None
 
     # -- batches ----------------------------------------------------------
 
@@ -207,6 +218,7 @@ class BatchScheduler:
         if not len(queue):
             del self._nonempty[queue.queue_id]
         self._num_pending -= num_commands
+        self._pending_ids.difference_update(c.command_id for c in commands)
         return commands
 
     def _count(self, batch: Batch, runs: dict[int, int]) -> None:

@@ -17,6 +17,7 @@ from wasmtime.component._enter import catch_exceptions
 from wasmtime.component._types import FuncType
 
 from . import embeds, forward, futures, http, kvpages, messaging, queues, runtime, tokenize
+from .fast_types import memoise
 
 PACKAGE = "oven:inferlet"
 VERSION = "0.1.0"
@@ -60,7 +61,7 @@ def _trampoline(index, context, ty_raw, args, nargs, results, nresults):  # noqa
         entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
         if entry[1] is None:
             fty = FuncType._from_ptr(ty_raw, owner=store)
-            entry[1] = ([ty for _, ty in fty.params], fty.result)
+            entry[1] = ([memoise(ty) for _, ty in fty.params], memoise(fty.result))
         param_types, result_type = entry[1]
         value = entry[0](*[ty.convert_from_c(args[i]) for i, ty in enumerate(param_types)])
         if result_type is not None:
