@@ -36,10 +36,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-import zmq
-
+from oven.inference.server import InferenceServer
 from oven.proto import inference as p
-from oven.proto.codec import ProtocolError
 
 FAKE_MODEL_NAME = "fake-device (no model; SmolLM2 tokenizer)"
 
@@ -81,21 +79,17 @@ def info_reply(config: FakeDeviceConfig, tokenizer: p.TokenizerSpec) -> p.InfoRe
         tokenizer=tokenizer)
 
 
-class FakeInferenceServer:
-    """The ROUTER loop of ``inference/server.py`` with a sleeping, always-succeeding device."""
+class FakeEngine:
+    """Stands in for ``inference.engine.Engine`` behind the real ``InferenceServer`` loop:
+    a sleeping, always-succeeding device with the same handler table."""
 
-    def __init__(self, config: FakeDeviceConfig, tokenizer: p.TokenizerSpec, endpoint: str):
+    def __init__(self, config: FakeDeviceConfig, tokenizer: p.TokenizerSpec):
         self.config = config
         self._info = info_reply(config, tokenizer)
         self._dist = p.TopKDist(struct.pack("<i", config.token_id), struct.pack("<f", 1.0))
-        self._sock = zmq.Context.instance().socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(endpoint)
-        self._stopping = False
-        self._served_since_idle: set[bytes] = set()
         self._started_at = time.monotonic()
         self.num_batches = self.num_items = 0
-        self._handlers = {
+        self.handlers = {
             p.InfoRequest: lambda _request: self._info,
             p.HealthRequest: self._health,
             p.NextDistRequest: self._next_dist,
@@ -103,38 +97,8 @@ class FakeInferenceServer:
             **{cls: self._ack for cls in p.BATCH_REQUESTS if cls not in (p.NextDistRequest, p.ForwardTextRequest)},
         }
 
-    def stop(self, *_args) -> None:
-        self._stopping = True
-
-    def serve_forever(self, poll_ms: int = 100) -> None:
-        while not self._stopping:
-            if not self._sock.poll(poll_ms, zmq.POLLIN):
-                continue
-            frames = self._sock.recv_multipart()
-            if len(frames) < 2:
-                continue
-            envelope, payload = frames[:-1], frames[-1]
-            self._sock.send_multipart([*envelope, self.handle_payload(payload)])
-            self._served_since_idle.add(envelope[0])
-            if not self._sock.poll(0, zmq.POLLIN):
-                notice = p.CODEC.encode(p.IdleNotice(self.num_batches))
-                for identity in self._served_since_idle:
-                    self._sock.send_multipart([identity, notice])
-                self._served_since_idle.clear()
-        self._sock.close(0)
-
-    def handle_payload(self, payload: bytes) -> bytes:
-        """Decode, "run" (sleep) and encode one request; never raises."""
-        try:
-            envelope = p.CODEC.decode(payload)
-        except ProtocolError as exc:
-            return p.CODEC.encode(p.ErrorReply("malformed", str(exc)), p.CODEC.peek_request_id(payload))
-        handler = self._handlers.get(type(envelope.message))
-        if handler is None:
-            reply = p.ErrorReply("not_a_request", f"{type(envelope.message).__name__} is not a request")
-        else:
-            reply = handler(envelope.message)
-        return p.CODEC.encode(reply, envelope.request_id)
+    def handle(self, request):
+        return self.handlers[type(request)](request)
 
     def _run(self, num_items: int) -> list[None]:
         time.sleep(self.config.step_s(num_items))
@@ -158,7 +122,7 @@ class FakeInferenceServer:
 
 def serve(endpoint: str, config: FakeDeviceConfig, tokenizer: p.TokenizerSpec) -> None:
     """Process entry point: serve until SIGTERM or SIGINT."""
-    server = FakeInferenceServer(config, tokenizer, endpoint)
+    server = InferenceServer(FakeEngine(config, tokenizer), endpoint)
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
     server.serve_forever()
