@@ -146,9 +146,11 @@ def part_api(bench: Bench, loop: ControlLoop, args) -> str:
 
 def part_cpu(bench: Bench, loop: ControlLoop, args) -> str:
     rows = []
-    for program, num in [(prog, n) for prog in ("hello-python", "hello-rust") for n in args.cpu_instances]:
+    variants = [(program, flags) for program in ("hello-python", "hello-rust") for flags in ([], ["--fused"])]
+    for (program, extra), num in [(v, n) for v in variants for n in args.cpu_instances]:
         thread0, proc0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
-        instances = [loop.launch(program, [PROMPT, str(args.cpu_tokens)]) for _ in range(num)]
+        instances = [loop.launch(program, [PROMPT, str(args.cpu_tokens), *extra]) for _ in range(num)]
+        program = " ".join([program, *extra])
         launch_thread = time.thread_time() - thread0
         bench.run_all(loop, instances)
         thread, proc, wall = time.thread_time() - thread0, time.process_time() - proc0, time.perf_counter() - wall0
@@ -157,7 +159,7 @@ def part_cpu(bench: Bench, loop: ControlLoop, args) -> str:
         steady_us = (thread - launch_thread) / tokens * 1e6
         rows.append([program, num, tokens, f"{thread_us:.0f}", f"{steady_us:.0f}", f"{proc_us:.0f}", f"{tokens / wall:.0f}",
                      f"{thread / wall:.0%}", verdict(thread_us <= CPU_GOAL_US)])
-        print(f"(b) {program:12s} {num:4d} instances: loop thread {thread_us:6.0f} us/token (after launch() {steady_us:.0f}), "
+        print(f"(b) {program:20s} {num:4d} instances: loop thread {thread_us:6.0f} us/token (after launch() {steady_us:.0f}), "
               f"process {proc_us:6.0f} us/token, {tokens / wall:6.0f} tokens/s, loop thread busy {thread / wall:.0%}",
               flush=True)
     head = (f"### (b) Control CPU per generated token, `hello-python` and `hello-rust`, {args.cpu_tokens} tokens "

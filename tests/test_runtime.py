@@ -70,8 +70,9 @@ def assert_pools_full(loop) -> None:
 
 
 @pytest.mark.parametrize("program", ["hello-python", "hello-rust"])
-def test_raw_api_inferlets_equal_direct_greedy(loop, inference, program):
-    (inst,) = run(loop, program, [["The quick brown fox", "10"]])
+@pytest.mark.parametrize("flags", [[], ["--fused"]], ids=["three-calls", "forward-text"])
+def test_raw_api_inferlets_equal_direct_greedy(loop, inference, program, flags):
+    (inst,) = run(loop, program, [["The quick brown fox", "10", *flags]])
     assert (inst.state, inst.exit_code) == (State.FINISHED, 0)
     expected = direct_greedy(inference, loop, "The quick brown fox", 10)
     assert messages(loop, inst) == [" ".join(map(str, expected))]

@@ -1,9 +1,10 @@
 """hello-python: greedy generation on the raw oven API (no SDK).
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--pause]. Prints the completion to
+Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--pause] [--fused]. Prints the completion to
 stdout and sends the generated token ids to the client as one message ("1 2 3").
 With --pause it waits for a client message after the prompt is prefilled, holding
-its KV pages idle meanwhile (what an agent waiting on a tool does).
+its KV pages idle meanwhile (what an agent waiting on a tool does). With --fused
+every step is one forward-text call (the fast path) instead of three calls.
 
 The host drives the inferlet: ``start``/``resume`` run the generator ``main``
 until it yields the futures it waits on. Every decode step issues embed-text,
@@ -49,12 +50,16 @@ def main():
         context += len(step_tokens)
         used = pages[: (context + page_size - 1) // page_size]
         last_len = context - (len(used) - 1) * page_size
-        embedded = embeds.embed_text(QUEUE, step_tokens, positions, inputs)
-        forwarded = forward.forward(QUEUE, used, last_len, inputs, [len(inputs) - 1], [output], [])
-        dist = forward.get_next_dist(QUEUE, output, 1)
-        yield [dist]
-        futures.take_unit(embedded)  # completed before dist (same queue); raises on error
-        futures.take_unit(forwarded)
+        if "--fused" in args:
+            dist = forward.forward_text(QUEUE, step_tokens, positions, used, last_len, [len(step_tokens) - 1], 1)
+            yield [dist]
+        else:
+            embedded = embeds.embed_text(QUEUE, step_tokens, positions, inputs)
+            forwarded = forward.forward(QUEUE, used, last_len, inputs, [len(inputs) - 1], [output], [])
+            dist = forward.get_next_dist(QUEUE, output, 1)
+            yield [dist]
+            futures.take_unit(embedded)  # completed before dist (same queue); raises on error
+            futures.take_unit(forwarded)
         token = futures.take_dists(dist)[0].token_ids[0]
         generated.append(token)
         if "--pause" in args and len(generated) == 1:

@@ -1,6 +1,6 @@
 //! hello-rust: greedy generation on the raw oven API, the twin of `inferlets/hello-python`.
 //!
-//! Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat]. Sends the generated token ids to the client as
+//! Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--fused]. Sends the generated token ids to the client as
 //! one message ("1 2 3"). Unlike hello-python it prints nothing: it is built for
 //! wasm32-unknown-unknown, which has no stdout, so that it imports only `oven:inferlet/*`.
 //!
@@ -8,7 +8,8 @@
 //! the program is an explicit state machine: each state names the futures it waits on, and
 //! [`Driver`] resumes it only once all of them have completed (the host resumes on any one).
 //! Every decode step issues embed-text, forward and get-next-dist back to back on queue 0 and
-//! waits only for the last: the queue keeps them in order.
+//! waits only for the last: the queue keeps them in order. With --fused a step is one
+//! forward-text call instead (the fast path: one batch and one round trip per token).
 //!
 //! An error (a failed future, bad arguments) ends the instance with exit code 1 after sending
 //! "error: ..." to the client; hello-python traps instead, but a Rust panic would reach the host
@@ -30,7 +31,11 @@ struct Generation {
     slots: Vec<u32>, // input embeds; the last one also receives the output hidden state
     generated: Vec<u32>,
     num_context_tokens: usize,
+    fused: bool,
 }
+
+/// No future: the handle a fused step has in place of embed-text's and forward's.
+const NO_FUTURE: u32 = 0;
 
 enum State {
     /// Waiting for the KV pages and embeds.
@@ -74,6 +79,7 @@ fn begin() -> Result<Next, String> {
         slots: Vec::new(),
         generated: Vec::new(),
         num_context_tokens: 0,
+        fused: args.iter().any(|a| a == "--fused"),
     };
     Ok(Some((State::Allocating { prompt_tokens, gen, want_pages, want_embeds }, vec![want_pages, want_embeds])))
 }
@@ -87,8 +93,10 @@ fn advance(state: State) -> Result<Next, String> {
             Ok(step_or_finish(gen, prompt_tokens))
         }
         State::Decoding { mut gen, embedded, forwarded, dist } => {
-            futures::take_unit(embedded)?;
-            futures::take_unit(forwarded)?;
+            if embedded != NO_FUTURE {
+                futures::take_unit(embedded)?;
+                futures::take_unit(forwarded)?;
+            }
             let dists = futures::take_dists(dist)?;
             let token = *dists
                 .first()
@@ -115,8 +123,12 @@ fn step_or_finish(mut gen: Generation, step_tokens: Vec<u32>) -> Next {
     gen.num_context_tokens += step_tokens.len();
     let used = &gen.pages[..(gen.num_context_tokens + gen.page_size - 1) / gen.page_size];
     let last_page_len = (gen.num_context_tokens - (used.len() - 1) * gen.page_size) as u32;
-    let embedded = embeds::embed_text(QUEUE, &step_tokens, &positions, inputs);
     let last_input = inputs.len() as u32 - 1;
+    if gen.fused {
+        let dist = forward::forward_text(QUEUE, &step_tokens, &positions, used, last_page_len, &[last_input], 1);
+        return Some((State::Decoding { gen, embedded: NO_FUTURE, forwarded: NO_FUTURE, dist }, vec![dist]));
+    }
+    let embedded = embeds::embed_text(QUEUE, &step_tokens, &positions, inputs);
     let forwarded = forward::forward(QUEUE, used, last_page_len, inputs, &[last_input], &[output], &[]);
     let dist = forward::get_next_dist(QUEUE, output, 1);
     Some((State::Decoding { gen, embedded, forwarded, dist }, vec![dist]))
