@@ -19,6 +19,7 @@ import wasmtime
 from wasmtime import component
 
 from .futures import FutureTable
+from .guest_call import GuestExport
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
@@ -99,10 +100,10 @@ class Instance:
         self.store.set_wasi(wasi)
         self.store.set_epoch_deadline(self._slice_ticks)
         wasm = linker.instantiate(self.store, comp)
-        self._start = wasm.get_func(self.store, "start")
-        self._resume = wasm.get_func(self.store, "resume")
-        if self._start is None or self._resume is None:
+        start, resume = wasm.get_func(self.store, "start"), wasm.get_func(self.store, "resume")
+        if start is None or resume is None:
             raise wasmtime.WasmtimeError("the component does not export start and resume")
+        self._start, self._resume = GuestExport(start, self.store), GuestExport(resume, self.store)
 
     def queue(self, q: int):
         state = self.queues.get(q)
@@ -119,12 +120,9 @@ class Instance:
         self.store.set_epoch_deadline(self._slice_ticks)
         if not self.started:
             self.started = True
-            waiting = self._start(self.store)
-            self._start.post_return(self.store)
+            waiting = self._start()
         else:
-            ready = self.futures.ready(self.waiting_on)
-            waiting = self._resume(self.store, ready)
-            self._resume.post_return(self.store)
+            waiting = self._resume(self.futures.ready(self.waiting_on))
         if self.state is State.KILLED:  # killed by a host call of this very slice
             return
         unknown = [h for h in waiting if not self.futures.is_known(h)]
