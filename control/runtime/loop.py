@@ -16,9 +16,11 @@ reuses it is sent later and so runs later.
 
 from __future__ import annotations
 
+import array
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from typing import Callable
@@ -303,9 +305,12 @@ class ControlLoop:
 
 
 def _decode_dist(dist: p.TopKDist) -> tuple[list[int], list[float]]:
-    import numpy as np
-
-    return (np.frombuffer(dist.token_ids, "<i4").tolist(), np.frombuffer(dist.probs, "<f4").tolist())
+    """Little-endian int32 ids and float32 probabilities (see proto/inference.py) as Python lists."""
+    ids, probs = array.array("i", dist.token_ids), array.array("f", dist.probs)
+    if sys.byteorder == "big":
+        ids.byteswap()
+        probs.byteswap()
+    return ids.tolist(), probs.tolist()
 
 
 def _numeric(instance_id: str) -> int:
