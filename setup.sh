@@ -16,15 +16,16 @@ want_stamp() {
 }
 
 # Python inferlets: inferlets/NAME/app.py -> inferlets/NAME/NAME.wasm, rebuilt when a source is newer.
+# sdk/python (the start/resume driver) is on every inferlet's module path.
 build_python_inferlets() {
     for app in inferlets/*/app.py; do
         [ -e "$app" ] || continue
         dir=$(dirname "$app"); name=$(basename "$dir"); out="$dir/$name.wasm"
-        if [ -f "$out" ] && [ -z "$(find "$dir" proto/wit -newer "$out" \( -name '*.py' -o -name '*.wit' \) | head -1)" ]; then
+        if [ -f "$out" ] && [ -z "$(find "$dir" sdk/python proto/wit -newer "$out" \( -name '*.py' -o -name '*.wit' \) | head -1)" ]; then
             continue
         fi
         say "building inferlet $name (componentize-py)"
-        .venv/bin/componentize-py -d proto/wit -w inferlet componentize -p "$dir" app -o "$out.tmp" >/dev/null
+        .venv/bin/componentize-py -d proto/wit -w inferlet componentize -p "$dir" -p sdk/python app -o "$out.tmp" >/dev/null
         mv "$out.tmp" "$out"
     done
 }

@@ -12,7 +12,7 @@ Used by ``bench/control_overhead.py``; it never touches the GPU. Arguments:
 
 import time
 
-import wit_world
+from oven_inferlet import world
 from wit_world.imports import futures, messaging, runtime, tokenize
 
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -66,17 +66,4 @@ def main():
         raise ValueError("usage: bench-calls calls OP REPS BLOCK | ack")
 
 
-_program = None
-
-
-class WitWorld(wit_world.WitWorld):
-    def start(self):
-        global _program
-        _program = main()
-        return next(_program, [])
-
-    def resume(self, ready):
-        try:
-            return _program.send(ready)
-        except StopIteration:
-            return []
+WitWorld = world(main)

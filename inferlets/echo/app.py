@@ -5,7 +5,7 @@ Each message comes back as "echo: <text>"; the topic argument, if given, also
 broadcasts every message to other instances subscribed to it.
 """
 
-import wit_world
+from oven_inferlet import wait_all, world
 from wit_world.imports import futures, messaging, runtime
 
 
@@ -14,8 +14,7 @@ def main():
     topic = args[0] if args else ""
     while True:
         incoming = messaging.receive()
-        while incoming not in (yield [incoming]):
-            pass
+        yield from wait_all([incoming])
         text = futures.take_text(incoming)
         if text == "bye":
             messaging.send("echo: bye")
@@ -25,17 +24,4 @@ def main():
             messaging.broadcast(topic, text)
 
 
-_program = None
-
-
-class WitWorld(wit_world.WitWorld):
-    def start(self):
-        global _program
-        _program = main()
-        return next(_program, [])
-
-    def resume(self, ready):
-        try:
-            return _program.send(ready)
-        except StopIteration:
-            return []
+WitWorld = world(main)

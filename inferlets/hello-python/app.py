@@ -12,18 +12,10 @@ forward and get-next-dist back to back on queue 0 and waits only for the last:
 the queue keeps them in order.
 """
 
-import wit_world
+from oven_inferlet import wait_all, world
 from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime, tokenize
 
 QUEUE = 0
-
-
-def wait_all(pending):
-    """Wait until every future in ``pending`` has completed (the host resumes on any of them)."""
-    pending = set(pending)
-    while pending:
-        ready = yield sorted(pending)
-        pending -= set(ready)
 
 
 def main():
@@ -73,17 +65,4 @@ def main():
     messaging.send(" ".join(str(t) for t in generated))
 
 
-_program = None
-
-
-class WitWorld(wit_world.WitWorld):
-    def start(self):
-        global _program
-        _program = main()
-        return next(_program, [])  # a main that never yields is done at once
-
-    def resume(self, ready):
-        try:
-            return _program.send(ready)
-        except StopIteration:
-            return []
+WitWorld = world(main)

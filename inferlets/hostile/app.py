@@ -12,16 +12,9 @@ Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
 
-import wit_world
 from componentize_py_types import Err
+from oven_inferlet import wait_all, world
 from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime
-
-
-def wait(f):
-    while True:
-        ready = yield [f]
-        if f in ready:
-            return
 
 
 def report(error):
@@ -42,29 +35,29 @@ def main():
         raise RuntimeError("hostile inferlet gave up")
     if mode == "quota":
         f = kvpages.alloc_kvpages(0, 1 << 20)
-        yield from wait(f)
+        yield from wait_all([f])
         try:
             futures.take_handles(f)
         except Err as e:
             report(e)
         return
     f = kvpages.alloc_kvpages(0, 2)
-    yield from wait(f)
+    yield from wait_all([f])
     pages = futures.take_handles(f)
     f = embeds.alloc_embeds(0, 2)
-    yield from wait(f)
+    yield from wait_all([f])
     slots = futures.take_handles(f)
     if mode == "forged":
         f = forward.forward(0, [pages[0] + 1000], 1, [slots[0]], [0], [slots[1]], [])
     elif mode == "double-free":
-        yield from wait(kvpages.dealloc_kvpages(0, pages))
+        yield from wait_all([kvpages.dealloc_kvpages(0, pages)])
         f = kvpages.dealloc_kvpages(0, pages)
     elif mode == "use-after-free":
-        yield from wait(kvpages.dealloc_kvpages(0, pages))
+        yield from wait_all([kvpages.dealloc_kvpages(0, pages)])
         f = forward.forward(0, pages, 1, [slots[0]], [0], [slots[1]], [])
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    yield from wait(f)
+    yield from wait_all([f])
     try:
         futures.take_unit(f)
         messaging.send("no error")
@@ -72,17 +65,4 @@ def main():
         report(e)
 
 
-_program = None
-
-
-class WitWorld(wit_world.WitWorld):
-    def start(self):
-        global _program
-        _program = main()
-        return next(_program, [])
-
-    def resume(self, ready):
-        try:
-            return _program.send(ready)
-        except StopIteration:
-            return []
+WitWorld = world(main)
