@@ -13,7 +13,7 @@ from oven.proto.config_loader import config_from_args
 
 from .client import ControlRequestError, OvenClient
 from .config import ControlConfig
-from .inference_process import private_endpoint
+from .inference_process import private_endpoint, terminate
 
 INFERLETS_DIR = Path(__file__).resolve().parent.parent / "inferlets"
 EXIT_FAILURE = 1
@@ -68,12 +68,7 @@ class EmbeddedServer:
                 raise TimeoutError("the embedded server did not come up")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        terminate(self.proc, 30)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -75,13 +75,7 @@ class InferenceProcess:
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, timeout_s)
         endpoint = self.config.endpoint
         if endpoint.startswith("ipc://"):
             path = Path(endpoint.removeprefix("ipc://"))
@@ -96,6 +90,17 @@ class InferenceProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
+    """SIGTERM ``proc``, SIGKILL it if it has not exited within ``timeout_s``; its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 def start_inference_process(config: InferenceConfig, timeout_s: float = 300.0,

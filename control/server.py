@@ -101,8 +101,9 @@ class ControlServer:
     def _upload(self, client: bytes, req: c.UploadChunk) -> c.UploadReply:
         if not 0 < req.total_bytes <= MAX_UPLOAD_BYTES:
             raise RequestFailed("bad_upload", f"a program must be 1 byte to {MAX_UPLOAD_BYTES >> 20} MiB")
-        if self.loop.programs.has(req.sha256):
-            self.loop.programs.add((self.loop.programs.root / f"{req.sha256}.wasm").read_bytes(), req.name or None)
+        if self.loop.programs.has(req.sha256):  # already stored and compiled: only the name may be new
+            if req.name:
+                self.loop.programs.set_name(req.name, req.sha256)
             return c.UploadReply(req.sha256, req.total_bytes, True)
         key = (client, req.sha256)
         buffer = self._uploads.setdefault(key, bytearray())

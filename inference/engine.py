@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
 from oven.proto import inference as p
@@ -118,9 +119,9 @@ class Engine:
             num_inputs = len(item.input_embed_ids)
             kv_len = check_context(self.limits, item.kv_page_ids, item.kv_last_page_len, num_inputs)
             check_ids(item.input_embed_ids + item.output_embed_ids, self.limits.num_embeds, p.ERR_BAD_EMBED, "embed")
-            unwritten = [e for e in item.input_embed_ids if not self.embed_pool.written[e]]
-            if unwritten:
-                raise ItemFailure(p.ERR_BAD_EMBED, f"input embed {unwritten[0]} was never written")
+            unwritten = np.flatnonzero(~self.embed_pool.written[item.input_embed_ids])
+            if unwritten.size:
+                raise ItemFailure(p.ERR_BAD_EMBED, f"input embed {item.input_embed_ids[unwritten[0]]} was never written")
             check_lengths(output_indices=item.output_indices, output_embed_ids=item.output_embed_ids)
             check_outputs(item.output_indices, num_inputs)
             return unpack_mask(item.attention_mask, num_inputs, kv_len)

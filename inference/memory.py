@@ -6,6 +6,7 @@ layer's business; nothing here allocates or frees.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .config import ModelConfig
@@ -43,12 +44,13 @@ class EmbedPool:
         self.num_embeds = num_embeds
         self.embeds = torch.zeros((num_embeds, hidden_size), dtype=dtype, device=device)
         self.positions = torch.zeros(num_embeds, dtype=torch.long, device=device)
-        self.written = torch.zeros(num_embeds, dtype=torch.bool)  # host-side: checked per item
+        self.written = np.zeros(num_embeds, dtype=bool)  # host-side, so validation never touches the device
 
     def store(self, embed_ids: list[int], values: torch.Tensor, positions: torch.Tensor) -> None:
         """values [n, hidden] and int64 positions [n] into slots ``embed_ids`` (a later duplicate wins)."""
-        self.embeds[torch.tensor(embed_ids, dtype=torch.long, device=self.embeds.device)] = values
-        self.positions[torch.tensor(embed_ids, dtype=torch.long, device=self.positions.device)] = positions
+        ids = torch.tensor(embed_ids, dtype=torch.long, device=self.embeds.device)
+        self.embeds[ids] = values
+        self.positions[ids] = positions
         self.written[embed_ids] = True
 
 

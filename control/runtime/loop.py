@@ -174,15 +174,6 @@ class ControlLoop:
     def set_queue_priority(self, inst: Instance, q: int, priority: int) -> None:
         self.scheduler.set_priority(inst.queue(q).scheduler_queue_id, priority)
 
-    def allocate(self, inst, q, kind, count, fut) -> None:
-        self.allocator.allocate(inst, q, kind, count, fut)
-
-    def deallocate(self, inst, q, kind, handles, fut) -> None:
-        self.allocator.deallocate(inst, q, kind, handles, fut)
-
-    def move_pages(self, inst, q, handles, direction, fut) -> None:
-        self.allocator.move_pages(inst, q, handles, direction, fut)
-
     def post(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the loop thread (safe to call from any thread)."""
         self._posted.put(callback)

@@ -61,10 +61,15 @@ class ProgramStore:
         if not path.exists():
             _atomic_write(path, wasm)
         self.component(digest)
-        if name and self._names.get(name) != digest:
+        if name:
+            self.set_name(name, digest)
+        return digest
+
+    def set_name(self, name: str, digest: str) -> None:
+        """Launch ``digest`` by ``name`` from now on (names persist across restarts)."""
+        if self._names.get(name) != digest:
             self._names[name] = digest
             _atomic_write(self._names_file, json.dumps(self._names, indent=1).encode())
-        return digest
 
     def resolve(self, name_or_hash: str) -> str:
         digest = self._names.get(name_or_hash, name_or_hash)

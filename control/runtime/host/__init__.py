@@ -16,7 +16,17 @@ from wasmtime import _ffi as ffi
 from wasmtime.component._enter import catch_exceptions
 from wasmtime.component._types import FuncType
 
-from . import embeds, forward, futures, http, kvpages, messaging, queues, runtime, tokenize
+from . import (
+    embeds,
+    forward,
+    futures,
+    http,
+    kvpages,
+    messaging,
+    queues,
+    runtime,
+    tokenize,
+)
 from .fast_types import memoise
 
 PACKAGE = "oven:inferlet"

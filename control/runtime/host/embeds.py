@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
+from oven.control.scheduling import Embed
 from oven.proto import inference as p
 
-from oven.control.scheduling import Embed
-
 from .. import futures as f
-from .issue import issue
-
-
-def alloc_embeds(inst, q: int, count: int) -> int:
-    fut = inst.futures.create(f.HANDLES)
-    inst.loop.allocate(inst, q, "embeds", count, fut)
-    return fut.handle
-
-
-def dealloc_embeds(inst, q: int, embeds: list[int]) -> int:
-    fut = inst.futures.create(f.UNIT)
-    inst.loop.deallocate(inst, q, "embeds", embeds, fut)
-    return fut.handle
+from .issue import allocate, deallocate, issue
 
 
 def embed_text(inst, q: int, tokens: list[int], positions: list[int], embeds: list[int]) -> int:
@@ -29,4 +16,8 @@ def embed_text(inst, q: int, tokens: list[int], positions: list[int], embeds: li
     return issue(inst, q, "embed_text", f.UNIT, build)
 
 
-FUNCS = {"alloc-embeds": alloc_embeds, "dealloc-embeds": dealloc_embeds, "embed-text": embed_text}
+FUNCS = {
+    "alloc-embeds": lambda inst, q, count: allocate(inst, q, "embeds", count),
+    "dealloc-embeds": lambda inst, q, embeds: deallocate(inst, q, "embeds", embeds),
+    "embed-text": embed_text,
+}

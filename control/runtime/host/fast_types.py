@@ -13,7 +13,15 @@ from __future__ import annotations
 from ctypes import byref
 
 from wasmtime import _ffi as ffi
-from wasmtime.component._types import U32, ListType, OptionType, RecordType, ResultType, ValType, VariantType
+from wasmtime.component._types import (
+    U32,
+    ListType,
+    OptionType,
+    RecordType,
+    ResultType,
+    ValType,
+    VariantType,
+)
 
 
 def _cached(obj, key: str, compute):

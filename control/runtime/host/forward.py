@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from oven.proto import inference as p
-
 from oven.control.scheduling import Embed, forward_kv_footprint
+from oven.proto import inference as p
 
 from .. import futures as f
 from .issue import issue

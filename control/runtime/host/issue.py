@@ -6,6 +6,8 @@ from typing import Callable
 
 from oven.control.resources import ResourceError
 
+from .. import futures as f
+
 
 def issue(inst, q: int, call_type: str, kind: str, build: Callable) -> int:
     """Create a future, resolve handles with ``build()`` and queue the command on ``q``.
@@ -30,3 +32,24 @@ def resource_call(action: Callable):
     except ResourceError as exc:
         return str(exc)
     return value
+
+
+def allocate(inst, q: int, kind: str, count: int) -> int:
+    """``alloc-kvpages`` / ``alloc-embeds``: a future of the new handles."""
+    fut = inst.futures.create(f.HANDLES)
+    inst.loop.allocator.allocate(inst, q, kind, count, fut)
+    return fut.handle
+
+
+def deallocate(inst, q: int, kind: str, handles: list[int]) -> int:
+    """``dealloc-kvpages`` / ``dealloc-embeds``: freed once the queue's earlier calls are done."""
+    fut = inst.futures.create(f.UNIT)
+    inst.loop.allocator.deallocate(inst, q, kind, handles, fut)
+    return fut.handle
+
+
+def move_pages(inst, q: int, pages: list[int], direction: str) -> int:
+    """``offload-kvpages`` / ``restore-kvpages``."""
+    fut = inst.futures.create(f.UNIT)
+    inst.loop.allocator.move_pages(inst, q, pages, direction, fut)
+    return fut.handle

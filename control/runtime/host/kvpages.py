@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
+from oven.control.scheduling import KvSlots
 from oven.proto import inference as p
 
-from oven.control.scheduling import KvSlots
-
 from .. import futures as f
-from .issue import issue, resource_call
-
-
-def alloc_kvpages(inst, q: int, count: int) -> int:
-    fut = inst.futures.create(f.HANDLES)
-    inst.loop.allocate(inst, q, "kvpages", count, fut)
-    return fut.handle
-
-
-def dealloc_kvpages(inst, q: int, pages: list[int]) -> int:
-    fut = inst.futures.create(f.UNIT)
-    inst.loop.deallocate(inst, q, "kvpages", pages, fut)
-    return fut.handle
+from .issue import allocate, deallocate, issue, move_pages, resource_call
 
 
 def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: int, count: int) -> int:
@@ -41,25 +28,13 @@ def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
     return issue(inst, q, "mask_kvpage", f.UNIT, build)
 
 
-def offload_kvpages(inst, q: int, pages: list[int]) -> int:
-    fut = inst.futures.create(f.UNIT)
-    inst.loop.move_pages(inst, q, pages, "offload", fut)
-    return fut.handle
-
-
-def restore_kvpages(inst, q: int, pages: list[int]) -> int:
-    fut = inst.futures.create(f.UNIT)
-    inst.loop.move_pages(inst, q, pages, "restore", fut)
-    return fut.handle
-
-
 FUNCS = {
-    "alloc-kvpages": alloc_kvpages,
-    "dealloc-kvpages": dealloc_kvpages,
+    "alloc-kvpages": lambda inst, q, count: allocate(inst, q, "kvpages", count),
+    "dealloc-kvpages": lambda inst, q, pages: deallocate(inst, q, "kvpages", pages),
     "copy-kvpage": copy_kvpage,
     "mask-kvpage": mask_kvpage,
-    "offload-kvpages": offload_kvpages,
-    "restore-kvpages": restore_kvpages,
+    "offload-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "offload"),
+    "restore-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "restore"),
     "export-kvpages": lambda inst, pages, name: resource_call(
         lambda: inst.loop.exports.export_kvpages(inst.resources, name, pages)),
     "import-kvpages": lambda inst, name: resource_call(lambda: inst.loop.exports.import_kvpages(inst.resources, name)),
