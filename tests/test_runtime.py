@@ -4,69 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from oven.control.commands import INFERLETS_DIR
-from oven.control.config import ControlConfig
-from oven.control.generate import greedy_generate
-from oven.control.inference_process import private_endpoint, start_inference_process
+from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
+
 from oven.control.runtime.instance import State
-from oven.control.runtime.loop import ControlLoop
-from oven.control.tokenizer import Tokenizer
-from oven.inference.config import InferenceConfig
-
-NUM_PAGES, NUM_EMBEDS = 256, 2048
-
-
-def built(name: str) -> bytes:
-    path = INFERLETS_DIR / name / f"{name}.wasm"
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: run setup.sh, which builds the inferlets")
-    return path.read_bytes()
 
 
 @pytest.fixture(scope="module")
 def inference():
-    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=NUM_PAGES,
-                             num_embeds=NUM_EMBEDS, torch_threads=1)
-    with start_inference_process(config, timeout_s=120) as process:
+    with tiny_inference() as process:
         yield process
 
 
 @pytest.fixture(scope="module")
 def loop(inference, tmp_path_factory):
-    events = []
-    config = ControlConfig(program_dir=str(tmp_path_factory.mktemp("programs")), slice_ms=1000,
-                           instance_memory_mib=192, max_kv_pages_per_instance=32)
-    control = ControlLoop(inference.client(), config, lambda inst, kind, payload: events.append(
-        (inst.instance_id, kind, payload)))
-    control.events = events
-    for name in ("hello-python", "hello-rust", "hostile"):
-        control.programs.add(built(name), name)
-    yield control
-    control.close()
-
-
-def run(loop, program: str, args_list: list[list[str]], timeout_s: float = 120):
-    """Launch one instance per argument list at once, run them all to the end; return the instances."""
-    instances = [loop.launch(program, args) for args in args_list]
-    assert loop.run_until(lambda: not any(i.alive for i in instances), timeout_s)
-    return instances
-
-
-def messages(loop, inst) -> list[str]:
-    return [payload for iid, kind, payload in loop.events if iid == inst.instance_id and kind == "message"]
-
-
-def direct_greedy(inference, loop, prompt: str, max_new: int) -> list[int]:
-    tok = Tokenizer(loop.info.tokenizer)
-    with inference.client() as client:  # nothing else runs now, so the whole pool is ours
-        return greedy_generate(client, tok.encode(prompt), max_new, tok.stop_token_ids, loop.info.page_size,
-                               NUM_PAGES).token_ids
-
-
-def assert_pools_full(loop) -> None:
-    assert loop.kv_pool.num_free == NUM_PAGES
-    assert loop.embed_pool.num_free == NUM_EMBEDS
-    assert loop.host_pool.num_free == loop.info.num_host_pages
+    with control_loop(inference, str(tmp_path_factory.mktemp("programs")),
+                      ["hello-python", "hello-rust", "hostile"]) as control:
+        yield control
 
 
 @pytest.mark.parametrize("program", ["hello-python", "hello-rust"])

@@ -1,0 +1,29 @@
+"""oven's Python inferlet SDK: async/await over the host API, a ``Context`` for token sequences
+and their KV cache, samplers and stop conditions.
+
+An inferlet's ``app.py``::
+
+    import inferlet
+
+    async def main(args):
+        ctx = inferlet.Context()
+        ctx.fill_chat([{"role": "user", "content": args[0]}])
+        inferlet.send(await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=64)))
+
+    WitWorld = inferlet.run(main)
+"""
+
+from .context import Context
+from .host import (args, broadcast, decode, encode, fetch, now_ms, page_size, receive, render_chat, send, sleep,
+                   stop_tokens, subscribe)
+from .queue import Queue
+from .sampling import Greedy, MinP, Sampler, Temperature, TopK, TopP
+from .stop import Stop
+from .tasks import Future, OvenError, Task, gather, run, spawn
+
+__all__ = [
+    "Context", "Queue", "Stop", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP",
+    "Future", "Task", "OvenError", "run", "spawn", "gather",
+    "args", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
+    "encode", "decode", "render_chat", "page_size", "stop_tokens",
+]

@@ -1,0 +1,220 @@
+"""Context: a token sequence and the KvPages that hold its K/V, on a queue of its own.
+
+Token i sits at position i in slot i of the context's pages. Filled tokens wait in
+``pending`` until the next forward, so a decode step is one fused ``forward-text``
+call. Forks share full pages by reference (counted here) and copy the partial last
+page; a page shared with another context, or imported, is copied before it is
+written or masked (copy-on-write).
+"""
+
+from __future__ import annotations
+
+from componentize_py_types import Err
+from wit_world.imports import forward, futures, kvpages
+
+from . import host
+from .queue import Queue
+from .sampling import Greedy, Sampler
+from .stop import Stop
+from .tasks import OvenError
+
+_refs: dict[int, int] = {}  # page handle -> contexts holding it, for pages held by more than one
+_imported: set[int] = set()  # handles onto another inferlet's exported pages: never written
+
+
+def _pages_for(tokens: int) -> int:
+    return -(-tokens // host.page_size())
+
+
+class Context:
+    def __init__(self, priority: int = 0, queue: Queue | None = None):
+        self.queue = queue or Queue(priority)
+        self.tokens: list[int] = []   # forwarded: their K/V is in the pages
+        self.pending: list[int] = []  # filled, forwarded with the next step
+        self.pages: list[int] = []
+        self._hidden: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.tokens) + len(self.pending)
+
+    # -- filling (no call until the next forward) ---------------------------------------------
+    def fill(self, text: str) -> None:
+        self.pending += host.encode(text)
+
+    def fill_tokens(self, tokens: list[int]) -> None:
+        self.pending += tokens
+
+    def fill_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> None:
+        self.fill(host.render_chat(messages, add_generation_prompt))
+
+    # -- forwarding ---------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Forward the pending tokens (a prefill), keeping no distribution."""
+        if self.pending:
+            await self._forward([], 1)
+
+    async def next_dist(self, top_k: int = 0):
+        """Forward the pending tokens; the distribution after the last (``token_ids``, ``probs``)."""
+        if not self.pending:
+            raise ValueError("nothing to forward: fill the context first")
+        (dist,) = await self._forward([len(self.pending) - 1], top_k)
+        return dist
+
+    async def dists(self, top_k: int = 0) -> list:
+        """Forward the pending tokens; the distribution after each of them (speculative decoding)."""
+        return await self._forward(list(range(len(self.pending))), top_k)
+
+    async def decode_step(self, sampler: Sampler | None = None) -> int:
+        """Sample the next token and fill it (it is forwarded with the next step)."""
+        sampler = sampler or Greedy()
+        dist = await self.next_dist(sampler.top_k)
+        token = sampler.sample(dist.token_ids, dist.probs)
+        self.pending.append(token)
+        return token
+
+    async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> str:
+        """Decode until ``stop``; the text generated (end tokens and stop strings cut off)."""
+        end, generated, text = host.stop_tokens(), [], ""
+        while True:
+            generated.append(await self.decode_step(sampler))
+            if stop.strings:
+                text = host.decode([t for t in generated if t not in end])
+            if stop.reached(generated, text, end):
+                break
+        self.generated = generated
+        return stop.cut(text if stop.strings else host.decode([t for t in generated if t not in end]))
+
+    async def generate_until(self, *strings: str, max_tokens: int = 256, sampler: Sampler | None = None) -> str:
+        return await self.generate(sampler, Stop(max_tokens=max_tokens, strings=strings))
+
+    async def _forward(self, output_indices: list[int], top_k: int) -> list:
+        tokens, start = self.pending, len(self.tokens)
+        end = start + len(tokens)
+        await self._reserve(end)
+        page_size, used = host.page_size(), _pages_for(end)
+        for index in range(start // page_size, used):
+            await self._own(index)
+        handle = forward.forward_text(self.queue.id, tokens, list(range(start, end)), self.pages[:used],
+                                      end - (used - 1) * page_size, output_indices, top_k)
+        self.tokens += tokens
+        self.pending = []
+        return await self.queue.result(handle, futures.take_dists)
+
+    async def _reserve(self, tokens: int) -> None:
+        missing = _pages_for(tokens) - len(self.pages)
+        if missing > 0:
+            self.pages += await self.queue.result(kvpages.alloc_kvpages(self.queue.id, missing), futures.take_handles)
+
+    async def _own(self, index: int) -> None:
+        """Make page ``index`` this context's alone before it is written or masked."""
+        page = self.pages[index]
+        if _refs.get(page, 1) == 1 and page not in _imported:
+            return
+        (fresh,) = await self.queue.result(kvpages.alloc_kvpages(self.queue.id, 1), futures.take_handles)
+        self.queue.later(kvpages.copy_kvpage(self.queue.id, page, fresh, 0, 0, host.page_size()))
+        self.pages[index] = fresh
+        self._release([page])
+
+    # -- forking, hiding, truncating ----------------------------------------------------------
+    async def fork(self, priority: int = 0) -> "Context":
+        """A copy that continues independently: full pages shared, the partial last page copied."""
+        if self.queue._unchecked:  # a mask may still be in flight on our queue: let it land first
+            await self.queue.synchronize()
+        child = Context(priority)
+        child.tokens, child.pending, child._hidden = list(self.tokens), list(self.pending), set(self._hidden)
+        page_size = host.page_size()
+        full, rest = divmod(len(self.tokens), page_size)
+        child.pages = self.pages[:full]
+        for page in child.pages:
+            _refs[page] = _refs.get(page, 1) + 1
+        if rest:
+            await child._reserve(len(self.tokens))
+            child.queue.later(kvpages.copy_kvpage(child.queue.id, self.pages[full], child.pages[full], 0, 0, rest))
+        return child
+
+    async def drop(self, start: int, end: int) -> None:
+        """Hide forwarded tokens ``[start, end)`` from every later forward (they keep their positions)."""
+        self._hidden.update(range(start, end))
+        await self._apply_mask(start, end)
+
+    async def undrop(self, start: int, end: int) -> None:
+        self._hidden.difference_update(range(start, end))
+        await self._apply_mask(start, end)
+
+    async def _apply_mask(self, start: int, end: int) -> None:
+        if not 0 <= start < end <= len(self.tokens):
+            raise ValueError(f"[{start}, {end}) is not a range of the {len(self.tokens)} forwarded tokens")
+        page_size = host.page_size()
+        for index in range(start // page_size, (end - 1) // page_size + 1):
+            await self._own(index)
+            base = index * page_size
+            bits = [base + i in self._hidden or base + i >= len(self.tokens) for i in range(page_size)]
+            self.queue.later(kvpages.mask_kvpage(self.queue.id, self.pages[index], bits))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens (forwarded or pending); later slots are rewritten."""
+        if length >= len(self.tokens):
+            self.pending = self.pending[:length - len(self.tokens)]
+            return
+        self.tokens, self.pending = self.tokens[:length], []
+        self._hidden = {i for i in self._hidden if i < length}
+        keep = _pages_for(length)
+        self._release(self.pages[keep:])
+        self.pages = self.pages[:keep]
+
+    # -- sharing across inferlets -------------------------------------------------------------
+    def export(self, name: str) -> int:
+        """Publish the pages of the forwarded tokens under ``name``; returns how many tokens they hold."""
+        try:
+            kvpages.export_kvpages(self.pages[:_pages_for(len(self.tokens))], name)
+        except Err as err:
+            raise OvenError(err.value) from None
+        return len(self.tokens)
+
+    @classmethod
+    def imported(cls, name: str, tokens: list[int], priority: int = 0) -> "Context":
+        """A context over the pages exported as ``name``, which hold ``tokens`` (the exporter's prefix)."""
+        try:
+            pages = kvpages.import_kvpages(name)
+        except Err as err:
+            raise OvenError(err.value) from None
+        if len(pages) != _pages_for(len(tokens)):
+            kvpages.dealloc_kvpages(0, pages)
+            raise ValueError(f"export {name!r} has {len(pages)} pages; {len(tokens)} tokens need {_pages_for(len(tokens))}")
+        ctx = cls(priority)
+        ctx.tokens, ctx.pages = list(tokens), pages
+        _imported.update(pages)
+        return ctx
+
+    # -- freeing ------------------------------------------------------------------------------
+    def _release(self, pages: list[int]) -> None:
+        free = []
+        for page in pages:
+            holders = _refs.pop(page, 1) - 1
+            if holders > 1:
+                _refs[page] = holders
+            elif holders == 0:
+                _imported.discard(page)
+                free.append(page)
+        if free:
+            futures.discard(kvpages.dealloc_kvpages(self.queue.id, free))
+
+    def close(self) -> None:
+        """Free the pages (shared ones once their last holder closes) and give the queue back."""
+        if self.queue is not None:
+            self._release(self.pages)
+            self.pages = []
+            self.queue.close()
+            self.queue = None
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the host may be gone when the interpreter is torn down
+            pass

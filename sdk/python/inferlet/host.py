@@ -1,0 +1,69 @@
+"""The instance's host: arguments, messages, timers, HTTP, and the model's tokenizer."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from wit_world.imports import futures, http, messaging, runtime, tokenize
+
+from .tasks import HostFuture
+
+
+def args() -> list[str]:
+    return runtime.arguments()
+
+
+def now_ms() -> int:
+    return runtime.now_ms()
+
+
+def send(text: str) -> None:
+    """A message to the client (and every attached client)."""
+    messaging.send(text)
+
+
+def receive() -> HostFuture:
+    """The next message a client sends to this instance (await it)."""
+    return HostFuture(messaging.receive(), futures.take_text)
+
+
+def broadcast(topic: str, text: str) -> None:
+    messaging.broadcast(topic, text)
+
+
+def subscribe(topic: str) -> HostFuture:
+    """The next message broadcast on ``topic`` (await it)."""
+    return HostFuture(messaging.subscribe(topic), futures.take_text)
+
+
+def sleep(ms: int) -> HostFuture:
+    return HostFuture(runtime.sleep(ms), futures.take_unit)
+
+
+def fetch(method: str, url: str, headers: list[str] = (), body: bytes = b"") -> HostFuture:
+    """An HTTP request to an allow-listed host; the response has ``status`` and ``body``."""
+    return HostFuture(http.fetch(method, url, list(headers), body), futures.take_http)
+
+
+@cache
+def page_size() -> int:
+    return runtime.page_size()
+
+
+@cache
+def stop_tokens() -> frozenset[int]:
+    return frozenset(tokenize.stop_tokens())
+
+
+def encode(text: str) -> list[int]:
+    return tokenize.tokenize(text)
+
+
+def decode(tokens: list[int]) -> str:
+    return tokenize.detokenize(tokens)
+
+
+def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """``messages`` as [{"role": ..., "content": ...}] through the model's chat template."""
+    return tokenize.render_chat([m["role"] for m in messages], [m["content"] for m in messages],
+                                add_generation_prompt)

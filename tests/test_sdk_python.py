@@ -1,0 +1,101 @@
+"""The Python SDK (sdk/python/inferlet): samplers on the host, and text completion end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from harness import assert_pools_full, control_loop, direct_greedy, events_of, messages, run, tiny_inference
+
+SDK = Path(__file__).resolve().parent.parent / "sdk" / "python" / "inferlet"
+
+
+def load(module: str):
+    """An SDK module that needs no host imports, loaded outside wasm."""
+    spec = importlib.util.spec_from_file_location(f"sdk_{module}", SDK / f"{module}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sampling, stop = load("sampling"), load("stop")
+IDS, PROBS = [7, 3, 9, 1], [0.5, 0.3, 0.15, 0.05]
+
+
+def test_truncating_samplers_keep_the_right_candidates():
+    assert sampling.Greedy().sample(IDS, PROBS) == 7
+    assert sampling.TopK(2, seed=0).keep(PROBS) == 2
+    assert sampling.TopP(0.8, seed=0).keep(PROBS) == 2   # 0.5 + 0.3 reaches 0.8
+    assert sampling.TopP(0.81, seed=0).keep(PROBS) == 3
+    assert sampling.MinP(0.3, seed=0).keep(PROBS) == 3   # >= 0.15
+    for sampler in (sampling.TopK(2, seed=1), sampling.TopP(0.8, seed=1), sampling.MinP(0.5, seed=1)):
+        assert {sampler.sample(IDS, PROBS) for _ in range(200)} == {7, 3}
+
+
+def test_temperature_sampling_is_seeded_and_follows_the_distribution():
+    first = sampling.Temperature(1.0, seed=5)
+    again = sampling.Temperature(1.0, seed=5)
+    assert [first.sample(IDS, PROBS) for _ in range(50)] == [again.sample(IDS, PROBS) for _ in range(50)]
+    warm, cold_sampler = sampling.Temperature(1.0, seed=2), sampling.Temperature(0.1, seed=2)
+    counts = Counter(warm.sample(IDS, PROBS) for _ in range(4000))
+    assert abs(counts[7] / 4000 - 0.5) < 0.03 and abs(counts[1] / 4000 - 0.05) < 0.015
+    cold = Counter(cold_sampler.sample(IDS, PROBS) for _ in range(500))
+    assert cold[7] > 490  # (0.5/0.3)^10 = 165: nearly always the top token
+    with pytest.raises(ValueError):
+        sampling.Temperature(0.0)
+
+
+def test_stop_conditions():
+    s = stop.Stop(max_tokens=3, strings=("\n\n",))
+    assert not s.reached([5, 6], "ab", frozenset({2}))
+    assert s.reached([5, 6, 7], "abc", frozenset({2}))
+    assert s.reached([5, 2], "ab", frozenset({2}))
+    assert not stop.Stop(eos=False).reached([5, 2], "ab", frozenset({2}))
+    assert s.reached([5], "a\n\nb", frozenset())
+    assert s.cut("a\n\nb") == "a"
+
+
+@pytest.fixture(scope="module")
+def inference():
+    with tiny_inference() as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def loop(inference, tmp_path_factory):
+    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["text-completion"]) as control:
+        yield control
+
+
+def test_text_completion_equals_direct_greedy(loop, inference):
+    (inst,) = run(loop, "text-completion", [["The quick brown fox", "12"]])
+    assert inst.exit_code == 0, inst.error
+    expected = direct_greedy(inference, loop, "The quick brown fox", 12)
+    assert messages(loop, inst) == [" ".join(map(str, expected))]
+    assert_pools_full(loop)
+
+
+def test_chat_completion_uses_the_template(loop, inference):
+    from oven.control.tokenizer import Tokenizer
+
+    (inst,) = run(loop, "text-completion", [["Hi there", "8", "--chat"]])
+    assert inst.exit_code == 0, inst.error
+    prompt = Tokenizer(loop.info.tokenizer).render_chat([{"role": "user", "content": "Hi there"}], True)
+    assert messages(loop, inst) == [" ".join(map(str, direct_greedy(inference, loop, prompt, 8)))]
+
+
+def test_concurrent_completions_equal_solo_runs_and_seeded_sampling_repeats(loop, inference):
+    prompts = [f"Item {i}: {'xy ' * i}" for i in range(12)]
+    instances = run(loop, "text-completion", [[p, "7"] for p in prompts] +
+                    [["Once upon", "9", "--temperature", "1.0", "--seed", "3"]] * 2)
+    assert all(i.exit_code == 0 for i in instances), [i.error for i in instances]
+    for inst, prompt in zip(instances, prompts):
+        assert messages(loop, inst) == [" ".join(map(str, direct_greedy(inference, loop, prompt, 7)))]
+    first, second = (messages(loop, i) for i in instances[-2:])
+    assert first == second and len(first[0].split()) == 9
+    assert events_of(loop, instances[0], "stdout")  # the completion is printed too
+    assert_pools_full(loop)
