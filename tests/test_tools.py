@@ -291,8 +291,10 @@ def test_bfcl_ground_truth_executes_through_the_registry(bfcl, kind):
 def test_bfcl_multi_turn_runs_the_real_tool_classes(bfcl):
     (scenario,) = load_scenarios("multi_turn", limit=1)
     registry = scenario.build_registry()
-    assert type(registry.get("cd").function.__self__).__name__ == "GorillaFileSystem"
-    assert type(registry.get("post_tweet").function.__self__).__name__ == "TwitterAPI"
+    assert type(registry.get("cd").function.__wrapped__.__self__).__name__ == "GorillaFileSystem"
+    assert type(registry.get("post_tweet").function.__wrapped__.__self__).__name__ == "TwitterAPI"
+    with pytest.raises(ToolError, match="wrong arguments"):
+        registry.execute("cd(directory='document')")  # checked against the real method
     assert "cp" not in registry  # the sample's excluded function
     assert registry.execute("cd(folder='document')") == '{"current_working_directory": "document"}'
     # State persists within a registry and a fresh one starts over.
@@ -334,7 +336,7 @@ def test_bfcl_multi_step_parallel_is_deterministic_for_a_seed(bfcl):
         assert all(1 <= len(chain) <= 5 for chain in scenario.chains)
         assert len(scenario.rounds) == max(len(chain) for chain in scenario.chains)
         assert scenario.rounds[0] == [chain[0] for chain in scenario.chains]
-        for chain, source_id in zip(scenario.chains, scenario.source_ids):
+        for chain, source_id in zip(scenario.chains, scenario.source_ids, strict=True):
             assert truth[source_id].chains[0][: len(chain)] == chain
 
 
@@ -356,3 +358,15 @@ def test_paper_latency_bounds_and_mean():
     assert paper_latency(seed=0).function_ms("function_3") == samples_ms[3]
     assert paper_latency(seed=1).function_ms("function_3") != samples_ms[3]
     assert latency("not a call(") == 0.0
+
+
+def test_executor_runs_a_multi_step_parallel_scenario_round_by_round(bfcl):
+    (scenario,) = load_scenarios("multi_step_parallel", limit=1)
+    done = Collector()
+    with ToolExecutor(scenario.build_registry()) as executor:
+        for k, round_calls in enumerate(scenario.rounds):
+            for i, call_text in enumerate(round_calls):
+                executor.submit(f"r{k}c{i}", call_text, done)
+            results = done.take(len(round_calls))  # a round waits for the previous one
+            assert all(ok for _, ok in results.values()), results
+    assert len(executor.timings()) == scenario.num_calls

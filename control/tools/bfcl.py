@@ -9,9 +9,10 @@ Four kinds of :class:`Scenario`:
   (function name, parameter names, required parameters) and a deterministic
   synthetic result is returned. No real work happens.
 * ``multi_turn`` (``BFCL_v4_multi_turn_base.json``): a conversation of several
-  user turns on stateful tools. The calls are executed by the REAL BFCL tool
-  classes (file system, trading bot, ...), built from the sample's
-  ``initial_config``. The calls depend on each other, one per round.
+  user turns on stateful tools; ``question`` is the turns' texts, blank-line
+  separated, and the ground truth is every turn's calls in order. The calls are
+  executed by the REAL BFCL tool classes (file system, trading bot, ...), built
+  from the sample's ``initial_config``. The calls depend on each other, one per round.
 * ``multi_step_parallel``: as in §6, three multi-turn samples' first turns in one
   request — three independent chains of 1–5 dependent calls each. Samples are
   drawn with a fixed seed and never share a tool class, so their states and
@@ -24,11 +25,14 @@ for the loading seed; the prompt announces it, and ``build_registry().latency_s`
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
+import threading
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .bfcl_data import (
     class_instance,
@@ -198,12 +202,26 @@ def _class_registry(entries: list[dict], latency: PaperLatency) -> ToolRegistry:
         excluded = set(entry.get("excluded_function", ()))
         for class_name in entry["involved_classes"]:
             instance = class_instance(class_name, entry["initial_config"])
+            # BFCL's classes are not thread-safe and the executor runs calls
+            # concurrently: calls on one instance take turns.
+            lock = threading.Lock()
             for schema in func_docs(class_name):
                 if schema["name"] in excluded:
                     continue
                 signature, description = schema_tool_text(schema)
+                method = _serialized(getattr(instance, schema["name"]), lock)
                 registry.register(Tool(
-                    schema["name"], getattr(instance, schema["name"]), description, signature,
+                    schema["name"], method, description, signature,
                     latency.function_ms(schema["name"]),
                 ))
     return registry
+
+
+def _serialized(method: Callable[..., Any], lock: threading.Lock) -> Callable[..., Any]:
+    # functools.wraps sets __wrapped__, so the registry checks the method's own signature.
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return call

@@ -30,7 +30,7 @@ DEMO_LATENCY_MS_BY_TOOL = {
 }
 
 # The frozen "now" of get_time: a wall clock would make results differ run to run.
-_NOW_UTC = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
+_NOW_UTC = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.UTC)
 _UTC_OFFSET_HOURS_BY_ZONE = {
     "UTC": 0.0, "Europe/London": 1.0, "Europe/Paris": 2.0, "Europe/Berlin": 2.0,
     "America/New_York": -4.0, "America/Chicago": -5.0, "America/Los_Angeles": -7.0,
@@ -81,7 +81,7 @@ def search_web(query: str) -> list:
     ]
 
 
-def calculate(expression: str) -> float | int:
+def calculate(expression: str) -> float:
     """Evaluate an arithmetic expression (+ - * / // % ** and parentheses)."""
     return _arithmetic(ast.parse(expression, mode="eval").body)
 
@@ -126,7 +126,7 @@ _BINARY_OPS = {
 _UNARY_OPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-def _arithmetic(node: ast.expr) -> float | int:
+def _arithmetic(node: ast.expr) -> float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
@@ -139,7 +139,7 @@ def _arithmetic(node: ast.expr) -> float | int:
     raise ValueError(f"not arithmetic: {ast.unparse(node)!r}")
 
 
-def _power_digits(base: float | int, exponent: float | int) -> float:
+def _power_digits(base: float, exponent: float) -> float:
     """About how many decimal digits ``base ** exponent`` has (0 when it is at most 1)."""
     if abs(base) <= 1:
         return 0.0

@@ -117,7 +117,8 @@ class ToolExecutor:
             ]
 
     def close(self, wait: bool = True) -> None:
-        """Accept no more calls; with ``wait``, return once every submitted call has run."""
+        """Accept no more calls; with ``wait``, return once every submitted call has run
+        (a tool hung in real work, already answered with a timeout, still blocks this)."""
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=wait)
