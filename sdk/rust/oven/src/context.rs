@@ -1,0 +1,357 @@
+//! [`Context`]: a token sequence, its KV pages and its own command queue.
+//!
+//! Filling only buffers tokens; forwards happen in [`Context::flush`] and in every decode step,
+//! each one fused `forward-text` call. The last filled token stays pending after a flush: the
+//! next decode step feeds it and gets the distribution of the token after it from the same call.
+//! Each context issues its calls on a queue of its own, so the host batches the decode steps of
+//! many contexts (forks, concurrent tasks) horizontally.
+
+use oven_raw::futures::{self as raw_futures, Distribution};
+use oven_raw::{forward, kvpages, queues, runtime};
+
+use crate::model::{detokenize, render_chat, tokenize};
+use crate::pages::PageTable;
+use crate::{spawn, HostFuture, Sampler, Stop};
+
+/// A token sequence being generated, with its KV cache.
+///
+/// Dropping it frees what it alone holds: its pages (shared ones stay with the contexts that
+/// still hold them) and its queue, whose unfinished calls are cancelled.
+pub struct Context {
+    queue: u32,
+    priority: u32,
+    page_size: usize,
+    token_ids: Vec<u32>,
+    /// Tokens `[..num_committed]` have their K/V in `pages`; the rest are pending.
+    num_committed: usize,
+    pages: PageTable,
+    /// `dropped[i]`: token i is hidden from later forwards (empty until `drop_range` is used).
+    dropped: Vec<bool>,
+    /// A page allocated ahead of need (see `prefetch_page`).
+    spare: Option<HostFuture<Vec<u32>>>,
+    /// Calls issued without waiting (copies, masks, frees), checked after the next forward:
+    /// issued earlier on the same queue, they have completed by then.
+    side_calls: Vec<u32>,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Context {
+    /// An empty context on a new queue of priority 0.
+    pub fn new() -> Self {
+        Self::with_priority(0)
+    }
+
+    /// An empty context on a new queue of `priority` (higher is dispatched first).
+    pub fn with_priority(priority: u32) -> Self {
+        Context {
+            queue: queues::create_queue(priority),
+            priority,
+            page_size: runtime::page_size() as usize,
+            token_ids: Vec::new(),
+            num_committed: 0,
+            pages: PageTable::default(),
+            dropped: Vec::new(),
+            spare: None,
+            side_calls: Vec::new(),
+        }
+    }
+
+    /// Append `text`, tokenized on its own (no call to the model yet).
+    pub fn fill(&mut self, text: &str) {
+        self.token_ids.extend(tokenize(text));
+    }
+
+    /// Append tokens (no call to the model yet).
+    pub fn fill_tokens(&mut self, token_ids: &[u32]) {
+        self.token_ids.extend_from_slice(token_ids);
+    }
+
+    /// Append messages rendered with the model's chat template (parallel role/content lists).
+    pub fn fill_chat(&mut self, roles: &[&str], contents: &[&str], add_generation_prompt: bool) {
+        self.fill(&render_chat(roles, contents, add_generation_prompt));
+    }
+
+    /// Every token, forwarded or pending.
+    pub fn token_ids(&self) -> &[u32] {
+        &self.token_ids
+    }
+
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    /// Tokens filled but not yet forwarded.
+    pub fn num_pending(&self) -> usize {
+        self.token_ids.len() - self.num_committed
+    }
+
+    /// The context's command queue.
+    pub fn queue(&self) -> u32 {
+        self.queue
+    }
+
+    /// Handles of the KV pages holding the forwarded tokens (and any allocated ahead).
+    pub fn page_handles(&self) -> &[u32] {
+        self.pages.handles()
+    }
+
+    pub fn set_priority(&mut self, priority: u32) {
+        self.priority = priority;
+        queues::set_priority(self.queue, priority);
+    }
+
+    /// Completes once every call this context issued has.
+    pub fn synchronize(&self) -> HostFuture<()> {
+        HostFuture::unit(queues::synchronize(self.queue))
+    }
+
+    /// Prefill: forward every pending token but the last (which the next decode step feeds).
+    pub async fn flush(&mut self) -> Result<(), String> {
+        let upto = self.token_ids.len().saturating_sub(1);
+        if upto > self.num_committed {
+            self.forward(upto, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Forward the pending tokens; the top-`top_k` distribution of the next token (0 = the
+    /// server's default K). With nothing pending, the last token is forwarded again.
+    pub async fn next_dist(&mut self, top_k: u32) -> Result<Distribution, String> {
+        if self.num_committed == self.token_ids.len() {
+            if self.num_committed == 0 {
+                return Err("the context is empty: fill it before decoding".to_string());
+            }
+            self.num_committed -= 1; // rewriting its K/V slot is harmless
+        }
+        let decoding = self.num_pending() == 1;
+        let mut dists = self.forward(self.token_ids.len(), Some(top_k)).await?;
+        if decoding {
+            self.prefetch_page();
+        }
+        match dists.pop() {
+            Some(dist) if !dist.token_ids.is_empty() => Ok(dist),
+            _ => Err("forward-text returned no distribution".to_string()),
+        }
+    }
+
+    /// One decode step: sample the next token and append it (pending); return it.
+    pub async fn decode_step<S: Sampler + ?Sized>(&mut self, sampler: &mut S) -> Result<u32, String> {
+        let dist = self.next_dist(sampler.top_k()).await?;
+        let token = sampler.sample(&dist);
+        self.token_ids.push(token);
+        Ok(token)
+    }
+
+    /// Decode until `stop`; the new tokens, a final stop token included.
+    pub async fn generate_tokens<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<Vec<u32>, String> {
+        let mut generated = Vec::new();
+        while generated.len() < stop.max_new_tokens() {
+            let token = self.decode_step(sampler).await?;
+            generated.push(token);
+            if stop.is_stop_token(token) {
+                break;
+            }
+            if !stop.strings().is_empty() && stop.find_string(&detokenize(&generated)).is_some() {
+                break;
+            }
+        }
+        Ok(generated)
+    }
+
+    /// Decode until `stop`; the new text, without stop tokens and cut before a stop string.
+    pub async fn generate<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<String, String> {
+        let generated = self.generate_tokens(sampler, stop).await?;
+        let kept: Vec<u32> = generated.into_iter().filter(|t| !stop.is_stop_token(*t)).collect();
+        let mut text = detokenize(&kept);
+        if let Some(at) = stop.find_string(&text) {
+            text.truncate(at);
+        }
+        Ok(text)
+    }
+
+    /// A copy that continues independently, on a queue of its own. Pending tokens are flushed
+    /// first; full pages are then shared (by reference) and the partial last page is copied.
+    pub async fn fork(&mut self) -> Result<Context, String> {
+        self.flush().await?;
+        let num_full = self.num_committed / self.page_size;
+        let num_partial = self.num_committed % self.page_size;
+        let mut child = Context::with_priority(self.priority);
+        child.token_ids = self.token_ids.clone();
+        child.num_committed = self.num_committed;
+        child.dropped = self.dropped.clone();
+        child.pages = self.pages.share_prefix(num_full);
+        if num_partial > 0 {
+            // On the parent's queue, after its writes, and awaited before the child forwards.
+            let page = HostFuture::handles(kvpages::alloc_kvpages(self.queue, 1)).await?[0];
+            child.pages.push(page); // the child frees it, even if the copy fails
+            let src = self.pages.handles()[num_full];
+            HostFuture::unit(kvpages::copy_kvpage(self.queue, src, page, 0, 0, num_partial as u32)).await?;
+        }
+        Ok(child)
+    }
+
+    /// Hide tokens `[start, end)` from every later forward (their K/V stay; positions do not
+    /// shift). The last token cannot be dropped: the next decode step feeds it.
+    pub async fn drop_range(&mut self, start: usize, end: usize) -> Result<(), String> {
+        let len = self.token_ids.len();
+        if start > end || end >= len {
+            return Err(format!("drop_range({}, {}) needs start <= end < {} (the last token stays)", start, end, len));
+        }
+        if start == end {
+            return Ok(());
+        }
+        self.flush().await?; // now every token but the last is in the pages
+        self.dropped.resize(len, false);
+        self.dropped[start..end].iter_mut().for_each(|d| *d = true);
+        let ps = self.page_size;
+        let touched = start / ps..(end + ps - 1) / ps;
+        let shared: Vec<usize> = touched.clone().filter(|i| self.pages.is_shared(*i)).collect();
+        if !shared.is_empty() {
+            let fresh = HostFuture::handles(kvpages::alloc_kvpages(self.queue, shared.len() as u32)).await?;
+            for (index, page) in shared.into_iter().zip(fresh) {
+                self.copy_on_write(index, page);
+            }
+        }
+        for index in touched {
+            // Slots past the forwarded tokens stay masked: a forward unmasks what it writes.
+            let row: Vec<bool> = (index * ps..(index + 1) * ps)
+                .map(|t| t >= self.num_committed || self.dropped[t])
+                .collect();
+            self.side_calls.push(kvpages::mask_kvpage(self.queue, self.pages.handles()[index], &row));
+        }
+        Ok(())
+    }
+
+    /// Keep the first `len` tokens; pages past them are let go.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.token_ids.len() {
+            return;
+        }
+        self.token_ids.truncate(len);
+        self.dropped.truncate(len);
+        self.num_committed = self.num_committed.min(len);
+        let freed = self.pages.truncate((len + self.page_size - 1) / self.page_size);
+        if !freed.is_empty() {
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue, &freed));
+        }
+    }
+
+    /// One forward-text call over the pending tokens up to `upto`; with `top_k`, the
+    /// distribution after the last of them.
+    async fn forward(&mut self, upto: usize, top_k: Option<u32>) -> Result<Vec<Distribution>, String> {
+        self.reserve(upto).await?;
+        let first = self.num_committed;
+        let ps = self.page_size;
+        let num_pages = (upto + ps - 1) / ps;
+        let last_page_len = (upto - (num_pages - 1) * ps) as u32;
+        let positions: Vec<u32> = (first as u32..upto as u32).collect();
+        let last_output = [(upto - first - 1) as u32];
+        let outputs: &[u32] = if top_k.is_some() { &last_output } else { &[] };
+        let call = forward::forward_text(
+            self.queue,
+            &self.token_ids[first..upto],
+            &positions,
+            &self.pages.handles()[..num_pages],
+            last_page_len,
+            outputs,
+            top_k.unwrap_or(0),
+        );
+        let dists = HostFuture::dists(call).await;
+        let side_calls = self.check_side_calls();
+        let dists = dists?;
+        self.num_committed = upto;
+        side_calls.map(|()| dists)
+    }
+
+    /// Pages for tokens `[..upto]`, and a page of our own where the forward starts writing.
+    async fn reserve(&mut self, upto: usize) -> Result<(), String> {
+        let ps = self.page_size;
+        let needed = (upto + ps - 1) / ps;
+        let write_page = self.num_committed / ps;
+        let copy_first = write_page < self.pages.len().min(needed) && self.pages.is_shared(write_page);
+        let missing = needed.saturating_sub(self.pages.len()) + copy_first as usize;
+        if missing == 0 {
+            return Ok(());
+        }
+        let mut fresh = match self.spare.take() {
+            Some(spare) => spare.await?,
+            None => Vec::new(),
+        };
+        if fresh.len() < missing {
+            let count = (missing - fresh.len()) as u32;
+            fresh.extend(HostFuture::handles(kvpages::alloc_kvpages(self.queue, count)).await?);
+        }
+        let mut fresh = fresh.into_iter();
+        if copy_first {
+            let page = fresh.next().expect("allocated above");
+            self.copy_on_write(write_page, page);
+        }
+        fresh.for_each(|page| self.pages.push(page));
+        Ok(())
+    }
+
+    /// Put `page` in place of shared page `index`, copying the forwarded tokens it holds.
+    fn copy_on_write(&mut self, index: usize, page: u32) {
+        let ps = self.page_size;
+        let count = self.num_committed.saturating_sub(index * ps).min(ps) as u32;
+        if count > 0 {
+            let src = self.pages.handles()[index];
+            self.side_calls.push(kvpages::copy_kvpage(self.queue, src, page, 0, 0, count));
+        }
+        self.pages.replace(index, page); // shared, so never freed here
+    }
+
+    /// While decoding, allocate the next page once the last one is half full, so a decode step
+    /// never waits for an allocation. On queue 0: its fresh-page masking then runs apart from
+    /// this context's forwards instead of in front of the next one.
+    fn prefetch_page(&mut self) {
+        let free_slots = self.pages.len() * self.page_size - self.num_committed;
+        if self.spare.is_none() && free_slots <= self.page_size / 2 {
+            self.spare = Some(HostFuture::handles(kvpages::alloc_kvpages(0, 1)).checking_first());
+        }
+    }
+
+    fn check_side_calls(&mut self) -> Result<(), String> {
+        if self.side_calls.is_empty() {
+            return Ok(());
+        }
+        let done = raw_futures::poll(&self.side_calls);
+        self.side_calls.retain(|h| !done.contains(h));
+        let mut result = Ok(());
+        for handle in done {
+            if let Err(message) = raw_futures::take_unit(handle) {
+                result = result.and(Err(message));
+            }
+        }
+        result
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        for handle in self.side_calls.drain(..) {
+            raw_futures::discard(handle);
+        }
+        if let Some(spare) = self.spare.take() {
+            spawn(async move {
+                if let Ok(pages) = spare.await {
+                    raw_futures::discard(kvpages::dealloc_kvpages(0, &pages));
+                }
+            });
+        }
+        let freed = self.pages.truncate(0);
+        if !freed.is_empty() {
+            raw_futures::discard(kvpages::dealloc_kvpages(self.queue, &freed));
+        }
+        queues::destroy_queue(self.queue);
+    }
+}

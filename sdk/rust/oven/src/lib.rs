@@ -1,0 +1,76 @@
+//! The oven inferlet SDK for Rust: the Rust twin of the Python SDK, over [`oven_raw`].
+//!
+//! An inferlet is an `async fn main`, wired to the world's `start`/`resume` exports by
+//! [`main!`]; a small single-threaded executor runs it and any tasks it [`spawn`]s. Awaiting a
+//! host call suspends the task until the host reports its handle complete.
+//!
+//! ```ignore
+//! use oven::{Context, Greedy, Stop};
+//!
+//! async fn main(args: Vec<String>) -> Result<i32, String> {
+//!     let mut ctx = Context::new();
+//!     ctx.fill(args.first().ok_or("usage: PROMPT")?);
+//!     let text = ctx.generate(&mut Greedy, &Stop::max_tokens(32).with_eos()).await?;
+//!     oven::send(&text);
+//!     Ok(0)
+//! }
+//!
+//! oven::main!(main);
+//! ```
+//!
+//! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`].
+//! * Messages and I/O: [`send`], [`receive`], [`broadcast`], [`subscribe`], [`fetch`].
+//! * Generation: [`Context`] (fill, flush, next_dist, decode_step, generate, fork, drop_range,
+//!   truncate), samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`]) and [`Stop`].
+//! * The model: [`tokenize`], [`detokenize`], [`render_chat`], [`stop_tokens`], ...
+//!
+//! Errors are `String`s, as in the raw API: a failed host call's message, or the SDK's own.
+//! `main` returning `Err(message)` ends the instance with exit code 1 after sending
+//! "error: message" to the client; a panic sends "error: panicked at ..." before the trap.
+//!
+//! Builds with rustc 1.63 (Debian's, the only offline toolchain with a wasm32 std) and stable.
+
+mod context;
+mod executor;
+mod host_future;
+mod io;
+mod join;
+mod model;
+mod pages;
+mod sampler;
+mod stop;
+
+pub use context::Context;
+pub use executor::{spawn, IntoExitCode, JoinHandle};
+pub use host_future::HostFuture;
+pub use io::{arguments, broadcast, fetch, instance_id, now_ms, receive, send, sleep, subscribe};
+pub use join::{join, join_all, Join, JoinAll};
+pub use model::{available_traits, detokenize, models, page_size, render_chat, stop_tokens, tokenize, vocab_size};
+pub use oven_raw::futures::{Distribution, HttpResponse};
+pub use sampler::{Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
+pub use stop::Stop;
+
+/// The raw bindings, for calls the SDK does not wrap (embeds, export/import, offload/restore).
+pub use oven_raw as raw;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::executor::{resume, start};
+}
+
+/// Export `start`/`resume` running `$main`, an `async fn(Vec<String>) -> R` where `R` is
+/// `Result<i32, String>`, `Result<(), String>`, `i32` or `()` (see [`IntoExitCode`]).
+#[macro_export]
+macro_rules! main {
+    ($main:path) => {
+        fn __oven_start() -> ::std::vec::Vec<u32> {
+            $crate::__private::start($main)
+        }
+
+        fn __oven_resume(ready: ::std::vec::Vec<u32>) -> ::std::vec::Vec<u32> {
+            $crate::__private::resume(ready)
+        }
+
+        $crate::raw::export_inferlet!(__oven_start, __oven_resume);
+    };
+}
