@@ -1,63 +1,64 @@
 //! text-completion-rust: text completion on the oven Rust SDK (`sdk/rust/oven`).
 //!
-//! Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--n=N] [--temperature=T] [--seed=S].
-//! Greedy unless a temperature above 0 is given. For each completion it sends the client two
-//! messages: the generated token ids ("1 2 3", a final stop token included, as hello-rust does),
-//! then the text. Built for wasm32-unknown-unknown, which has no stdout, so nothing is printed.
+//! Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--n N], as
+//! `inferlets/text-completion` (the Python SDK's) takes them. Greedy unless a temperature above 0
+//! is given. For each completion it sends the client two messages: the generated token ids
+//! ("1 2 3", a final end token included, as hello-rust does), then the text — the Python twin
+//! prints the text instead, but wasm32-unknown-unknown has no stdout.
 //!
-//! With --n=N it makes N completions of one prompt at once: the prompt is prefilled once and
+//! With --n N it makes N completions of one prompt at once: the prompt is prefilled once and
 //! forked N - 1 times (its full KV pages shared, not copied), and the N decode loops run
 //! concurrently, so the host batches their steps together. Completion i samples with seed S + i.
 
 use oven::{join_all, Context, Greedy, Sampler, Stop, Temperature};
 
 const DEFAULT_MAX_NEW_TOKENS: usize = 32;
-const USAGE: &str = "usage: text-completion-rust PROMPT [MAX_NEW_TOKENS] [--chat] [--n=N] [--temperature=T] [--seed=S]";
+const USAGE: &str = "usage: text-completion-rust PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--n N]";
 
 struct Options {
     prompt: String,
     max_new_tokens: usize,
     chat: bool,
-    num_completions: usize,
     temperature: f32,
     seed: u64,
+    num_completions: usize,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
-    let mut positional = Vec::new();
+    fn value<T: std::str::FromStr>(name: &str, value: Option<&String>) -> Result<T, String> {
+        let value = value.ok_or_else(|| format!("{} needs a value; {}", name, USAGE))?;
+        value.parse().map_err(|_| format!("bad {} {:?}", name, value))
+    }
     let mut options = Options {
         prompt: String::new(),
         max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
         chat: false,
-        num_completions: 1,
         temperature: 0.0,
         seed: 0,
+        num_completions: 1,
     };
-    for arg in args {
-        if arg == "--chat" {
-            options.chat = true;
-        } else if let Some(value) = arg.strip_prefix("--n=") {
-            options.num_completions = match value.parse() {
-                Ok(n) if n > 0 => n,
-                _ => return Err(format!("bad --n {:?}: a positive count", value)),
-            };
-        } else if let Some(value) = arg.strip_prefix("--temperature=") {
-            options.temperature = value.parse().map_err(|_| format!("bad temperature {:?}", value))?;
-        } else if let Some(value) = arg.strip_prefix("--seed=") {
-            options.seed = value.parse().map_err(|_| format!("bad seed {:?}", value))?;
-        } else if arg.starts_with("--") {
-            return Err(format!("unknown option {}; {}", arg, USAGE));
-        } else {
-            positional.push(arg.as_str());
+    let mut positional = Vec::new();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--chat" => options.chat = true,
+            "--temperature" => options.temperature = value(arg, rest.next())?,
+            "--seed" => options.seed = value(arg, rest.next())?,
+            "--n" => options.num_completions = value(arg, rest.next())?,
+            _ if arg.starts_with("--") => return Err(format!("unknown option {}; {}", arg, USAGE)),
+            _ => positional.push(arg),
         }
     }
     match positional.as_slice() {
         [prompt] => options.prompt = prompt.to_string(),
         [prompt, max] => {
             options.prompt = prompt.to_string();
-            options.max_new_tokens = max.parse().map_err(|_| format!("bad MAX_NEW_TOKENS {:?}", max))?;
+            options.max_new_tokens = value("MAX_NEW_TOKENS", Some(max))?;
         }
         _ => return Err(USAGE.to_string()),
+    }
+    if options.num_completions == 0 {
+        return Err("--n must be at least 1".to_string());
     }
     Ok(options)
 }
@@ -86,17 +87,18 @@ async fn main(args: Vec<String>) -> Result<i32, String> {
         contexts.push(prompt.fork().await?);
     }
     contexts.insert(0, prompt);
-    let stop = &Stop::max_tokens(options.max_new_tokens).with_eos();
+    let stop = &Stop::max_tokens(options.max_new_tokens);
     let completions = join_all(contexts.iter_mut().enumerate().map(|(i, ctx)| {
         let mut sampler = sampler(&options, i);
         async move { ctx.generate_tokens(sampler.as_mut(), stop).await }
     }))
     .await;
+    let end_tokens = stop.stop_token_ids();
     for generated in completions {
         let generated = generated?;
         let ids: Vec<String> = generated.iter().map(|t| t.to_string()).collect();
         oven::send(&ids.join(" "));
-        let text: Vec<u32> = generated.into_iter().filter(|t| !stop.is_stop_token(*t)).collect();
+        let text: Vec<u32> = generated.into_iter().filter(|t| !end_tokens.contains(t)).collect();
         oven::send(&oven::detokenize(&text));
     }
     Ok(0)

@@ -153,11 +153,12 @@ impl Context {
 
     /// Decode until `stop`; the new tokens, a final stop token included.
     pub async fn generate_tokens<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<Vec<u32>, String> {
+        let stop_token_ids = stop.stop_token_ids();
         let mut generated = Vec::new();
         while generated.len() < stop.max_new_tokens() {
             let token = self.decode_step(sampler).await?;
             generated.push(token);
-            if stop.is_stop_token(token) {
+            if stop_token_ids.contains(&token) {
                 break;
             }
             if !stop.strings().is_empty() && stop.find_string(&detokenize(&generated)).is_some() {
@@ -170,7 +171,8 @@ impl Context {
     /// Decode until `stop`; the new text, without stop tokens and cut before a stop string.
     pub async fn generate<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<String, String> {
         let generated = self.generate_tokens(sampler, stop).await?;
-        let kept: Vec<u32> = generated.into_iter().filter(|t| !stop.is_stop_token(*t)).collect();
+        let stop_token_ids = stop.stop_token_ids();
+        let kept: Vec<u32> = generated.into_iter().filter(|t| !stop_token_ids.contains(t)).collect();
         let mut text = detokenize(&kept);
         if let Some(at) = stop.find_string(&text) {
             text.truncate(at);
@@ -202,16 +204,25 @@ impl Context {
     /// Hide tokens `[start, end)` from every later forward (their K/V stay; positions do not
     /// shift). The last token cannot be dropped: the next decode step feeds it.
     pub async fn drop_range(&mut self, start: usize, end: usize) -> Result<(), String> {
+        self.set_dropped(start, end, true).await
+    }
+
+    /// Show tokens `[start, end)` again after [`Context::drop_range`].
+    pub async fn undrop_range(&mut self, start: usize, end: usize) -> Result<(), String> {
+        self.set_dropped(start, end, false).await
+    }
+
+    async fn set_dropped(&mut self, start: usize, end: usize, dropped: bool) -> Result<(), String> {
         let len = self.token_ids.len();
         if start > end || end >= len {
-            return Err(format!("drop_range({}, {}) needs start <= end < {} (the last token stays)", start, end, len));
+            return Err(format!("[{}, {}) is not a range of tokens before the last of {}", start, end, len));
         }
         if start == end {
             return Ok(());
         }
         self.flush().await?; // now every token but the last is in the pages
         self.dropped.resize(len, false);
-        self.dropped[start..end].iter_mut().for_each(|d| *d = true);
+        self.dropped[start..end].iter_mut().for_each(|d| *d = dropped);
         let ps = self.page_size;
         let touched = start / ps..(end + ps - 1) / ps;
         let shared: Vec<usize> = touched.clone().filter(|i| self.pages.is_shared(*i)).collect();

@@ -1,28 +1,43 @@
-//! [`Stop`]: when generation ends — a token budget, stop tokens (the model's end-of-sequence and
-//! end-of-turn tokens with [`Stop::with_eos`]) and stop strings.
+//! [`Stop`]: when generation ends — a token budget, the model's end tokens, stop strings.
 
 use crate::model;
 
-/// Generation ends at the first condition met. A stop token is kept in the generated tokens; a
-/// stop string ends generation once the detokenized output contains it (the text is cut before
-/// it by [`crate::Context::generate`]).
+/// Generation ends at the first condition met: `max_tokens` new tokens, one of the model's
+/// end-of-sequence / end-of-turn tokens (unless [`Stop::without_eos`]) or of the extra stop
+/// tokens, or a stop string in the detokenized output. A stop token is kept in the generated
+/// tokens; [`crate::Context::generate`]'s text leaves stop tokens out and is cut before a stop
+/// string. Like the Python SDK's `Stop(max_tokens=256, eos=True, strings=())`.
 #[derive(Clone, Debug)]
 pub struct Stop {
     max_tokens: usize,
+    eos: bool,
     token_ids: Vec<u32>,
     strings: Vec<String>,
 }
 
+impl Default for Stop {
+    /// 256 tokens or an end token.
+    fn default() -> Self {
+        Stop::max_tokens(256)
+    }
+}
+
 impl Stop {
-    /// At most `max_tokens` new tokens, no other condition.
+    /// At most `max_tokens` new tokens, or an end token of the model.
     pub fn max_tokens(max_tokens: usize) -> Self {
-        Stop { max_tokens, token_ids: Vec::new(), strings: Vec::new() }
+        Stop { max_tokens, eos: true, token_ids: Vec::new(), strings: Vec::new() }
     }
 
-    /// Also stop at the model's end-of-sequence and end-of-turn tokens (`tokenize.stop-tokens`).
-    pub fn with_eos(self) -> Self {
-        let eos = model::stop_tokens();
-        self.with_tokens(&eos)
+    /// Stop at the model's end tokens (the default).
+    pub fn with_eos(mut self) -> Self {
+        self.eos = true;
+        self
+    }
+
+    /// Do not stop at the model's end tokens.
+    pub fn without_eos(mut self) -> Self {
+        self.eos = false;
+        self
     }
 
     /// Also stop at any of `token_ids`.
@@ -43,17 +58,21 @@ impl Stop {
         self.max_tokens
     }
 
-    pub fn token_ids(&self) -> &[u32] {
-        &self.token_ids
+    pub fn eos(&self) -> bool {
+        self.eos
     }
 
     pub fn strings(&self) -> &[String] {
         &self.strings
     }
 
-    /// True if `token` is a stop token.
-    pub fn is_stop_token(&self, token: u32) -> bool {
-        self.token_ids.contains(&token)
+    /// Every stop token: the extra ones, and the model's end tokens if `eos` (a host call).
+    pub fn stop_token_ids(&self) -> Vec<u32> {
+        let mut ids = self.token_ids.clone();
+        if self.eos {
+            ids.extend(model::stop_tokens());
+        }
+        ids
     }
 
     /// The byte offset in `text` where the earliest stop string begins, if any.
@@ -68,10 +87,16 @@ mod tests {
 
     #[test]
     fn conditions_accumulate() {
-        let stop = Stop::max_tokens(8).with_tokens(&[2, 3]).with_string("\n\n").with_string("END").with_string("");
+        let stop = Stop::max_tokens(8).without_eos().with_tokens(&[2, 3]).with_string("\n\n").with_string("END");
         assert_eq!(stop.max_new_tokens(), 8);
-        assert!(stop.is_stop_token(3) && !stop.is_stop_token(4));
-        assert_eq!(stop.strings().len(), 2);
+        assert_eq!(stop.stop_token_ids(), vec![2, 3]); // no eos: no host call
+        assert_eq!(stop.with_string("").strings().len(), 2);
+        assert!(Stop::default().eos() && Stop::default().max_new_tokens() == 256);
+    }
+
+    #[test]
+    fn the_earliest_stop_string_wins() {
+        let stop = Stop::max_tokens(8).with_string("\n\n").with_string("END");
         assert_eq!(stop.find_string("abc END x\n\n"), Some(4));
         assert_eq!(stop.find_string("abc"), None);
     }
