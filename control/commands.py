@@ -1,4 +1,4 @@
-"""The client verbs of the ``oven`` CLI: serve, run, upload, ps, kill, send."""
+"""The client verbs of the ``oven`` CLI: serve, run, asynclm, upload, ps, kill, send."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from oven.inference.config import InferenceConfig
@@ -71,37 +72,78 @@ class EmbeddedServer:
         terminate(self.proc, 30)
 
 
+@contextmanager
+def connected(endpoint: str, model: str):
+    """A client of the server at ``endpoint``, or of an embedded one started (and stopped) here."""
+    client, embedded = OvenClient(endpoint), None
+    try:
+        if not client.reachable():
+            client.close()
+            print("oven: no server answers; starting an embedded one ...", file=sys.stderr, flush=True)
+            embedded = EmbeddedServer(model)
+            client = OvenClient(embedded.endpoint)
+            embedded.wait_ready(client)
+        yield client
+    finally:
+        client.close()
+        if embedded:
+            embedded.stop()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         path, name = resolve_program(args.program)
     except FileNotFoundError as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return 2
-    client, embedded, instance_id = OvenClient(args.server), None, None
+    instance_id = None
     try:
-        if not client.reachable():
-            client.close()
-            print("oven: no server answers; starting an embedded one ...", file=sys.stderr, flush=True)
-            embedded = EmbeddedServer(args.model)
-            client = OvenClient(embedded.endpoint)
-            embedded.wait_ready(client)
-        digest = client.upload_file(path, name)
-        instance_id = client.launch(digest, args.args, detach=args.detach)
-        if args.detach:
-            print(instance_id)
-            return 0
-        return stream(client, instance_id)
+        with connected(args.server, args.model) as client:
+            try:
+                instance_id = client.launch(client.upload_file(path, name), args.args, detach=args.detach)
+                if args.detach:
+                    print(instance_id)
+                    return 0
+                return stream(client, instance_id)
+            except KeyboardInterrupt:
+                if instance_id:
+                    client.terminate(instance_id)
+                raise
     except (ControlRequestError, RuntimeError, TimeoutError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    except KeyboardInterrupt:
-        if instance_id:
-            client.terminate(instance_id)
-        raise
-    finally:
-        client.close()
-        if embedded:
-            embedded.stop()
+
+
+def cmd_asynclm(args: argparse.Namespace) -> int:
+    from .asynclm import StreamPrinter, bfcl_workloads, demo_workload, run_session, session_spec, summary_lines
+
+    try:
+        path, name = resolve_program("asynclm")
+        if args.tools == "demo":
+            workload = demo_workload(args.task, plan=not args.no_plan)
+        else:
+            workload = bfcl_workloads(args.tools.split(":", 1)[1], limit=args.sample + 1)[args.sample]
+            if args.task:
+                workload.task = args.task
+            if args.no_plan:
+                workload.plan = None
+    except (FileNotFoundError, ValueError, IndexError) as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return 2
+    spec = session_spec(workload, args.mode, stateless=args.stateless or None, kv=args.kv,
+                        max_tokens=args.max_tokens, answer_tokens=args.answer_tokens)
+    print(f"task: {workload.task}", flush=True)
+    try:
+        with connected(args.server, args.model) as client:
+            session = run_session(client, client.upload_file(path, name), workload, spec, StreamPrinter())
+    except (ControlRequestError, RuntimeError, TimeoutError) as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if session.exit_code != 0:
+        print(f"oven: asynclm failed: {session.error}", file=sys.stderr)
+        return session.exit_code or EXIT_FAILURE
+    print("\n--- " + "\n    ".join(summary_lines(session.summary)))
+    return 0
 
 
 def stream(client: OvenClient, instance_id: str) -> int:

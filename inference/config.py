@@ -64,7 +64,7 @@ class InferenceConfig:
     max_batch_items: int = 512
     max_batch_tokens: int = 8192
     default_top_k: int = 256
-    torch_threads: int | None = None
+    torch_threads: int | None = None  # None: every core but one on CPU (the control process needs one)
     cpu_packed_weights: bool = True  # oneDNN-packed linear weights on CPU (batched decode ~ single)
     seed: int = 0
 

@@ -7,6 +7,8 @@ is left out of the batch), runs the good ones together, and returns the reply.
 
 from __future__ import annotations
 
+import os
+
 import logging
 import time
 from typing import Callable
@@ -41,9 +43,14 @@ class BatchTooLarge(ValueError):
 class Engine:
     def __init__(self, cfg: InferenceConfig, progress: bool = True):
         self.cfg = cfg
+        self.device = resolve_device(cfg.device)
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        self.device = resolve_device(cfg.device)
+        elif self.device.type == "cpu":
+            # Leave a core to the control process: its wasm slices run while the model computes,
+            # and OpenMP threads sharing a core with it stall (AsyncLM demo on 2 cores: 1.25 s per
+            # step with 2 threads against 0.11 s with 1).
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.source: ModelSource = resolve_model(cfg.model)
         self.model: PagedLlama = build_model(self.source, self.device, self.dtype, cfg.seed, progress,

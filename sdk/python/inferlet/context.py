@@ -162,6 +162,20 @@ class Context:
         self._release(self.pages[keep:])
         self.pages = self.pages[:keep]
 
+    # -- while waiting: move the KV cache out of the device tier -------------------------------
+    async def offload(self) -> None:
+        """Move this context's pages to the host tier (they stay its pages; restore before forwarding)."""
+        await self.queue.unit(kvpages.offload_kvpages(self.queue.id, self.pages))
+
+    async def restore(self) -> None:
+        await self.queue.unit(kvpages.restore_kvpages(self.queue.id, self.pages))
+
+    def evict(self) -> None:
+        """Free the pages and keep the tokens: the next forward recomputes their K/V (a re-prefill)."""
+        self._release(self.pages)
+        self.pages, self._hidden = [], set()
+        self.pending, self.tokens = self.tokens + self.pending, []
+
     # -- sharing across inferlets -------------------------------------------------------------
     def export(self, name: str) -> int:
         """Publish the pages of the forwarded tokens under ``name``; returns how many tokens they hold."""
