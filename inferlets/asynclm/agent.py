@@ -41,6 +41,7 @@ class Agent:
         self.stateless = bool(spec.get("stateless")) and self.mode.startswith("sync")
         self.max_tokens = int(spec.get("max_tokens", 256))
         self.answer_tokens = int(spec.get("answer_tokens", 48))
+        self.report_context = bool(spec.get("report_context"))
         estimates = spec.get("estimates_ms", {})
         estimate_ms = lambda call: estimates.get(call.split("(", 1)[0].strip(), 100)  # noqa: E731
 
@@ -87,6 +88,8 @@ class Agent:
         self.stats.update(wall_ms=inferlet.now_ms() - started, dispatched=self.calls.dispatched,
                           unanswered=sorted(self.calls.in_flight), kv_page_ms_saved=self.traps.page_ms_saved,
                           cost_model=self.traps.costs.coefficients)
+        if self.report_context:  # for tests: the exact token sequence the model saw
+            self.stats["context"] = self.ctx.tokens + self.ctx.pending
         return self.stats
 
     async def _step(self) -> int | None:

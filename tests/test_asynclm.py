@@ -1,0 +1,201 @@
+"""The AsyncLM inferlet end to end on the tiny model, with this test as its client, and
+``oven asynclm`` on the embedded model."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from harness import NUM_PAGES, assert_pools_full, control_loop, messages, tiny_inference
+
+from oven.control.tokenizer import Tokenizer
+
+ESTIMATES = {"slow": 300, "medium": 200, "quick": 100}
+PARALLEL = [["quick(1)"], ["slow(2)"], ["medium(3)"]]
+
+
+@pytest.fixture(scope="module")
+def inference():
+    with tiny_inference() as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def loop(inference, tmp_path_factory):
+    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["asynclm"],
+                      http_allow="127.0.0.1") as control:
+        yield control
+
+
+class Client:
+    """Answers the inferlet's calls the way a test wants; sees every trace event as it comes."""
+
+    def __init__(self, loop, spec: dict, answer=None):
+        self.loop, self.trace = loop, []
+        base = {"task": "Do the things.", "functions": "slow(x), medium(x), quick(x)", "estimates_ms": ESTIMATES,
+                "answer_tokens": 6, "max_tokens": 200, "report_context": True}
+        self.inst = loop.launch("asynclm", [json.dumps({**base, **spec})])
+        self.answer = answer or (lambda client, event: client.reply(event["id"], f"ok {event['call']}"))
+
+    def reply(self, call_id: str, value: str, ok: bool = True) -> None:
+        self.inst.inbox.push(json.dumps({"type": "result", "id": call_id, "value": value, "ok": ok}))
+
+    def run(self, on_step=lambda client: None, timeout_s: float = 120) -> dict:
+        def step() -> bool:
+            for text in messages(self.loop, self.inst)[len(self.trace):]:
+                event = json.loads(text)
+                self.trace.append(event)
+                if event["type"] == "call" and "via" not in event:  # HTTP calls are not ours to run
+                    self.answer(self, event)
+            on_step(self)
+            return not self.inst.alive
+        assert self.loop.run_until(step, timeout_s)
+        assert self.inst.exit_code == 0, self.inst.error
+        done = self.trace[-1]
+        assert done["type"] == "done"
+        return done
+
+    def kinds(self, *kinds: str) -> list[tuple[str, str]]:
+        return [(e["type"], e.get("id", "")) for e in self.trace if e["type"] in kinds]
+
+
+def context_text(loop, done: dict) -> str:
+    return Tokenizer(loop.info.tokenizer).decode(done["context"])
+
+
+def assert_no_interrupt_inside_a_call(text: str) -> None:
+    for block in re.findall(r"\[CALL\](.*?)\[END\]", text, flags=re.S):
+        assert "[INTR]" not in block and "[CALL]" not in block
+
+
+def test_async_writes_longest_first_dispatches_at_once_and_injects_in_completion_order(loop):
+    held = []
+    client = Client(loop, {"mode": "async", "plan": PARALLEL, "kv": "keep"},
+                    answer=lambda c, e: held.append(e["id"]))
+
+    def answer_in_reverse(c):  # once all three are out, answer the last one first
+        if len(held) == 3:
+            for call_id in reversed(held):
+                c.reply(call_id, f"result of {call_id}")
+            held.clear()
+    done = client.run(answer_in_reverse)
+    calls = [e for e in client.trace if e["type"] == "call"]
+    assert [c["call"] for c in calls] == ["slow(2)", "medium(3)", "quick(1)"]  # LPT
+    assert [c["id"] for c in calls] == ["t1", "t2", "t3"]
+    # each call went out before the next block was written, i.e. while generation went on
+    first_text_after = [i for i, e in enumerate(client.trace) if e["type"] == "call"]
+    assert first_text_after == sorted(first_text_after) and first_text_after[-1] < len(client.trace) - 1
+    assert client.kinds("intr") == [("intr", "t3"), ("intr", "t2"), ("intr", "t1")]
+    text = context_text(loop, done)
+    assert_no_interrupt_inside_a_call(text)
+    assert text.index("[INTR] t3 [HEAD] result of t3 [END]") < text.index("[INTR] t1 [HEAD] result of t1 [END]")
+    assert done["calls"] == done["interrupts"] == 3 and done["traps"] >= 1 and not done["unanswered"]
+    assert_pools_full(loop)
+
+
+@pytest.mark.parametrize("mode, order", [
+    ("sync", [("call", "t1"), ("intr", "t1"), ("call", "t2"), ("intr", "t2"), ("call", "t3"), ("intr", "t3")]),
+    ("sync-parallel", [("call", "t1"), ("call", "t2"), ("call", "t3"), ("intr", "t1"), ("intr", "t2"),
+                       ("intr", "t3")]),
+])
+def test_sync_modes_wait_as_their_baselines_do(loop, mode, order):
+    client = Client(loop, {"mode": mode, "plan": PARALLEL})
+    done = client.run()
+    assert client.kinds("call", "intr") == order
+    assert done["decisions"] == {"keep": 3 if mode == "sync" else 1}
+    assert_no_interrupt_inside_a_call(context_text(loop, done))
+
+
+def test_keep_offload_and_drop_resume_to_the_same_continuation_and_free_device_pages(loop):
+    """A dependent chain forces a trap; while the model waits, offload/drop hold no device page."""
+    results = {}
+    for policy in ("keep", "offload", "drop"):
+        seen = {}
+
+        def answer_once_waiting(c, seen=seen):
+            """Answer the calls out only while the model waits at a trap (one kv event per wait)."""
+            kv = [e for e in c.trace if e["type"] == "kv"]
+            if len(kv) == len(seen.setdefault("free", [])):
+                return  # not waiting yet, or this wait's calls are already answered
+            if policy != "keep" and loop.kv_pool.num_free != NUM_PAGES:
+                return  # the offload (or the dealloc) has not landed yet
+            seen["free"].append((loop.kv_pool.num_free, loop.host_pool.num_free, kv[-1]["pages"]))
+            for event in c.trace:
+                if event["type"] == "call" and event["id"] not in seen.setdefault("answered", set()):
+                    seen["answered"].add(event["id"])
+                    c.reply(event["id"], f"value-{event['id']}")
+        client = Client(loop, {"mode": "async", "plan": [["quick(1)", "medium(2)"]], "kv": policy},
+                        answer=lambda c, e: None)
+        done = client.run(answer_once_waiting)
+        assert len(seen["free"]) == 2
+        for free_device, free_host, pages in seen["free"]:
+            assert pages > 0
+            assert free_device == {"keep": NUM_PAGES - pages, "offload": NUM_PAGES, "drop": NUM_PAGES}[policy]
+            assert free_host == loop.info.num_host_pages - (pages if policy == "offload" else 0)
+        assert done["decisions"] == {policy: 2}
+        if policy == "keep":
+            assert done["kv_page_ms_saved"] == 0
+        results[policy] = (done["context"], [e["text"] for e in client.trace if e["type"] == "text"])
+        assert_pools_full(loop)
+    assert results["keep"] == results["offload"] == results["drop"]
+
+
+def test_user_messages_and_timeouts_become_interrupts(loop):
+    client = Client(loop, {"mode": "async", "plan": [["slow(1)"]], "call_timeout_ms": 300, "kv": "keep"},
+                    answer=lambda c, e: c.inst.inbox.push(json.dumps({"type": "user", "text": "also say hi"})))
+    done = client.run()
+    intrs = {e["id"]: e["value"] for e in client.trace if e["type"] == "intr"}
+    assert intrs == {"user": "also say hi", "t1": "error: timeout after 300 ms"}
+    text = context_text(loop, done)
+    assert "[INTR] user [HEAD] also say hi [END]" in text
+    assert_no_interrupt_inside_a_call(text)
+
+
+def test_bad_client_messages_are_reported_and_ignored(loop):
+    client = Client(loop, {"mode": "async", "plan": [["quick(1)"]], "kv": "keep"},
+                    answer=lambda c, e: (c.inst.inbox.push("not json"), c.reply(e["id"], "fine")))
+    done = client.run()
+    assert [e["type"] for e in client.trace if e["type"] == "error"] == ["error"]
+    assert done["interrupts"] == 1
+
+
+def test_calls_over_http(loop):
+    class Tool(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            reply = f"http says {body['call']}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Tool)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(loop, {"mode": "async", "plan": PARALLEL[:2], "kv": "keep",
+                               "http_url": f"http://127.0.0.1:{server.server_port}/call"},
+                        answer=lambda c, e: pytest.fail("a call went over messages"))
+        done = client.run()
+    finally:
+        server.shutdown()
+    assert all(e.get("via") == "http" for e in client.trace if e["type"] == "call")
+    assert sorted(e["value"] for e in client.trace if e["type"] == "intr") == ["http says quick(1)",
+                                                                               "http says slow(2)"]
+    assert done["interrupts"] == 2
+
+
+def test_oven_asynclm_on_the_embedded_model():
+    """The README's main job: exits 0 and its trace shows calls and interrupts."""
+    proc = subprocess.run([sys.executable, "-m", "oven.control.cli", "asynclm", "--answer-tokens", "8"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("⇢ call") == 3 and proc.stdout.count("⇠ interrupt") == 3
+    assert re.search(r"calls 3, interrupts 3", proc.stdout)
