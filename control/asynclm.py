@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -75,9 +76,14 @@ class Session:
 
 
 def run_session(client: OvenClient, program: str, workload: Workload, spec: dict,
-                on_event: Callable[[dict], None] = lambda e: None, timeout_s: float = 60.0) -> Session:
-    """Launch the inferlet with ``spec``, execute its calls until it exits; the whole trace."""
-    results: queue.Queue[dict] = queue.Queue()  # executor threads -> this thread (the socket's owner)
+                on_event: Callable[[dict], None] = lambda e: None, timeout_s: float = 60.0,
+                results: queue.Queue | None = None) -> Session:
+    """Launch the inferlet with ``spec``, execute its calls until it exits; the whole trace.
+
+    ``results`` carries messages for the instance from other threads (the executor's answers,
+    a user's interrupts): only this thread may use the client's socket.
+    """
+    results = results or queue.Queue()
 
     def answered(call_id: str, value: str, ok: bool) -> None:
         results.put({"type": "result", "id": call_id, "value": value, "ok": ok})
@@ -102,6 +108,15 @@ def run_session(client: OvenClient, program: str, workload: Workload, spec: dict
                 break
         session.timings = executor.timings()
     return session
+
+
+def read_user_interrupts(into: queue.Queue) -> None:
+    """Lines typed on stdin go to the instance as user interrupts (a daemon thread)."""
+    def read() -> None:
+        for line in sys.stdin:
+            if line.strip():
+                into.put({"type": "user", "text": line.strip()})
+    threading.Thread(target=read, daemon=True, name="stdin").start()
 
 
 class StreamPrinter:

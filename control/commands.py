@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import queue
 import subprocess
 import sys
 import time
@@ -115,7 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_asynclm(args: argparse.Namespace) -> int:
-    from .asynclm import StreamPrinter, bfcl_workloads, demo_workload, run_session, session_spec, summary_lines
+    from .asynclm import (StreamPrinter, bfcl_workloads, demo_workload, read_user_interrupts, run_session,
+                          session_spec, summary_lines)
 
     try:
         path, name = resolve_program("asynclm")
@@ -133,9 +135,14 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
     spec = session_spec(workload, args.mode, stateless=args.stateless or None, kv=args.kv,
                         max_tokens=args.max_tokens, answer_tokens=args.answer_tokens)
     print(f"task: {workload.task}", flush=True)
+    outgoing = queue.Queue()
+    if sys.stdin.isatty():
+        read_user_interrupts(outgoing)
+        print("(type a line and press Enter to interrupt the model with it)", file=sys.stderr)
     try:
         with connected(args.server, args.model) as client:
-            session = run_session(client, client.upload_file(path, name), workload, spec, StreamPrinter())
+            session = run_session(client, client.upload_file(path, name), workload, spec, StreamPrinter(),
+                                  results=outgoing)
     except (ControlRequestError, RuntimeError, TimeoutError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -143,6 +150,9 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
         print(f"oven: asynclm failed: {session.error}", file=sys.stderr)
         return session.exit_code or EXIT_FAILURE
     print("\n--- " + "\n    ".join(summary_lines(session.summary)))
+    if not session.summary.get("calls"):
+        print("oven: the model made no calls (a 135M model rarely writes CML unprompted; without a TASK "
+              "the demo pins its calls)", file=sys.stderr)
     return 0
 
 

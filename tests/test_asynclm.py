@@ -156,12 +156,17 @@ def test_user_messages_and_timeouts_become_interrupts(loop):
     assert_no_interrupt_inside_a_call(text)
 
 
-def test_bad_client_messages_are_reported_and_ignored(loop):
-    client = Client(loop, {"mode": "async", "plan": [["quick(1)"]], "kv": "keep"},
-                    answer=lambda c, e: (c.inst.inbox.push("not json"), c.reply(e["id"], "fine")))
+def test_bad_client_messages_are_reported_and_plain_text_is_a_user_interrupt(loop):
+    def answer(c, e):
+        for text in ('{"type": "mystery"}', '{"type": "result"}', "plain words"):
+            c.inst.inbox.push(text)
+        c.reply(e["id"], "fine")
+    client = Client(loop, {"mode": "async", "plan": [["quick(1)"]], "kv": "keep"}, answer=answer)
     done = client.run()
-    assert [e["type"] for e in client.trace if e["type"] == "error"] == ["error"]
-    assert done["interrupts"] == 1
+    errors = [e["error"] for e in client.trace if e["type"] == "error"]
+    assert len(errors) == 2 and "unknown message type 'mystery'" in errors[0] and "'id'" in errors[1]
+    assert {e["id"]: e["value"] for e in client.trace if e["type"] == "intr"} == {"user": "plain words", "t1": "fine"}
+    assert done["interrupts"] == 2
 
 
 def test_calls_over_http(loop):

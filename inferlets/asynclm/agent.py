@@ -195,11 +195,16 @@ class Agent:
             report({"type": "intr", "id": call_id, "value": value})
 
     async def _listen(self) -> None:
-        """Client messages: call results, and user messages, which become interrupts too (§6.6)."""
+        """Client messages: call results, and user messages, which become interrupts too (§6.6).
+
+        A message that is not JSON is a user's text (what `oven send ID TEXT` sends)."""
         while True:
             text = await inferlet.receive()
             try:
                 message = json.loads(text)
+            except ValueError:
+                message = {"type": "user", "text": text}
+            try:
                 kind = message["type"]
                 if kind == "result":
                     self.calls.answer(message["id"], str(message["value"]), bool(message.get("ok", True)))
