@@ -3,8 +3,8 @@
 Token i sits at position i in slot i of the context's pages. Filled tokens wait in
 ``pending`` until the next forward, so a decode step is one fused ``forward-text``
 call. Forks share full pages by reference (counted here) and copy the partial last
-page; a page shared with another context, or imported, is copied before it is
-written or masked (copy-on-write).
+page; a page shared with another context, imported or exported, is copied before
+it is written or masked (copy-on-write).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .stop import Stop
 from .tasks import OvenError
 
 _refs: dict[int, int] = {}  # page handle -> contexts holding it, for pages held by more than one
-_imported: set[int] = set()  # handles onto another inferlet's exported pages: never written
+_imported: set[int] = set()  # handles onto exported pages (imported, or our own export): never written
 
 
 def _pages_for(tokens: int) -> int:
@@ -183,6 +183,7 @@ class Context:
             kvpages.export_kvpages(self.pages[:_pages_for(len(self.tokens))], name)
         except Err as err:
             raise OvenError(err.value) from None
+        _imported.update(self.pages[:_pages_for(len(self.tokens))])  # later writes and masks copy first
         return len(self.tokens)
 
     @classmethod

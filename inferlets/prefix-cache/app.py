@@ -1,0 +1,57 @@
+"""prefix-cache: a shared prefix (a system prompt, say) forwarded once for every instance.
+
+Arguments: PREFIX SUFFIX [MAX_NEW_TOKENS=16] [--no-cache]
+
+The prefix's KV pages are exported as "prefix-cache/" + sha256 of its token ids. An instance
+that finds the export imports the pages and forwards only SUFFIX: the partial last page is
+copied before the suffix is written into it (the SDK's copy-on-write), so the export stays
+intact. One that does not forwards the prefix and exports it; the export outlives this
+instance until it is released (``oven`` keeps exports until released). Two first instances
+racing on a prefix both forward it; the later export is refused, which is fine. Greedy decoding
+of tokenize(PREFIX) + tokenize(SUFFIX). Sends one JSON message:
+{"tokens": [ids], "forwarded": tokens run through the model, "imported": bool}.
+"""
+
+import hashlib
+import json
+
+import inferlet
+
+USAGE = "usage: prefix-cache PREFIX SUFFIX [MAX_NEW_TOKENS] [--no-cache]"
+
+
+async def prefix_context(prefix: list[int], cache: bool) -> tuple[inferlet.Context, bool]:
+    name = "prefix-cache/" + hashlib.sha256(",".join(map(str, prefix)).encode()).hexdigest()
+    if cache:
+        try:
+            return inferlet.Context.imported(name, prefix), True
+        except inferlet.OvenError:  # no such export yet
+            pass
+    ctx = inferlet.Context()
+    ctx.fill_tokens(prefix)
+    await ctx.flush()
+    if cache:
+        try:
+            ctx.export(name)
+        except inferlet.OvenError:  # another instance exported it meanwhile
+            pass
+    return ctx, False
+
+
+async def main(args: list[str]) -> None:
+    cache = "--no-cache" not in args
+    args = [a for a in args if a != "--no-cache"]
+    if len(args) not in (2, 3) or (len(args) == 3 and not (args[2].isdigit() and int(args[2]) > 0)):
+        raise ValueError(USAGE)
+    prefix, suffix = inferlet.encode(args[0]), inferlet.encode(args[1])
+    if not prefix or not suffix:
+        raise ValueError("PREFIX and SUFFIX must both be non-empty")
+    ctx, imported = await prefix_context(prefix, cache)
+    with ctx:
+        ctx.fill_tokens(suffix)
+        await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=int(args[2]) if len(args) == 3 else 16))
+        forwarded = len(ctx.tokens) - (len(prefix) if imported else 0)
+        inferlet.send(json.dumps({"tokens": ctx.generated, "forwarded": forwarded, "imported": imported}))
+
+
+WitWorld = inferlet.run(main)
