@@ -15,19 +15,13 @@ want_stamp() {
     cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1
 }
 
-# Python inferlets: inferlets/NAME/app.py -> inferlets/NAME/NAME.wasm, rebuilt when a source is newer.
-# sdk/python (the start/resume driver) is on every inferlet's module path.
+# Inferlets: inferlets/NAME with app.py (Python) or Cargo.toml (Rust) -> inferlets/NAME/NAME.wasm.
+# `oven build` (control/build.py) skips a folder whose output is newer than its sources
+# (the folder, its SDK under sdk/, proto/wit), so a run with nothing changed costs one process each.
 build_python_inferlets() {
-    for app in inferlets/*/app.py; do
-        [ -e "$app" ] || continue
-        dir=$(dirname "$app"); name=$(basename "$dir"); out="$dir/$name.wasm"
-        if [ -f "$out" ] && [ -z "$(find "$dir" sdk/python proto/wit -newer "$out" \( -name '*.py' -o -name '*.wit' \) | head -1)" ]; then
-            continue
-        fi
-        say "building inferlet $name (componentize-py)"
-        .venv/bin/componentize-py -d proto/wit -w inferlet componentize -p "$dir" -p sdk/python app -o "$out.tmp" >/dev/null
-        mv "$out.tmp" "$out"
-    done
+    local dirs=() app
+    for app in inferlets/*/app.py; do [ -e "$app" ] && dirs+=("$(dirname "$app")"); done
+    [ ${#dirs[@]} -eq 0 ] || .venv/bin/oven build --quiet "${dirs[@]}"
 }
 
 # Rust inferlets: Debian's toolchain is the only offline one with a wasm32 std (see DESIGN.md).
@@ -39,16 +33,11 @@ ensure_rust_toolchain() {
 }
 
 build_rust_inferlets() {
-    for manifest in inferlets/*/Cargo.toml; do
-        [ -e "$manifest" ] || continue
-        dir=$(dirname "$manifest"); name=$(basename "$dir"); out="$dir/$name.wasm"
-        if [ -f "$out" ] && [ -z "$(find "$dir/src" sdk/rust proto/wit "$manifest" -newer "$out" -type f | head -1)" ]; then
-            continue
-        fi
-        ensure_rust_toolchain
-        say "building inferlet $name (cargo + wasm-tools)"
-        bash "$dir/build.sh" 2>&1 | sed 's/^/    /' >&2
-    done
+    local dirs=() manifest
+    for manifest in inferlets/*/Cargo.toml; do [ -e "$manifest" ] && dirs+=("$(dirname "$manifest")"); done
+    [ ${#dirs[@]} -eq 0 ] && return
+    ensure_rust_toolchain
+    .venv/bin/oven build --quiet "${dirs[@]}"
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && .venv/bin/python -c "import oven.inference, torch" 2>/dev/null; then

@@ -7,7 +7,8 @@
 * ``oven generate PROMPT`` - greedy chat completion straight over the inference protocol;
 * ``oven inference`` - run an inference process alone, in the foreground;
 * ``oven info`` - what a running inference process serves;
-* ``oven prepare-model [SPEC]`` - convert/cache a model ahead of time (setup uses it).
+* ``oven prepare-model [SPEC]`` - convert/cache a model ahead of time (setup uses it);
+* ``oven build DIR...`` / ``oven new NAME`` - build an inferlet folder into NAME.wasm / start one.
 """
 
 from __future__ import annotations
@@ -126,6 +127,50 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(message: str) -> None:
+    print(f"oven: {message}", file=sys.stderr, flush=True)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .build import BuildError, build
+
+    if args.output and len(args.dirs) > 1:
+        print("oven build: -o/--output takes one DIR", file=sys.stderr)
+        return EXIT_USAGE
+    failed = []
+    for folder in args.dirs:
+        try:
+            built = build(Path(folder), Path(args.output) if args.output else None, force=args.force, log=_say)
+            if not built and not args.quiet:
+                _say(f"{folder}: up to date")
+        except BuildError as exc:
+            print(f"oven: error: {exc}", file=sys.stderr, flush=True)
+            failed.append(folder)
+    if failed and len(args.dirs) > 1:
+        print(f"oven: {len(failed)} of {len(args.dirs)} failed: {' '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .build import BuildError, new_inferlet
+
+    try:
+        folder = new_inferlet(args.lang, args.name, Path(args.dir))
+    except BuildError as exc:
+        print(f"oven: error: {exc}", file=sys.stderr)
+        return 1
+    shown = folder.relative_to(Path.cwd()) if folder.is_relative_to(Path.cwd()) else folder
+    main_file = "app.py" if args.lang == "python" else "src/lib.rs"
+    print(f"created {shown}/ ({args.lang}); edit {shown}/{main_file}, then\n"
+          f"  oven build {shown}\n"
+          f"  oven run {shown}/{args.name}.wasm -- \"Why is the sky blue?\"")
+    return 0
+
+
 def _add_client_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server", default=DEFAULT_CONTROL_ENDPOINT, metavar="ENDPOINT",
                         help=f"control endpoint of a running `oven serve` (default {DEFAULT_CONTROL_ENDPOINT})")
@@ -197,6 +242,29 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("text", metavar="TEXT")
     _add_client_args(send)
     send.set_defaults(func=commands.cmd_send)
+
+    build = sub.add_parser(
+        "build", help="build inferlet folders into components (DIR/NAME.wasm)",
+        description="Build each DIR into DIR/NAME.wasm (NAME: the folder's name). A folder with app.py is a "
+                    "Python inferlet (componentize-py, with sdk/python); one with Cargo.toml is a Rust inferlet "
+                    "(Debian's cargo for wasm32-unknown-unknown, then wasm-tools). Skips a folder whose output "
+                    "is newer than every source (its files, the SDK and proto/wit) unless --force.",
+        epilog="environment: OVEN_COMPONENTIZE_PY, OVEN_CARGO, OVEN_RUSTC override the toolchain's paths "
+               "(defaults: the venv's componentize-py, /usr/bin/cargo, /usr/bin/rustc).")
+    build.add_argument("dirs", nargs="+", metavar="DIR", help="an inferlet folder")
+    build.add_argument("-o", "--output", metavar="OUT", help="write the component here (one DIR only)")
+    build.add_argument("--force", action="store_true", help="build even when the output is up to date")
+    build.add_argument("-q", "--quiet", action="store_true", help="say nothing about up-to-date folders")
+    build.set_defaults(func=cmd_build)
+
+    new = sub.add_parser(
+        "new", help="start an inferlet from a template",
+        description="Create PARENT/NAME/ holding a chat-completion inferlet that `oven build PARENT/NAME` builds "
+                    "and `oven run PARENT/NAME/NAME.wasm -- PROMPT` runs.")
+    new.add_argument("name", metavar="NAME", help="the inferlet's name: a letter, then letters, digits, - or _")
+    new.add_argument("--lang", choices=("python", "rust"), default="python", help="default %(default)s")
+    new.add_argument("--dir", default=".", metavar="PARENT", help="where to create NAME/ (default: here)")
+    new.set_defaults(func=cmd_new)
 
     prep = sub.add_parser("prepare-model", help="convert and cache a model ahead of time")
     prep.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
