@@ -32,7 +32,7 @@ def expected_run(prompt: list[int], greedy: list[int], end: frozenset[int], max_
     while len(out) < max_new and out[-1] not in end:
         draft = ngram.lookup(prompt + out, max_n, min(k, max_new - len(out) - 1))
         agree = 0
-        while agree < len(draft) and draft[agree] == greedy[len(out) + agree]:
+        while agree < len(draft) and len(out) + agree < len(greedy) and draft[agree] == greedy[len(out) + agree]:
             agree += 1
         new = greedy[len(out):len(out) + agree + 1]
         cut = next((i + 1 for i, t in enumerate(new) if t in end), len(new))
