@@ -221,6 +221,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--detach", action="store_true", help="print the instance id and return at once")
     run.set_defaults(func=commands.cmd_run)
 
+    alm = sub.add_parser("asynclm", help="asynchronous function calling (AsyncLM) with live tool calls",
+                         description="Run the AsyncLM inferlet on TASK: the model writes function calls in CML, "
+                                     "they run concurrently on this machine while it keeps generating, and their "
+                                     "results come back as interrupts. Prints the stream live and a summary. "
+                                     "Starts an embedded server on the default model when none answers.")
+    alm.add_argument("task", nargs="?", metavar="TASK",
+                     help="the request (default: a demo task whose calls are pinned, so the small model makes them)")
+    alm.add_argument("--tools", default="demo", metavar="demo|bfcl:KIND",
+                     help="demo tools, or a BFCL workload: bfcl:parallel, bfcl:live_parallel, bfcl:multi_turn, "
+                          "bfcl:multi_step_parallel (default %(default)s)")
+    alm.add_argument("--sample", type=int, default=0, help="which BFCL sample (default %(default)s)")
+    alm.add_argument("--mode", default="async", choices=["async", "async-naive", "sync", "sync-parallel"])
+    alm.add_argument("--stateless", action="store_true", help="sync modes: re-prefill after every call")
+    alm.add_argument("--kv", default="auto", choices=["auto", "keep", "offload", "drop"],
+                     help="KV cache while waiting at a trap (default %(default)s: by measured cost models)")
+    alm.add_argument("--no-plan", action="store_true",
+                     help="let the model choose its calls (the plan pins the sample's calls, like the paper's "
+                          "cheat sheet; every token is still a real decode step)")
+    alm.add_argument("--max-tokens", type=int, default=256)
+    alm.add_argument("--answer-tokens", type=int, default=48, help="free tokens after the pinned calls")
+    _add_client_args(alm)
+    alm.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
+    alm.set_defaults(func=commands.cmd_asynclm)
+
     upload = sub.add_parser("upload", help="upload a program")
     upload.add_argument("program", metavar="PROGRAM", help="an inferlet name from inferlets/, or a .wasm path")
     upload.add_argument("--name", help="name to launch it by (default: the file's stem)")
