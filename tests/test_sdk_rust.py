@@ -7,8 +7,14 @@ in the crate itself (``cargo test`` in sdk/rust/oven).
 from __future__ import annotations
 
 import pytest
-from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
-
+from harness import (
+    assert_pools_full,
+    control_loop,
+    direct_greedy,
+    messages,
+    run,
+    tiny_inference,
+)
 from oven.control.runtime.instance import State
 from oven.control.tokenizer import Tokenizer
 

@@ -13,6 +13,9 @@ use crate::model::{detokenize, render_chat, tokenize};
 use crate::pages::PageTable;
 use crate::{spawn, HostFuture, Sampler, Stop};
 
+/// While generating, pages are allocated this many tokens ahead of need (4 pages of 16).
+const ALLOC_AHEAD_TOKENS: usize = 64;
+
 /// A token sequence being generated, with its KV cache.
 ///
 /// Dropping it frees what it alone holds: its pages (shared ones stay with the contexts that
@@ -27,7 +30,9 @@ pub struct Context {
     pages: PageTable,
     /// `dropped[i]`: token i is hidden from later forwards (empty until `drop_range` is used).
     dropped: Vec<bool>,
-    /// A page allocated ahead of need (see `prefetch_page`).
+    /// While `generate` runs: the length it may reach, so pages are allocated ahead in chunks.
+    planned_len: usize,
+    /// Pages allocated ahead of need (see `prefetch_pages`).
     spare: Option<HostFuture<Vec<u32>>>,
     /// Calls issued without waiting (copies, masks, frees), checked after the next forward:
     /// issued earlier on the same queue, they have completed by then.
@@ -56,6 +61,7 @@ impl Context {
             num_committed: 0,
             pages: PageTable::default(),
             dropped: Vec::new(),
+            planned_len: 0,
             spare: None,
             side_calls: Vec::new(),
         }
@@ -135,7 +141,7 @@ impl Context {
         let decoding = self.num_pending() == 1;
         let mut dists = self.forward(self.token_ids.len(), Some(top_k)).await?;
         if decoding {
-            self.prefetch_page();
+            self.prefetch_pages();
         }
         match dists.pop() {
             Some(dist) if !dist.token_ids.is_empty() => Ok(dist),
@@ -153,19 +159,26 @@ impl Context {
 
     /// Decode until `stop`; the new tokens, a final stop token included.
     pub async fn generate_tokens<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<Vec<u32>, String> {
-        let stop_token_ids = stop.stop_token_ids();
+        self.planned_len = self.token_ids.len() + stop.max_new_tokens();
         let mut generated = Vec::new();
+        let result = self.decode_until(sampler, stop, &mut generated).await;
+        self.planned_len = 0;
+        result.map(|()| generated)
+    }
+
+    async fn decode_until<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop, generated: &mut Vec<u32>) -> Result<(), String> {
+        let stop_token_ids = stop.stop_token_ids();
         while generated.len() < stop.max_new_tokens() {
             let token = self.decode_step(sampler).await?;
             generated.push(token);
             if stop_token_ids.contains(&token) {
                 break;
             }
-            if !stop.strings().is_empty() && stop.find_string(&detokenize(&generated)).is_some() {
+            if !stop.strings().is_empty() && stop.find_string(&detokenize(generated)).is_some() {
                 break;
             }
         }
-        Ok(generated)
+        Ok(())
     }
 
     /// Decode until `stop`; the new text, without stop tokens and cut before a stop string.
@@ -283,16 +296,17 @@ impl Context {
         side_calls.map(|()| dists)
     }
 
-    /// Pages for tokens `[..upto]`, and a page of our own where the forward starts writing.
+    /// Pages for tokens `[..upto]` (topped up to the planned length, see `pages_ahead`), and a page
+    /// of our own where the forward starts writing.
     async fn reserve(&mut self, upto: usize) -> Result<(), String> {
         let ps = self.page_size;
         let needed = (upto + ps - 1) / ps;
         let write_page = self.num_committed / ps;
         let copy_first = write_page < self.pages.len().min(needed) && self.pages.is_shared(write_page);
-        let missing = needed.saturating_sub(self.pages.len()) + copy_first as usize;
-        if missing == 0 {
+        if needed <= self.pages.len() && !copy_first {
             return Ok(());
         }
+        let missing = needed.max(self.pages_ahead(upto)).saturating_sub(self.pages.len()) + copy_first as usize;
         let mut fresh = match self.spare.take() {
             Some(spare) => spare.await?,
             None => Vec::new(),
@@ -310,6 +324,14 @@ impl Context {
         Ok(())
     }
 
+    /// How many pages to hold once `upto` tokens are in: while generating, enough for the planned
+    /// length but at most `ALLOC_AHEAD_TOKENS` past `upto` (one allocation per few pages, not per
+    /// page, without holding a long budget's pages that an early stop would never use).
+    fn pages_ahead(&self, upto: usize) -> usize {
+        let target = self.planned_len.min(upto + ALLOC_AHEAD_TOKENS).max(upto);
+        (target + self.page_size - 1) / self.page_size
+    }
+
     /// Put `page` in place of shared page `index`, copying the forwarded tokens it holds.
     fn copy_on_write(&mut self, index: usize, page: u32) {
         let ps = self.page_size;
@@ -321,13 +343,20 @@ impl Context {
         self.pages.replace(index, page); // shared, so never freed here
     }
 
-    /// While decoding, allocate the next page once the last one is half full, so a decode step
+    /// While decoding, allocate the next pages once the last one is half full, so a decode step
     /// never waits for an allocation. On queue 0: its fresh-page masking then runs apart from
     /// this context's forwards instead of in front of the next one.
-    fn prefetch_page(&mut self) {
+    fn prefetch_pages(&mut self) {
         let free_slots = self.pages.len() * self.page_size - self.num_committed;
-        if self.spare.is_none() && free_slots <= self.page_size / 2 {
-            self.spare = Some(HostFuture::handles(kvpages::alloc_kvpages(0, 1)).checking_first());
+        if self.spare.is_some() || free_slots > self.page_size / 2 {
+            return;
+        }
+        let count = match self.planned_len {
+            0 => 1, // decode steps driven by the caller: one page at a time
+            _ => self.pages_ahead(self.num_committed).saturating_sub(self.pages.len()),
+        };
+        if count > 0 {
+            self.spare = Some(HostFuture::handles(kvpages::alloc_kvpages(0, count as u32)).checking_first());
         }
     }
 
