@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from oven.control.commands import INFERLETS_DIR
-from oven.control.config import ControlConfig
+from oven.control.config import ControlConfig, default_program_dir
 from oven.control.generate import greedy_generate
 from oven.control.inference_process import private_endpoint, start_inference_process
 from oven.control.runtime.loop import ControlLoop
@@ -15,6 +16,9 @@ from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
 
 NUM_PAGES, NUM_EMBEDS = 256, 2048
+# Compiled programs persist between test runs (keyed by content hash, wasmtime version and engine
+# settings), so a Python inferlet is compiled (~10 s) only the first time a run sees it.
+PROGRAM_DIR = str(Path(default_program_dir()).parent / "test-programs")
 
 
 def built(name: str) -> bytes:
@@ -33,10 +37,11 @@ def tiny_inference(**overrides):
 
 
 @contextmanager
-def control_loop(inference, program_dir: str, programs: list[str], **overrides):
-    """A ControlLoop with ``programs`` stored; every event it emits is kept in ``loop.events``."""
+def control_loop(inference, program_dir: str | None, programs: list[str], **overrides):
+    """A ControlLoop with ``programs`` stored (in PROGRAM_DIR if ``program_dir`` is None); every event it
+    emits is kept in ``loop.events``."""
     events = []
-    config = ControlConfig(**{**dict(program_dir=program_dir, slice_ms=1000, instance_memory_mib=192,
+    config = ControlConfig(**{**dict(program_dir=program_dir or PROGRAM_DIR, slice_ms=1000, instance_memory_mib=192,
                                      max_kv_pages_per_instance=32), **overrides})
     loop = ControlLoop(inference.client(), config,
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))

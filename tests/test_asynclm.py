@@ -26,8 +26,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["asynclm"],
+def loop(inference):
+    with control_loop(inference, None, ["asynclm"],
                       http_allow="127.0.0.1") as control:
         yield control
 

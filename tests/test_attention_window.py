@@ -24,8 +24,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["attention-window"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["attention-window"]) as control:
         yield control
 
 

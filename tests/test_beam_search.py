@@ -27,8 +27,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["beam-search"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["beam-search"]) as control:
         yield control
 
 

@@ -35,8 +35,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["prefix-cache"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["prefix-cache"]) as control:
         yield control
 
 

@@ -98,8 +98,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["react-agent"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["react-agent"]) as control:
         yield control
 
 

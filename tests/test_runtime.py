@@ -16,8 +16,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")),
+def loop(inference):
+    with control_loop(inference, None,
                       ["hello-python", "hello-rust", "hostile"]) as control:
         yield control
 

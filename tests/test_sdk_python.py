@@ -66,8 +66,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["text-completion"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["text-completion"]) as control:
         yield control
 
 

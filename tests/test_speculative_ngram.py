@@ -50,8 +50,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["speculative-ngram"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["speculative-ngram"]) as control:
         yield control
 
 

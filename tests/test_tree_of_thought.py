@@ -68,8 +68,8 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), ["tree-of-thought"]) as control:
+def loop(inference):
+    with control_loop(inference, None, ["tree-of-thought"]) as control:
         yield control
 
 
