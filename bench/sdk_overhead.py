@@ -24,7 +24,7 @@ and overhead = SDK - raw twin is the median of the per-round differences (so
 drift between rounds cancels). Goals: Python SDK <= 300 us/token of loop CPU;
 Rust SDK overhead <= 50 us/token of loop CPU.
 
-    .venv/bin/python bench/sdk_overhead.py              # about a minute on 2 cores
+    .venv/bin/python bench/sdk_overhead.py              # about 2 minutes on 2 cores
     .venv/bin/python bench/sdk_overhead.py --instances 1 --tokens 128
 """
 
@@ -79,8 +79,8 @@ def parse_args() -> argparse.Namespace:
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     add = parser.add_argument
     add("--instances", type=int, nargs="+", default=[1, 32], help="concurrent instances (default 1 32)")
-    add("--tokens", type=int, default=64, help="tokens per instance (default %(default)s)")
-    add("--rounds", type=int, default=5, help="interleaved rounds; medians are kept (default %(default)s)")
+    add("--tokens", type=int, default=128, help="tokens per instance (default %(default)s)")
+    add("--rounds", type=int, default=7, help="interleaved rounds; medians are kept (default %(default)s)")
     add("--base-ms", type=float, default=5.0, help="fake device ms per batch (default %(default)s)")
     add("--per-item-ms", type=float, default=0.05, help="fake device ms per batch item (default %(default)s)")
     add("--program-dir", default=str(Path(default_program_dir()).parent / "bench-programs"),
@@ -164,6 +164,10 @@ def paired(sdk: list[dict], raw: list[dict], key: str) -> tuple[float, float, fl
     return statistics.median(diffs), min(diffs), max(diffs)
 
 
+def paired_ratio(sdk: list[dict], raw: list[dict], key: str) -> float:
+    return statistics.median(a[key] / b[key] for a, b in zip(sdk, raw))
+
+
 def goal_for(case: Case, loop_us: float, overhead_us: float) -> tuple[str, bool]:
     if case.language == "Rust":
         return f"overhead <= {RUST_SDK_OVERHEAD_GOAL_US:.0f}", overhead_us <= RUST_SDK_OVERHEAD_GOAL_US
@@ -184,10 +188,11 @@ def table(cases: list[Case], samples: dict, args) -> tuple[str, list[str]]:
                 slice_diff, _, _ = paired(rounds, raw, "slices")
                 goal, ok = goal_for(case, loop_us, loop_diff)
                 verdict = "met" if ok else "**missed**"
-                row[6:] = [f"{loop_us / median_of(raw, 'loop'):.2f}x", f"{loop_diff:+.0f} [{low:+.0f}, {high:+.0f}]",
+                ratio = paired_ratio(rounds, raw, "loop")
+                row[6:] = [f"{ratio:.2f}x", f"{loop_diff:+.0f} [{low:+.0f}, {high:+.0f}]",
                            f"{slice_diff:+.0f}", f"{goal}: {verdict}"]
-                verdicts.append(f"{case.label}, {num} instances: loop {loop_us:.0f} us/token = "
-                                f"{loop_us / median_of(raw, 'loop'):.2f}x {case.raw_twin}; SDK - raw {loop_diff:+.0f} us/token "
+                verdicts.append(f"{case.label}, {num} instances: loop {loop_us:.0f} us/token, {ratio:.2f}x "
+                                f"{case.raw_twin}; SDK - raw {loop_diff:+.0f} us/token "
                                 f"of loop CPU, {slice_diff:+.0f} in the slices [{goal}: {verdict}]")
             rows.append(row)
     headers = ["inferlet", "instances", "loop us/token", "of which slices", "launch() us/token", "tokens/s",
@@ -223,7 +228,11 @@ def main() -> int:
     body, verdicts = table(cases, samples, args)
     for line in verdicts:
         print(line)
-    sections = [intro, *notes, body, "\n".join(f"- {v}" for v in verdicts)]
+    reading = ("At 1 instance every token costs a whole control-loop turn (dispatch, a ZeroMQ round trip, the "
+               "reply), which no inferlet can amortise: even the raw Python loop is above the Python goal there, and "
+               "rounds swing by a few hundred us on a busy machine (see [min, max]). The slices column isolates what "
+               "an SDK adds inside the inferlet.")
+    sections = [intro, *notes, body, "\n".join(f"- {v}" for v in verdicts), reading]
     print(f"\nwrote {write_results('sdk_overhead', 'SDK overhead: text completion on the SDKs vs the raw API', sections)}")
     return 0
 
