@@ -13,6 +13,8 @@ use crate::model::{detokenize, render_chat, tokenize};
 use crate::pages::PageTable;
 use crate::{spawn, HostFuture, Sampler, Stop};
 
+mod edit;
+
 /// While generating, pages are allocated this many tokens ahead of need (4 pages of 16).
 const ALLOC_AHEAD_TOKENS: usize = 64;
 
@@ -193,82 +195,6 @@ impl Context {
         Ok(text)
     }
 
-    /// A copy that continues independently, on a queue of its own. Pending tokens are flushed
-    /// first; full pages are then shared (by reference) and the partial last page is copied.
-    pub async fn fork(&mut self) -> Result<Context, String> {
-        self.flush().await?;
-        let num_full = self.num_committed / self.page_size;
-        let num_partial = self.num_committed % self.page_size;
-        let mut child = Context::with_priority(self.priority);
-        child.token_ids = self.token_ids.clone();
-        child.num_committed = self.num_committed;
-        child.dropped = self.dropped.clone();
-        child.pages = self.pages.share_prefix(num_full);
-        if num_partial > 0 {
-            // On the parent's queue, after its writes, and awaited before the child forwards.
-            let page = HostFuture::handles(kvpages::alloc_kvpages(self.queue, 1)).await?[0];
-            child.pages.push(page); // the child frees it, even if the copy fails
-            let src = self.pages.handles()[num_full];
-            HostFuture::unit(kvpages::copy_kvpage(self.queue, src, page, 0, 0, num_partial as u32)).await?;
-        }
-        Ok(child)
-    }
-
-    /// Hide tokens `[start, end)` from every later forward (their K/V stay; positions do not
-    /// shift). The last token cannot be dropped: the next decode step feeds it.
-    pub async fn drop_range(&mut self, start: usize, end: usize) -> Result<(), String> {
-        self.set_dropped(start, end, true).await
-    }
-
-    /// Show tokens `[start, end)` again after [`Context::drop_range`].
-    pub async fn undrop_range(&mut self, start: usize, end: usize) -> Result<(), String> {
-        self.set_dropped(start, end, false).await
-    }
-
-    async fn set_dropped(&mut self, start: usize, end: usize, dropped: bool) -> Result<(), String> {
-        let len = self.token_ids.len();
-        if start > end || end >= len {
-            return Err(format!("[{}, {}) is not a range of tokens before the last of {}", start, end, len));
-        }
-        if start == end {
-            return Ok(());
-        }
-        self.flush().await?; // now every token but the last is in the pages
-        self.dropped.resize(len, false);
-        self.dropped[start..end].iter_mut().for_each(|d| *d = dropped);
-        let ps = self.page_size;
-        let touched = start / ps..(end + ps - 1) / ps;
-        let shared: Vec<usize> = touched.clone().filter(|i| self.pages.is_shared(*i)).collect();
-        if !shared.is_empty() {
-            let fresh = HostFuture::handles(kvpages::alloc_kvpages(self.queue, shared.len() as u32)).await?;
-            for (index, page) in shared.into_iter().zip(fresh) {
-                self.copy_on_write(index, page);
-            }
-        }
-        for index in touched {
-            // Slots past the forwarded tokens stay masked: a forward unmasks what it writes.
-            let row: Vec<bool> = (index * ps..(index + 1) * ps)
-                .map(|t| t >= self.num_committed || self.dropped[t])
-                .collect();
-            self.side_calls.push(kvpages::mask_kvpage(self.queue, self.pages.handles()[index], &row));
-        }
-        Ok(())
-    }
-
-    /// Keep the first `len` tokens; pages past them are let go.
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.token_ids.len() {
-            return;
-        }
-        self.token_ids.truncate(len);
-        self.dropped.truncate(len);
-        self.num_committed = self.num_committed.min(len);
-        let freed = self.pages.truncate((len + self.page_size - 1) / self.page_size);
-        if !freed.is_empty() {
-            self.side_calls.push(kvpages::dealloc_kvpages(self.queue, &freed));
-        }
-    }
-
     /// One forward-text call over the pending tokens up to `upto`; with `top_k`, the
     /// distribution after the last of them.
     async fn forward(&mut self, upto: usize, top_k: Option<u32>) -> Result<Vec<Distribution>, String> {
@@ -330,17 +256,6 @@ impl Context {
     fn pages_ahead(&self, upto: usize) -> usize {
         let target = self.planned_len.min(upto + ALLOC_AHEAD_TOKENS).max(upto);
         (target + self.page_size - 1) / self.page_size
-    }
-
-    /// Put `page` in place of shared page `index`, copying the forwarded tokens it holds.
-    fn copy_on_write(&mut self, index: usize, page: u32) {
-        let ps = self.page_size;
-        let count = self.num_committed.saturating_sub(index * ps).min(ps) as u32;
-        if count > 0 {
-            let src = self.pages.handles()[index];
-            self.side_calls.push(kvpages::copy_kvpage(self.queue, src, page, 0, 0, count));
-        }
-        self.pages.replace(index, page); // shared, so never freed here
     }
 
     /// While decoding, allocate the next pages once the last one is half full, so a decode step
