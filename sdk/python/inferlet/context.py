@@ -32,6 +32,7 @@ class Context:
         self.tokens: list[int] = []   # forwarded: their K/V is in the pages
         self.pending: list[int] = []  # filled, forwarded with the next step
         self.pages: list[int] = []
+        self.page_size = host.page_size()
         self._hidden: set[int] = set()
 
     def __len__(self) -> int:
@@ -55,8 +56,6 @@ class Context:
 
     async def next_dist(self, top_k: int = 0):
         """Forward the pending tokens; the distribution after the last (``token_ids``, ``probs``)."""
-        if not self.pending:
-            raise ValueError("nothing to forward: fill the context first")
         (dist,) = await self._forward([len(self.pending) - 1], top_k)
         return dist
 
@@ -73,32 +72,63 @@ class Context:
         return token
 
     async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> str:
-        """Decode until ``stop``; the text generated (end tokens and stop strings cut off)."""
+        """Decode until ``stop``; the text generated (end tokens and stop strings cut off).
+
+        The loop is ``decode_step`` written out: it is the per-token path of most inferlets,
+        and every coroutine frame costs microseconds in WebAssembly.
+        """
+        sampler = sampler or Greedy()
         end, generated, text = host.stop_tokens(), [], ""
+        top_k, sample, limit = sampler.top_k, sampler.sample, stop.max_tokens
+        eos = end if stop.eos else ()
         while True:
-            generated.append(await self.decode_step(sampler))
+            if not self._has_room():
+                await self._make_room()
+            (dist,) = await self._issue_forward([len(self.pending) - 1], top_k)
+            token = sample(dist.token_ids, dist.probs)
+            self.pending.append(token)
+            generated.append(token)
+            if len(generated) >= limit or token in eos:
+                break
             if stop.strings:
                 text = host.decode([t for t in generated if t not in end])
-            if stop.reached(generated, text, end):
-                break
+                if stop.reached(generated, text, end):
+                    break
         self.generated = generated
-        return stop.cut(text if stop.strings else host.decode([t for t in generated if t not in end]))
+        return stop.cut(host.decode([t for t in generated if t not in end]))
 
     async def generate_until(self, *strings: str, max_tokens: int = 256, sampler: Sampler | None = None) -> str:
         return await self.generate(sampler, Stop(max_tokens=max_tokens, strings=strings))
 
     async def _forward(self, output_indices: list[int], top_k: int) -> list:
+        if not self.pending:
+            raise ValueError("nothing to forward: fill the context first")
+        if not self._has_room():
+            await self._make_room()
+        return await self._issue_forward(output_indices, top_k)
+
+    def _has_room(self) -> bool:
+        """Do the pages cover the pending tokens, with none shared (nothing to allocate or copy first)?"""
+        return (-(-(len(self.tokens) + len(self.pending)) // self.page_size) <= len(self.pages)
+                and not (_refs or _imported))
+
+    async def _make_room(self) -> None:
+        start, end = len(self.tokens), len(self.tokens) + len(self.pending)
+        await self._reserve(end)
+        for index in range(start // self.page_size, _pages_for(end)):
+            await self._own(index)
+
+    def _issue_forward(self, output_indices: list[int], top_k: int):
+        """The ``forward-text`` call for the pending tokens (``_has_room`` must hold); its future."""
         tokens, start = self.pending, len(self.tokens)
         end = start + len(tokens)
-        await self._reserve(end)
-        page_size, used = host.page_size(), _pages_for(end)
-        for index in range(start // page_size, used):
-            await self._own(index)
-        handle = forward.forward_text(self.queue.id, tokens, list(range(start, end)), self.pages[:used],
-                                      end - (used - 1) * page_size, output_indices, top_k)
+        used = -(-end // self.page_size)
+        positions = [start] if end == start + 1 else list(range(start, end))
+        handle = forward.forward_text(self.queue.id, tokens, positions, self.pages[:used],
+                                      end - (used - 1) * self.page_size, output_indices, top_k)
         self.tokens += tokens
         self.pending = []
-        return await self.queue.result(handle, futures.take_dists)
+        return self.queue.result(handle, futures.take_dists)
 
     async def _reserve(self, tokens: int) -> None:
         missing = _pages_for(tokens) - len(self.pages)

@@ -8,6 +8,7 @@ Nothing here blocks: waiting is returning to the host.
 
 from __future__ import annotations
 
+import gc
 import sys
 import traceback
 
@@ -58,7 +59,9 @@ class Future:
     def __await__(self):
         if not self._done:
             yield self
-        return self.result()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 class HostFuture(Future):
@@ -66,14 +69,16 @@ class HostFuture(Future):
 
     __slots__ = ("handle", "_take")
 
-    def __init__(self, handle: int, take):
-        super().__init__()
+    def __init__(self, handle: int, take):  # written out, like the methods below: this is the per-call path
+        self._done, self._value, self._error, self._callbacks = False, None, None, []
         self.handle, self._take = handle, take
 
     def add_done_callback(self, callback) -> None:
-        if not self._done:
+        if self._done:
+            callback(self)
+        else:
             LOOP.waiting[self.handle] = self
-        super().add_done_callback(callback)
+            self._callbacks.append(callback)
 
     def complete(self) -> None:
         try:
@@ -97,10 +102,12 @@ class Task(Future):
     def _step(self) -> None:
         awaited, self._awaited = self._awaited, None
         try:
-            if awaited is not None and awaited._error is not None:
-                nxt = self._coro.throw(awaited._error)
+            if awaited is None:
+                nxt = self._coro.send(None)
+            elif awaited._error is None:
+                nxt = self._coro.send(awaited._value)
             else:
-                nxt = self._coro.send(None if awaited is None else awaited._value)
+                nxt = self._coro.throw(awaited._error)
         except StopIteration as stop:
             self.set_result(stop.value)
             return
@@ -177,6 +184,10 @@ def run(main):
 
     class Driver(wit_world.WitWorld):
         def start(self) -> list[int]:
+            # The interpreter's own objects never die: keep the collector from scanning them, and
+            # collect young objects less often (each decode step makes a few; few form cycles).
+            gc.freeze()
+            gc.set_threshold(20_000, 20, 20)
             LOOP.main = Task(main(runtime.arguments()))
             return LOOP.run_ready()
 
