@@ -32,7 +32,8 @@ def resolve_program(program: str) -> tuple[Path, str]:
     if built.is_file():
         return built, program
     if (INFERLETS_DIR / program).is_dir():
-        raise FileNotFoundError(f"inferlet {program!r} is not built yet: run setup.sh (it builds inferlets/)")
+        raise FileNotFoundError(f"inferlet {program!r} is not built yet: run `oven build inferlets/{program}` "
+                                "(setup.sh builds them all)")
     known = sorted(d.name for d in INFERLETS_DIR.iterdir() if d.is_dir()) if INFERLETS_DIR.is_dir() else []
     raise FileNotFoundError(f"{program!r} is neither a .wasm file nor an inferlet ({', '.join(known) or 'none'})")
 
