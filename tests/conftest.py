@@ -45,3 +45,22 @@ def engine_and_hf(request):
 @pytest.fixture(scope="session")
 def tiny_engine():
     return make_engine("tiny")
+
+
+@pytest.fixture(scope="module")
+def inference():
+    """A real inference process on the tiny model, one per test module."""
+    from harness import tiny_inference
+
+    with tiny_inference() as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def loop(inference, request):
+    """A ControlLoop over ``inference`` holding the module's ``PROGRAMS`` (``LOOP_CONFIG``: setting overrides)."""
+    from harness import control_loop
+
+    with control_loop(inference, None, getattr(request.module, "PROGRAMS", []),
+                      **getattr(request.module, "LOOP_CONFIG", {})) as control:
+        yield control

@@ -11,7 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from harness import NUM_PAGES, assert_pools_full, control_loop, messages, tiny_inference
+from harness import NUM_PAGES, assert_pools_full, messages
 
 from oven.control.tokenizer import Tokenizer
 
@@ -19,17 +19,8 @@ ESTIMATES = {"slow": 300, "medium": 200, "quick": 100}
 PARALLEL = [["quick(1)"], ["slow(2)"], ["medium(3)"]]
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["asynclm"],
-                      http_allow="127.0.0.1") as control:
-        yield control
+PROGRAMS = ["asynclm"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
+LOOP_CONFIG = dict(http_allow="127.0.0.1")
 
 
 class Client:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import hf_reference, make_engine
-from harness import assert_pools_full, control_loop, messages, run, tiny_inference
+from harness import assert_pools_full, messages, run
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
 
@@ -17,16 +17,7 @@ MAX_NEW, TOP_K = 16, 8
 RTOL = 1e-4  # the tiny model's probabilities are all near 1/vocab: compare them relatively
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["attention-window"]) as control:
-        yield control
+PROGRAMS = ["attention-window"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 @pytest.fixture(scope="module")

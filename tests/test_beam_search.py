@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from harness import NUM_PAGES, assert_pools_full, control_loop, messages, tiny_inference
+from harness import NUM_PAGES, assert_pools_full, messages
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
 
@@ -20,16 +20,7 @@ PROMPT = ("Beam search keeps the few most probable continuations of a prompt at 
 TOLERANCE = 1e-5  # on summed log-probabilities
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["beam-search"]) as control:
-        yield control
+PROGRAMS = ["beam-search"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def host_dists(inference, page_size: int, sequences: list[list[int]], top_k: int) -> list[list[tuple[int, float]]]:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import assert_pools_full, control_loop, direct_greedy, events_of, messages, tiny_inference
+from harness import assert_pools_full, direct_greedy, events_of, messages
 from oven.control.build import PYTHON_SDK_DIR, WIT_DIR, Inferlet
 from oven.control.tokenizer import Tokenizer
 
@@ -58,16 +58,7 @@ def rust_wasm(workdir) -> Path:
     return new_and_build(workdir, "rust", "chat-rs")
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), []) as control:
-        yield control
+PROGRAMS = []  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def expected_text(inference, loop) -> str:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from harness import (
     assert_pools_full,
-    control_loop,
     direct_greedy,
     messages,
     run,
-    tiny_inference,
 )
 from oven.control.tokenizer import Tokenizer
 
@@ -20,16 +17,7 @@ SUFFIXES = [" first", " the second branch", "", " 4"]
 MAX_NEW = 6
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["parallel-generation"]) as control:
-        yield control
+PROGRAMS = ["parallel-generation"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def record_batches(loop) -> list:

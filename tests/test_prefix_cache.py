@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 from harness import (
     assert_pools_full,
-    control_loop,
     direct_greedy,
     messages,
     run,
-    tiny_inference,
 )
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
@@ -28,16 +25,7 @@ SUFFIXES = ["User: what is a page?", "User: name a colour.", "User: count to thr
 MAX_NEW = 5
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["prefix-cache"]) as control:
-        yield control
+PROGRAMS = ["prefix-cache"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def result(loop, inst) -> dict:

@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import assert_pools_full, control_loop, events_of, messages, run, tiny_inference
+from harness import assert_pools_full, events_of, messages, run
 
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
@@ -91,16 +91,7 @@ def check_trace(inference, loop, trace: list, fills: list) -> list[str]:
     return lines
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["react-agent"]) as control:
-        yield control
+PROGRAMS = ["react-agent"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def malformed(action: str) -> str:

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, messages, run
 
 from oven.control.runtime.instance import State
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None,
-                      ["hello-python", "hello-rust", "hostile"]) as control:
-        yield control
+PROGRAMS = ["hello-python", "hello-rust", "hostile"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 @pytest.mark.parametrize("program", ["hello-python", "hello-rust"])

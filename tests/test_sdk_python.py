@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness import assert_pools_full, control_loop, direct_greedy, events_of, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, events_of, messages, run
 
 SDK = Path(__file__).resolve().parent.parent / "sdk" / "python" / "inferlet"
 
@@ -59,16 +59,7 @@ def test_stop_conditions():
     assert s.cut("a\n\nb") == "a"
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["text-completion"]) as control:
-        yield control
+PROGRAMS = ["text-completion"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def test_text_completion_equals_direct_greedy(loop, inference):

@@ -9,11 +9,9 @@ from __future__ import annotations
 import pytest
 from harness import (
     assert_pools_full,
-    control_loop,
     direct_greedy,
     messages,
     run,
-    tiny_inference,
 )
 from oven.control.runtime.instance import State
 from oven.control.tokenizer import Tokenizer
@@ -25,16 +23,7 @@ PARTIAL_PAGE_PROMPT = "Once upon a time, in a land far away, there lived a"
 FULL_PAGE_PROMPT = "One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen"
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    with control_loop(inference, str(tmp_path_factory.mktemp("programs")), [PROGRAM]) as loop:
-        yield loop
+PROGRAMS = [PROGRAM]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, messages, run
 
 from oven.control.tokenizer import Tokenizer
 
@@ -43,16 +42,7 @@ def expected_run(prompt: list[int], greedy: list[int], end: frozenset[int], max_
             "acceptance_rate": accepted / drafted if drafted else 0.0, "forward_calls": forwards}
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["speculative-ngram"]) as control:
-        yield control
+PROGRAMS = ["speculative-ngram"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 # (prompt, max new tokens, max n, draft length K). The tiny random model falls into loops

@@ -14,8 +14,7 @@ import json
 import re
 from collections import Counter
 
-import pytest
-from harness import assert_pools_full, control_loop, messages, run, tiny_inference
+from harness import assert_pools_full, messages, run
 
 HINT = "2+3=5,5*4=20,20+4=24"
 BASE = ["24", "2", "3", "4", "4"]
@@ -61,16 +60,7 @@ def check_search(report: dict, numbers: list[int], target: int, width: int, beam
         assert left == [target]
 
 
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference() as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["tree-of-thought"]) as control:
-        yield control
+PROGRAMS = ["tree-of-thought"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
 def reports(loop, args_list):
