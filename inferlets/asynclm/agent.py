@@ -124,7 +124,7 @@ class Agent:
                     self.forced = inferlet.encode(TRAP_TEXT)
                     return self.forced.pop(0)
                 return None
-            if answering and "[" in self.monitor._text(token):  # a pinned plan makes no further calls
+            if answering and "[" in self.monitor.text_of(token):  # a pinned plan makes no further calls
                 continue
             if self.monitor.allowed(token):
                 return token

@@ -16,7 +16,7 @@ class Calls:
     def __init__(self, interrupts, estimate_ms, timeout_ms: int, http_url: str | None = None):
         self.interrupts, self.estimate_ms = interrupts, estimate_ms
         self.timeout_ms, self.http_url = timeout_ms, http_url
-        self.in_flight: dict[str, tuple[str, int]] = {}  # call id -> (call, dispatched at, ms)
+        self.in_flight: dict[str, tuple[str, int]] = {}  # call id -> (call, dispatched at in ms)
         self.dispatched = 0
 
     def dispatch(self, call_id: str, call: str) -> None:

@@ -225,6 +225,10 @@ class TokenMonitor:
             return END[len(self._held):]
         return None
 
+    def text_of(self, token_id: int) -> str:
+        """A token's text (memoised)."""
+        return self._text(token_id)
+
     def _text(self, token_id: int) -> str:
         text = self._text_by_token_id.get(token_id)
         if text is None:
