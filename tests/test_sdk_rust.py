@@ -82,6 +82,30 @@ def test_sampled_forks_equal_solo_runs_with_their_seeds(loop, prompt):
     assert_pools_full(loop)
 
 
+@pytest.mark.parametrize("flag", ["--offload", "--evict"])
+def test_offloaded_or_evicted_prompt_continues_as_direct_greedy(loop, inference, tokenizer, flag):
+    """Offload and restore (or evict, then re-prefill) between prefill and decoding changes nothing."""
+    (got,) = completions(loop, [[PARTIAL_PAGE_PROMPT, "12", flag]])
+    assert got == expected_messages(tokenizer, direct_greedy(inference, loop, PARTIAL_PAGE_PROMPT, 12))
+    assert_pools_full(loop)
+
+
+def test_imports_of_an_export_equal_direct_runs(loop, inference, tokenizer):
+    """The exporter generates on after exporting the prompt's pages (13 tokens: a partial page, which
+    its writes must copy first); then three importers decode concurrently from those pages (their
+    writes into the shared partial page copied first too): greedy, and sampled with two seeds, each
+    the same as a run of its own without the export."""
+    greedy = expected_messages(tokenizer, direct_greedy(inference, loop, PARTIAL_PAGE_PROMPT, 12))
+    assert completions(loop, [[PARTIAL_PAGE_PROMPT, "12", "--export", "story"]]) == [greedy]
+    sampled = [[PARTIAL_PAGE_PROMPT, "24", "--temperature", "1", "--seed", str(seed)] for seed in (3, 4)]
+    imported = completions(loop, [[PARTIAL_PAGE_PROMPT, "12", "--import", "story"],
+                                  *[[*args, "--import", "story"] for args in sampled]])
+    assert imported == [greedy, *completions(loop, sampled)]
+    assert imported[1] != imported[2]
+    loop.exports.drop("story")
+    assert_pools_full(loop)
+
+
 def test_bad_arguments_end_with_an_error_message(loop):
     (inst,) = run(loop, PROGRAM, [["prompt", "--n", "0"]], timeout_s=30)
     assert (inst.state, inst.exit_code) == (State.FINISHED, 1)

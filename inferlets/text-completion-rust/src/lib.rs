@@ -9,11 +9,18 @@
 //! With --n N it makes N completions of one prompt at once: the prompt is prefilled once and
 //! forked N - 1 times (its full KV pages shared, not copied), and the N decode loops run
 //! concurrently, so the host batches their steps together. Completion i samples with seed S + i.
+//!
+//! The KV cache between prefill and decoding, to exercise the SDK end to end (any mix, in this
+//! order): --import NAME builds the context over the pages exported as NAME, which hold this
+//! prompt's tokens but the last (what a prefill forwards; see --export); --offload moves the
+//! prefilled pages to the host tier and back; --evict frees them (decoding re-prefills);
+//! --export NAME publishes them as NAME (the export outlives the instance until released).
 
 use oven::{join_all, Context, Greedy, Sampler, Stop, Temperature};
 
 const DEFAULT_MAX_NEW_TOKENS: usize = 32;
-const USAGE: &str = "usage: text-completion-rust PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--n N]";
+const USAGE: &str = "usage: text-completion-rust PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--n N] \
+                     [--import NAME] [--offload] [--evict] [--export NAME]";
 
 struct Options {
     prompt: String,
@@ -22,6 +29,10 @@ struct Options {
     temperature: f32,
     seed: u64,
     num_completions: usize,
+    import: Option<String>,
+    offload: bool,
+    evict: bool,
+    export: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -36,6 +47,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
         temperature: 0.0,
         seed: 0,
         num_completions: 1,
+        import: None,
+        offload: false,
+        evict: false,
+        export: None,
     };
     let mut positional = Vec::new();
     let mut rest = args.iter();
@@ -45,6 +60,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--temperature" => options.temperature = value(arg, rest.next())?,
             "--seed" => options.seed = value(arg, rest.next())?,
             "--n" => options.num_completions = value(arg, rest.next())?,
+            "--import" => options.import = Some(value(arg, rest.next())?),
+            "--offload" => options.offload = true,
+            "--evict" => options.evict = true,
+            "--export" => options.export = Some(value(arg, rest.next())?),
             _ if arg.starts_with("--") => return Err(format!("unknown option {}; {}", arg, USAGE)),
             _ => positional.push(arg),
         }
@@ -73,14 +92,32 @@ fn sampler(options: &Options, index: usize) -> Box<dyn Sampler> {
 
 async fn main(args: Vec<String>) -> Result<i32, String> {
     let options = parse(&args)?;
-    let mut prompt = Context::new();
-    if options.chat {
-        prompt.fill_chat(&["user"], &[options.prompt.as_str()], true);
+    let text = if options.chat {
+        oven::render_chat(&["user"], &[options.prompt.as_str()], true)
     } else {
-        prompt.fill(&options.prompt);
-    }
-    if prompt.is_empty() {
-        return Err("the prompt tokenizes to no tokens".to_string());
+        options.prompt.clone()
+    };
+    let tokens = oven::tokenize(&text);
+    let (last, prefix) = tokens.split_last().ok_or("the prompt tokenizes to no tokens")?;
+    let mut prompt = match &options.import {
+        Some(name) => Context::imported(name, prefix)?,
+        None => Context::new(),
+    };
+    prompt.fill_tokens(&tokens[prompt.len()..]);
+    if options.offload || options.evict || options.export.is_some() {
+        prompt.flush().await?; // forwards `prefix`, holds `last` for the first decode step
+        if options.offload {
+            prompt.offload().await?;
+            prompt.restore().await?;
+        }
+        if options.evict {
+            prompt.evict();
+        }
+        if let Some(name) = &options.export {
+            if prompt.export(name).await? != prefix.len() {
+                return Err(format!("export {:?} does not hold the prompt but its last token {}", name, last));
+            }
+        }
     }
     let mut contexts = Vec::with_capacity(options.num_completions);
     for _ in 1..options.num_completions {

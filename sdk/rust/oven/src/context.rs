@@ -14,6 +14,7 @@ use crate::pages::PageTable;
 use crate::{spawn, HostFuture, Sampler, Stop};
 
 mod edit;
+mod sharing;
 
 /// While generating, pages are allocated this many tokens ahead of need (4 pages of 16).
 const ALLOC_AHEAD_TOKENS: usize = 64;
@@ -126,7 +127,7 @@ impl Context {
     pub async fn flush(&mut self) -> Result<(), String> {
         let upto = self.token_ids.len().saturating_sub(1);
         if upto > self.num_committed {
-            self.forward(upto, None).await?;
+            self.forward(upto, &[], 0).await?;
         }
         Ok(())
     }
@@ -134,21 +135,42 @@ impl Context {
     /// Forward the pending tokens; the top-`top_k` distribution of the next token (0 = the
     /// server's default K). With nothing pending, the last token is forwarded again.
     pub async fn next_dist(&mut self, top_k: u32) -> Result<Distribution, String> {
+        match self.forward_pending(top_k, false).await?.pop() {
+            Some(dist) if !dist.token_ids.is_empty() => Ok(dist),
+            _ => Err("forward-text returned no distribution".to_string()),
+        }
+    }
+
+    /// Forward the pending tokens; the distribution after each of them, in order (speculative
+    /// decoding: fill the drafted tokens, check each against the distribution before it, then
+    /// `truncate` the rejected ones). With nothing pending, the last token is forwarded again.
+    pub async fn dists(&mut self, top_k: u32) -> Result<Vec<Distribution>, String> {
+        let dists = self.forward_pending(top_k, true).await?;
+        if dists.iter().any(|dist| dist.token_ids.is_empty()) {
+            return Err("forward-text returned an empty distribution".to_string());
+        }
+        Ok(dists)
+    }
+
+    /// Forward every pending token (the last one again if none is pending); the distribution
+    /// after the last, or after `each` one.
+    async fn forward_pending(&mut self, top_k: u32, each: bool) -> Result<Vec<Distribution>, String> {
         if self.num_committed == self.token_ids.len() {
             if self.num_committed == 0 {
                 return Err("the context is empty: fill it before decoding".to_string());
             }
             self.num_committed -= 1; // rewriting its K/V slot is harmless
         }
-        let decoding = self.num_pending() == 1;
-        let mut dists = self.forward(self.token_ids.len(), Some(top_k)).await?;
-        if decoding {
-            self.prefetch_pages();
+        let pending = self.num_pending() as u32;
+        let outputs: Vec<u32> = if each { (0..pending).collect() } else { vec![pending - 1] };
+        let dists = self.forward(self.token_ids.len(), &outputs, top_k).await?;
+        if pending == 1 {
+            self.prefetch_pages(); // decoding
         }
-        match dists.pop() {
-            Some(dist) if !dist.token_ids.is_empty() => Ok(dist),
-            _ => Err("forward-text returned no distribution".to_string()),
+        if dists.len() != outputs.len() {
+            return Err(format!("forward-text returned {} distributions for {} outputs", dists.len(), outputs.len()));
         }
+        Ok(dists)
     }
 
     /// One decode step: sample the next token and append it (pending); return it.
@@ -195,17 +217,15 @@ impl Context {
         Ok(text)
     }
 
-    /// One forward-text call over the pending tokens up to `upto`; with `top_k`, the
-    /// distribution after the last of them.
-    async fn forward(&mut self, upto: usize, top_k: Option<u32>) -> Result<Vec<Distribution>, String> {
+    /// One forward-text call over the pending tokens up to `upto`; the top-`top_k` distributions
+    /// after the `outputs` among them (indices counted from the first pending token).
+    async fn forward(&mut self, upto: usize, outputs: &[u32], top_k: u32) -> Result<Vec<Distribution>, String> {
         self.reserve(upto).await?;
         let first = self.num_committed;
         let ps = self.page_size;
         let num_pages = (upto + ps - 1) / ps;
         let last_page_len = (upto - (num_pages - 1) * ps) as u32;
         let positions: Vec<u32> = (first as u32..upto as u32).collect();
-        let last_output = [(upto - first - 1) as u32];
-        let outputs: &[u32] = if top_k.is_some() { &last_output } else { &[] };
         let call = forward::forward_text(
             self.queue,
             &self.token_ids[first..upto],
@@ -213,7 +233,7 @@ impl Context {
             &self.pages.handles()[..num_pages],
             last_page_len,
             outputs,
-            top_k.unwrap_or(0),
+            top_k,
         );
         let dists = HostFuture::dists(call).await;
         let side_calls = self.check_side_calls();

@@ -20,8 +20,8 @@
 //!
 //! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`].
 //! * Messages and I/O: [`send`], [`receive`], [`broadcast`], [`subscribe`], [`fetch`].
-//! * Generation: [`Context`] (fill, flush, next_dist, decode_step, generate, fork, drop_range,
-//!   truncate), samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`]) and [`Stop`].
+//! * Generation: [`Context`] (fill, flush, next_dist, dists, decode_step, generate, fork,
+//!   drop_range, truncate, offload/restore, evict, export/imported), samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`]) and [`Stop`].
 //! * The model: [`tokenize`], [`detokenize`], [`render_chat`], [`stop_tokens`], ...
 //!
 //! Errors are `String`s, as in the raw API: a failed host call's message, or the SDK's own.
@@ -50,7 +50,7 @@ pub use oven_raw::futures::{Distribution, HttpResponse};
 pub use sampler::{Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
 pub use stop::Stop;
 
-/// The raw bindings, for calls the SDK does not wrap (embeds, export/import, offload/restore).
+/// The raw bindings, for calls the SDK does not wrap (embeds, release-export, ...).
 pub use oven_raw as raw;
 
 #[doc(hidden)]

@@ -1,5 +1,5 @@
 //! Editing a [`Context`]'s KV cache: fork, hide and show tokens, truncate. Pages shared with
-//! another context are never written: they are copied first (`copy_on_write`).
+//! another context or an export are never written: they are copied first (`copy_on_write`).
 
 use oven_raw::kvpages;
 
@@ -91,6 +91,9 @@ impl Context {
             let src = self.pages.handles()[index];
             self.side_calls.push(kvpages::copy_kvpage(self.queue, src, page, 0, 0, count));
         }
-        self.pages.replace(index, page); // shared, so never freed here
+        // Our handle on an exported page is ours to free; the export keeps the page.
+        if let Some(old) = self.pages.replace(index, page) {
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue, &[old]));
+        }
     }
 }
