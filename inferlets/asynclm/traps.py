@@ -11,7 +11,8 @@ from __future__ import annotations
 import inferlet
 
 RECOMPUTE_SIZES = (32, 64, 128, 256)  # tokens prefilled to fit the recompute model
-SWAP_PAGES = (2, 8)                   # pages moved out and back to fit the swap model
+SWAP_PAGES, SWAP_ROUNDS = 16, 5       # pages moved out and back, and how often: enough to take
+                                      # many milliseconds in all (the clock counts whole ms)
 POLICIES = ("auto", "keep", "offload", "drop")
 
 
@@ -56,18 +57,16 @@ class CostModel:
                     took = inferlet.now_ms() - start
                     best = took if best is None else min(best, took)
             recompute.append((n * n, n, float(best)))
-        swap = []
-        for pages in SWAP_PAGES:
-            with inferlet.Context() as scratch:
-                scratch.fill_tokens((sample * pages * inferlet.page_size())[:pages * inferlet.page_size()])
-                await scratch.flush()
-                start = inferlet.now_ms()
+        with inferlet.Context() as scratch:
+            scratch.fill_tokens((sample * SWAP_PAGES * inferlet.page_size())[:SWAP_PAGES * inferlet.page_size()])
+            await scratch.flush()
+            start = inferlet.now_ms()
+            for _ in range(SWAP_ROUNDS):
                 await scratch.offload()
                 await scratch.restore()
-                swap.append((pages, 0, float(inferlet.now_ms() - start)))
+            swap_ms = inferlet.now_ms() - start
         a, b = _fit(recompute)
-        c, _ = _fit(swap)
-        self.coefficients = {"a": a, "b": b, "c": c}
+        self.coefficients = {"a": a, "b": b, "c": swap_ms / (SWAP_PAGES * SWAP_ROUNDS)}
 
 
 class TrapHandler:
@@ -81,7 +80,12 @@ class TrapHandler:
         if self.policy != "auto":
             return self.policy
         if self.costs.coefficients is None:
-            await self.costs.profile(ctx.tokens[:64] or [0])
+            try:
+                await self.costs.profile(ctx.tokens[:64] or [0])
+            except inferlet.OvenError as exc:  # e.g. no pages to spare for the scratch contexts
+                self.policy = "keep"
+                self.report({"type": "error", "error": f"trap handler: cannot profile ({exc}); keeping the KV cache"})
+                return "keep"
         recompute, swap = self.costs.recompute_ms(len(ctx.tokens)), self.costs.swap_ms(len(ctx.pages))
         if recompute >= expected_wait_ms and swap >= expected_wait_ms:
             return "keep"
