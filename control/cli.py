@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     alm.add_argument("--no-plan", action="store_true",
                      help="let the model choose its calls (the plan pins the sample's calls, like the paper's "
                           "cheat sheet; every token is still a real decode step)")
-    alm.add_argument("--max-tokens", type=int, default=256)
+    alm.add_argument("--max-tokens", type=int, default=256, help="tokens the model may sample (pinned ones not counted)")
     alm.add_argument("--answer-tokens", type=int, default=48, help="free tokens after the pinned calls")
     _add_client_args(alm)
     alm.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")

@@ -68,7 +68,7 @@ class Agent:
         started = inferlet.now_ms()
         inferlet.spawn(self._listen())
         answering = 0
-        while self.stats["tokens"] < self.max_tokens:
+        while self.stats["tokens"] - self.stats["forced"] < self.max_tokens:  # pinned tokens are not the model's
             if not self.monitor.in_critical_section:
                 self._inject()
                 if self.plan and not self.forced:
@@ -86,6 +86,7 @@ class Agent:
         for event in self.monitor.flush():
             await self._on(event)
         self.stats.update(wall_ms=inferlet.now_ms() - started, dispatched=self.calls.dispatched,
+                          plan_complete=self.plan.done() if self.plan else None,
                           unanswered=sorted(self.calls.in_flight), kv_page_ms_saved=self.traps.page_ms_saved,
                           cost_model=self.traps.costs.coefficients)
         if self.report_context:  # for tests: the exact token sequence the model saw

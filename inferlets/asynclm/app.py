@@ -9,7 +9,7 @@ Argument: one JSON object (the ``oven asynclm`` command builds it):
   plan            pinned calls as chains [["f(1)", "g(2)"], ["h()"]] (the paper's cheat sheet)
   kv              auto | keep | offload | drop while waiting at a trap (default auto)
   cost_model      {"a", "b", "c"}: trap-handler coefficients from an earlier run (else profiled)
-  max_tokens, answer_tokens, call_timeout_ms, http_url (send calls over HTTP instead),
+  max_tokens (sampled, not pinned), answer_tokens, call_timeout_ms, http_url (send calls over HTTP instead),
   report_context  put the final context's token ids in the done event
 
 Every event goes to the client as a JSON message: text, call, intr, trap, kv, malformed,
