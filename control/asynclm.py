@@ -18,7 +18,6 @@ from typing import Callable
 from .client import OvenClient
 from .tools import ToolExecutor, ToolRegistry, demo_registry, load_scenarios
 
-MODES = ("async", "async-naive", "sync", "sync-parallel")
 DEMO_TASK = "What is the weather in Paris and in Tokyo, and what is 250 USD in EUR?"
 DEMO_PLAN = [['get_weather(city="Paris")'], ['get_weather(city="Tokyo")'],
              ['convert_currency(amount=250, from_currency="USD", to_currency="EUR")']]
@@ -44,12 +43,11 @@ def demo_workload(task: str | None, plan: bool) -> Workload:
                     registry.latency_s)
 
 
-def bfcl_workloads(kind: str, limit: int, seed: int = 0) -> list[Workload]:
-    workloads = []
-    for scenario in load_scenarios(kind, limit=limit, seed=seed):
-        registry = scenario.build_registry()
-        workloads.append(Workload(scenario.id, scenario.question, registry, scenario.chains, registry.latency_s))
-    return workloads
+def bfcl_workload(kind: str, sample: int, seed: int = 0) -> Workload:
+    """BFCL sample number ``sample`` of ``kind``, with a fresh registry (multi-turn tools keep state)."""
+    scenario = load_scenarios(kind, limit=sample + 1, seed=seed)[sample]
+    registry = scenario.build_registry()
+    return Workload(scenario.id, scenario.question, registry, scenario.chains, registry.latency_s)
 
 
 def session_spec(workload: Workload, mode: str, **options) -> dict:

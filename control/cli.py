@@ -21,9 +21,8 @@ from oven.inference.config import DEFAULT_MODEL, InferenceConfig
 from oven.proto.config_loader import add_config_arguments
 
 from . import commands
+from .commands import EXIT_USAGE
 from .config import DEFAULT_CONTROL_ENDPOINT, ControlConfig
-
-EXIT_USAGE = 2
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from .config import ControlConfig
 from .inference_process import private_endpoint, terminate
 
 INFERLETS_DIR = Path(__file__).resolve().parent.parent / "inferlets"
-EXIT_FAILURE = 1
+EXIT_FAILURE, EXIT_USAGE = 1, 2
 
 
 def resolve_program(program: str) -> tuple[Path, str]:
@@ -74,6 +74,15 @@ class EmbeddedServer:
         terminate(self.proc, 30)
 
 
+def _resolved(program: str) -> tuple[Path, str] | None:
+    """``resolve_program``, or None once the reason is printed (the verb then exits with EXIT_USAGE)."""
+    try:
+        return resolve_program(program)
+    except FileNotFoundError as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        return None
+
+
 @contextmanager
 def connected(endpoint: str, model: str):
     """A client of the server at ``endpoint``, or of an embedded one started (and stopped) here."""
@@ -93,11 +102,9 @@ def connected(endpoint: str, model: str):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        path, name = resolve_program(args.program)
-    except FileNotFoundError as exc:
-        print(f"oven: {exc}", file=sys.stderr)
-        return 2
+    if (found := _resolved(args.program)) is None:
+        return EXIT_USAGE
+    path, name = found
     instance_id = None
     try:
         with connected(args.server, args.model) as client:
@@ -117,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_asynclm(args: argparse.Namespace) -> int:
-    from .asynclm import (StreamPrinter, bfcl_workloads, demo_workload, read_user_interrupts, run_session,
+    from .asynclm import (StreamPrinter, bfcl_workload, demo_workload, read_user_interrupts, run_session,
                           session_spec, summary_lines)
 
     try:
@@ -125,7 +132,7 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
         if args.tools == "demo":
             workload = demo_workload(args.task, plan=not args.no_plan)
         else:
-            workload = bfcl_workloads(args.tools.split(":", 1)[1], limit=args.sample + 1)[args.sample]
+            workload = bfcl_workload(args.tools.split(":", 1)[1], args.sample)
             if args.task:
                 workload.task = args.task
             if args.no_plan:
@@ -189,11 +196,9 @@ def _with_client(args: argparse.Namespace, action) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    try:
-        path, name = resolve_program(args.program)
-    except FileNotFoundError as exc:
-        print(f"oven: {exc}", file=sys.stderr)
-        return 2
+    if (found := _resolved(args.program)) is None:
+        return EXIT_USAGE
+    path, name = found
     return _with_client(args, lambda client: print(client.upload_file(path, args.name or name)))
 
 

@@ -57,7 +57,7 @@ class Agent:
         self.batch: list[tuple[str, str]] = []  # sync-parallel: calls written, sent at the trap
         self.stats = dict(tokens=0, forced=0, calls=0, interrupts=0, traps=0, generation_ms=0, overlap_ms=0,
                           wait_ms=0, decisions={})
-        self._anonymous, self._call_opened_at = 0, None
+        self._anonymous = 0
 
         cheat_sheet = [c for chain in spec.get("plan") or [] for c in chain]
         self.ctx.fill_chat([{"role": "system", "content": system_prompt(spec.get("functions", ""), cheat_sheet)},

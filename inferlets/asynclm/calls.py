@@ -20,9 +20,10 @@ class Calls:
         self.dispatched = 0
 
     def dispatch(self, call_id: str, call: str) -> None:
-        self.in_flight[call_id] = (call, inferlet.now_ms())
+        now = inferlet.now_ms()
+        self.in_flight[call_id] = (call, now)
         self.dispatched += 1
-        message = {"type": "call", "id": call_id, "call": call, "t": inferlet.now_ms()}
+        message = {"type": "call", "id": call_id, "call": call, "t": now}
         if self.http_url:  # the client only shows it
             message["via"] = "http"
             inferlet.spawn(self._over_http(call_id, call))

@@ -26,6 +26,11 @@ def _pages_for(tokens: int) -> int:
     return -(-tokens // host.page_size())
 
 
+def _shared(page: int) -> bool:
+    """Held by another context too, or exported: copied before it is written or masked."""
+    return page in _imported or _refs.get(page, 1) > 1
+
+
 class Context:
     def __init__(self, priority: int = 0, queue: Queue | None = None):
         self.queue = queue or Queue(priority)
@@ -78,9 +83,12 @@ class Context:
         and every coroutine frame costs microseconds in WebAssembly.
         """
         sampler = sampler or Greedy()
-        end, generated, text = host.stop_tokens(), [], ""
+        end, generated, shown = host.stop_tokens(), [], []  # shown: generated less end tokens
         top_k, sample, limit = sampler.top_k, sampler.sample, stop.max_tokens
         eos = end if stop.eos else ()
+        # A stop string that appears now ends in the newest token, so it lies within the last
+        # len(string) tokens (a token is at least one character): decode only those, not all.
+        tail = max(map(len, stop.strings), default=0) + 1
         while True:
             if not self._has_room():
                 await self._make_room()
@@ -90,9 +98,9 @@ class Context:
             generated.append(token)
             if len(generated) >= limit or token in eos:
                 break
-            if stop.strings:
-                text = host.decode([t for t in generated if t not in end])
-                if stop.reached(generated, text, end):
+            if stop.strings and token not in end:
+                shown.append(token)
+                if stop.reached(generated, host.decode(shown[-tail:]), end):
                     break
         self.generated = generated
         return stop.cut(host.decode([t for t in generated if t not in end]))
@@ -108,9 +116,14 @@ class Context:
         return await self._issue_forward(output_indices, top_k)
 
     def _has_room(self) -> bool:
-        """Do the pages cover the pending tokens, with none shared (nothing to allocate or copy first)?"""
-        return (-(-(len(self.tokens) + len(self.pending)) // self.page_size) <= len(self.pages)
-                and not (_refs or _imported))
+        """Do the pages cover the pending tokens, and are the ones they go to ours alone (nothing to
+        allocate or copy first)?"""
+        used = -(-(len(self.tokens) + len(self.pending)) // self.page_size)
+        if used > len(self.pages):
+            return False
+        if not (_refs or _imported):  # the common case: nothing is shared anywhere
+            return True
+        return not any(_shared(page) for page in self.pages[len(self.tokens) // self.page_size:used])
 
     async def _make_room(self) -> None:
         start, end = len(self.tokens), len(self.tokens) + len(self.pending)
@@ -138,10 +151,10 @@ class Context:
     async def _own(self, index: int) -> None:
         """Make page ``index`` this context's alone before it is written or masked."""
         page = self.pages[index]
-        if _refs.get(page, 1) == 1 and page not in _imported:
+        if not _shared(page):
             return
         (fresh,) = await self.queue.result(kvpages.alloc_kvpages(self.queue.id, 1), futures.take_handles)
-        self.queue.later(kvpages.copy_kvpage(self.queue.id, page, fresh, 0, 0, host.page_size()))
+        self.queue.later(kvpages.copy_kvpage(self.queue.id, page, fresh, 0, 0, self.page_size))
         self.pages[index] = fresh
         self._release([page])
 
@@ -152,8 +165,7 @@ class Context:
             await self.queue.synchronize()
         child = Context(priority)
         child.tokens, child.pending, child._hidden = list(self.tokens), list(self.pending), set(self._hidden)
-        page_size = host.page_size()
-        full, rest = divmod(len(self.tokens), page_size)
+        full, rest = divmod(len(self.tokens), self.page_size)
         child.pages = self.pages[:full]
         for page in child.pages:
             _refs[page] = _refs.get(page, 1) + 1
@@ -174,7 +186,7 @@ class Context:
     async def _apply_mask(self, start: int, end: int) -> None:
         if not 0 <= start < end <= len(self.tokens):
             raise ValueError(f"[{start}, {end}) is not a range of the {len(self.tokens)} forwarded tokens")
-        page_size = host.page_size()
+        page_size = self.page_size
         for index in range(start // page_size, (end - 1) // page_size + 1):
             await self._own(index)
             base = index * page_size
@@ -209,11 +221,12 @@ class Context:
     # -- sharing across inferlets -------------------------------------------------------------
     def export(self, name: str) -> int:
         """Publish the pages of the forwarded tokens under ``name``; returns how many tokens they hold."""
+        pages = self.pages[:_pages_for(len(self.tokens))]
         try:
-            kvpages.export_kvpages(self.pages[:_pages_for(len(self.tokens))], name)
+            kvpages.export_kvpages(pages, name)
         except Err as err:
             raise OvenError(err.value) from None
-        _imported.update(self.pages[:_pages_for(len(self.tokens))])  # later writes and masks copy first
+        _imported.update(pages)  # later writes and masks copy first
         return len(self.tokens)
 
     @classmethod

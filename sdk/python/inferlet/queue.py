@@ -5,7 +5,7 @@ from __future__ import annotations
 from componentize_py_types import Err
 from wit_world.imports import futures, queues
 
-from .tasks import HostFuture, poll
+from .tasks import HostFuture
 
 _idle: list[int] = []  # queues of closed contexts, reused: destroying one would fail its pending calls
 
@@ -20,9 +20,11 @@ class Queue:
     __slots__ = ("id", "_unchecked")
 
     def __init__(self, priority: int = 0, queue_id: int | None = None):
-        if queue_id is None:
-            queue_id = _idle.pop() if _idle else queues.create_queue(priority)
+        if queue_id is None and _idle:
+            queue_id = _idle.pop()
             queues.set_priority(queue_id, priority)
+        elif queue_id is None:
+            queue_id = queues.create_queue(priority)
         self.id, self._unchecked = queue_id, []
 
     def later(self, handle: int) -> None:
@@ -45,7 +47,9 @@ class Queue:
 
     def _check(self) -> None:
         """Take the finished unchecked calls; a failed one raises (as the awaited call's error)."""
-        done = set(poll(self._unchecked))
+        if not self._unchecked:  # another call's completion checked them already
+            return
+        done = set(futures.poll(self._unchecked))
         self._unchecked = [h for h in self._unchecked if h not in done]
         errors = []
         for handle in done:

@@ -13,7 +13,7 @@ import sys
 import traceback
 
 from componentize_py_types import Err
-from wit_world.imports import futures, runtime
+from wit_world.imports import runtime
 
 
 class OvenError(Exception):
@@ -169,10 +169,6 @@ async def gather(*awaitables) -> list:
     """Await all of ``awaitables`` (futures or coroutines, run concurrently); their results in order."""
     futures_ = [a if isinstance(a, Future) else Task(a) for a in awaitables]
     return [await f for f in futures_]
-
-
-def poll(handles: list[int]) -> list[int]:
-    return futures.poll(handles) if handles else []
 
 
 def run(main):
