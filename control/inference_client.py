@@ -53,6 +53,9 @@ class InferenceClient:
         """One message off the socket: (request_id, reply), or None for an idle notice."""
         if not self._sock.poll(int(1000 * (self.timeout_s if timeout_s is None else timeout_s))):
             raise TimeoutError(f"no message from the inference server at {self.endpoint}")
+        return self._read()
+
+    def _read(self) -> tuple[int, object] | None:
         envelope = p.CODEC.decode(self._sock.recv())
         if isinstance(envelope.message, p.IdleNotice):
             self.num_idle_notices += 1
@@ -68,8 +71,10 @@ class InferenceClient:
 
     def try_recv(self) -> tuple[int, object] | None:
         """A reply that has already arrived, or None (idle notices are counted and skipped)."""
-        while self._sock.poll(0):
-            message = self._next(0)
+        # ZMQ_EVENTS is one getsockopt; Socket.poll(0) builds a Poller, and the control
+        # loop asks after every inferlet slice.
+        while self._sock.get(zmq.EVENTS) & zmq.POLLIN:
+            message = self._read()
             if message is not None:
                 return message
         return None

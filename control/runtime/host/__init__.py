@@ -27,7 +27,7 @@ from . import (
     runtime,
     tokenize,
 )
-from .fast_types import memoise
+from .convert import lifter, lowerer
 
 PACKAGE = "oven:inferlet"
 VERSION = "0.1.0"
@@ -61,8 +61,8 @@ def define_imports(linker, current: Callable[[], object]) -> None:
 # wasmtime-py's own LinkerInstance.add_func rebuilds the function's type (params,
 # result, every nested list/record type) from C on every call, about 60-90 us
 # of a ~100 us host call (bench/README.md). The types of an import never change,
-# so this trampoline builds them once per function and reuses them.
-_HOST_FUNCS: list[list] = []  # [python function, (param types, result type) or None]
+# so this trampoline compiles their converters (convert.py) once per function.
+_HOST_FUNCS: list[list] = []  # [python function, (param lifters, result lowerer or None) or None]
 
 
 @ffi.wasmtime_component_func_callback_t
@@ -71,11 +71,11 @@ def _trampoline(index, context, ty_raw, args, nargs, results, nresults):  # noqa
         entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
         if entry[1] is None:
             fty = FuncType._from_ptr(ty_raw, owner=store)
-            entry[1] = ([memoise(ty) for _, ty in fty.params], memoise(fty.result))
-        param_types, result_type = entry[1]
-        value = entry[0](*[ty.convert_from_c(args[i]) for i, ty in enumerate(param_types)])
-        if result_type is not None:
-            result_type.convert_to_c(store, value, results)
+            entry[1] = ([lifter(ty) for _, ty in fty.params], lowerer(fty.result) if fty.result else None)
+        lifts, lower = entry[1]
+        value = entry[0](*[lift(args[i]) for i, lift in enumerate(lifts)])
+        if lower is not None:
+            lower(store, value, results[0])
     return catch_exceptions(context, run)
 
 
