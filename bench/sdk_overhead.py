@@ -48,6 +48,7 @@ from oven.control.inference_client import InferenceClient
 from oven.control.inference_process import private_endpoint
 from oven.control.runtime.instance import Instance
 from oven.control.runtime.loop import ControlLoop
+from oven.control.serve import settle_heap
 
 PYTHON_SDK_GOAL_US, RUST_SDK_OVERHEAD_GOAL_US = 300.0, 50.0
 PROMPT = "Write a short story about a paged KV cache."
@@ -222,6 +223,7 @@ def main() -> int:
         try:
             for case in cases:
                 loop.programs.add((INFERLETS_DIR / case.program / f"{case.program}.wasm").read_bytes(), case.program)
+            settle_heap()  # what `oven serve` does once it has started
             samples = run_all(loop, cases, args)
         finally:
             loop.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -14,6 +15,22 @@ from .runtime.loop import ControlLoop
 from .server import ControlServer
 
 log = logging.getLogger(__name__)
+
+GC_YOUNG_THRESHOLD = 10_000  # Python's default, 700, runs a young pass every few host calls
+
+
+def settle_heap() -> None:
+    """Tune the cyclic collector for a long-running control process; call once, after start-up.
+
+    Everything alive at start-up (modules, the loop, the linker) lives as long as the
+    process, yet every full pass of the collector walks it again, stalling the loop:
+    gc.freeze() takes it out of the collector's sight. A larger young generation
+    makes passes rarer; per-call garbage is freed by reference counting anyway.
+    Together they cut the loop's CPU per token by about a tenth (bench/control_overhead.py).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = True) -> int:
@@ -30,6 +47,7 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
     try:
         loop = ControlLoop(process.client(), control, lambda inst, kind, payload: server.on_event(inst, kind, payload))
         server = ControlServer(loop, control.control_endpoint)
+        settle_heap()
         print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to "
               f"{control.control_endpoint} (inference at {inference.endpoint})", file=sys.stderr, flush=True)
         server.serve_forever(lambda: bool(stopping))

@@ -22,6 +22,20 @@ def test_raw_api_inferlets_equal_direct_greedy(loop, inference, program, flags):
     assert_pools_full(loop)
 
 
+@pytest.mark.parametrize("program", ["hello-python", "hello-rust"])
+def test_wasm_clock_counts_host_calls_and_inferlet_code(loop, inference, program):
+    """Each extra token of the fused loop is exactly two host calls (forward-text, take-dists)."""
+    counts = []
+    for num_tokens in (4, 8):
+        clock = loop.wasm_clock
+        calls, in_wasm, in_host = clock.host_calls, clock.in_wasm_ns, clock.in_host_ns
+        (inst,) = run(loop, program, [["The quick brown fox", str(num_tokens), "--fused"]])
+        assert len(messages(loop, inst)[0].split()) == num_tokens  # no stop token cut it short
+        counts.append(clock.host_calls - calls)
+        assert clock.in_host_ns > in_host and clock.in_wasm_ns - in_wasm > clock.in_host_ns - in_host
+    assert counts[1] - counts[0] == 2 * 4
+
+
 def test_64_concurrent_inferlets_match_solo_runs_and_batch(loop, inference):
     prompts = [f"Sequence {i}: {'abc ' * (i % 7)}" for i in range(64)]
     before = loop.scheduler.stats()

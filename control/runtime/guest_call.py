@@ -9,18 +9,20 @@ instance, so :class:`GuestExport` compiles the converters of its types once
 from __future__ import annotations
 
 from ctypes import byref
+from time import perf_counter_ns
 from typing import Any
 
 from wasmtime import _ffi as ffi
 from wasmtime.component import Func
 from wasmtime.component._enter import enter_wasm
 
+from .host import WasmClock
 from .host.convert import lifter, lowerer
 
 
 class GuestExport:
-    def __init__(self, func: Func, store):
-        self.func, self.store = func, store
+    def __init__(self, func: Func, store, clock: WasmClock):
+        self.func, self.store, self.clock = func, store, clock
         fty = func.type(store)
         self.lowers = [lowerer(ty) for _, ty in fty.params]
         self.lift = lifter(fty.result) if fty.result is not None else None
@@ -36,10 +38,17 @@ class GuestExport:
                 lower(self.store, value, lowered[num_lowered])
                 num_lowered += 1
             result = ffi.wasmtime_component_val_t() if self.lift is not None else None
-            func, context = self.func._func, self.store._context()
-            enter_wasm(lambda: ffi.wasmtime_component_func_call(
-                byref(func), context, lowered, num_lowered,
-                byref(result) if result is not None else None, 1 if result is not None else 0))
+            func, context, clock = self.func._func, self.store._context(), self.clock
+
+            def call():
+                start = perf_counter_ns()
+                try:
+                    return ffi.wasmtime_component_func_call(
+                        byref(func), context, lowered, num_lowered,
+                        byref(result) if result is not None else None, 1 if result is not None else 0)
+                finally:
+                    clock.in_wasm_ns += perf_counter_ns() - start
+            enter_wasm(call)
             value = self.lift(result) if result is not None else None
         finally:
             for i in range(num_lowered):

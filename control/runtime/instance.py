@@ -12,15 +12,15 @@ import enum
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import wasmtime
 from wasmtime import component
 
 from .futures import FutureTable
 from .guest_call import GuestExport
-
+from .host import WasmClock
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 
@@ -74,7 +74,8 @@ class Inbox:
 
 class Instance:
     def __init__(self, instance_id: str, program: str, args: list[str], loop, limits: InstanceLimits,
-                 engine: wasmtime.Engine, linker: component.Linker, comp: component.Component, ticks_per_ms: float):
+                 engine: wasmtime.Engine, linker: component.Linker, comp: component.Component, ticks_per_ms: float,
+                 clock: WasmClock):
         self.instance_id, self.program, self.args, self.loop, self.limits = instance_id, program, args, loop, limits
         self.state = State.READY
         self.exit_code: int | None = None
@@ -103,7 +104,7 @@ class Instance:
         start, resume = wasm.get_func(self.store, "start"), wasm.get_func(self.store, "resume")
         if start is None or resume is None:
             raise wasmtime.WasmtimeError("the component does not export start and resume")
-        self._start, self._resume = GuestExport(start, self.store), GuestExport(resume, self.store)
+        self._start, self._resume = GuestExport(start, self.store, clock), GuestExport(resume, self.store, clock)
 
     def queue(self, q: int):
         state = self.queues.get(q)

@@ -49,6 +49,7 @@ from .topics import Topics
 log = logging.getLogger(__name__)
 
 EPOCH_TICK_S = 0.005
+REPLY_CHECK_S = 0.0002  # between two slices, look for inference replies at most this often
 MAX_FINISHED_RECORDS = 1000
 EventSink = Callable[[Instance, str, object], None]  # (instance, "stdout"|"stderr"|"message"|"exit", payload)
 
@@ -72,7 +73,8 @@ class ControlLoop:
         self.programs = ProgramStore(config.programs_path, self.engine)
         self.linker = component.Linker(self.engine)
         self.linker.add_wasip2()
-        host.define_imports(self.linker, lambda: self.current)
+        self.wasm_clock = host.WasmClock()
+        host.define_imports(self.linker, lambda: self.current, self.wasm_clock)
         self.current: Instance | None = None
         self.scheduler = BatchScheduler()
         self.policy = make_policy(config)
@@ -109,7 +111,7 @@ class ControlLoop:
         digest = self.programs.resolve(program)
         instance_id = f"{next(self._ids):x}-{digest[:8]}"
         inst = Instance(instance_id, digest, list(args), self, self._limits, self.engine, self.linker,
-                        self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S))
+                        self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S), self.wasm_clock)
         inst.started_at = time.monotonic()
         inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
                                        max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
@@ -221,6 +223,7 @@ class ControlLoop:
         return max(0.0, min(candidates))
 
     def _run_ready_instances(self) -> None:
+        next_reply_check = 0.0
         for inst in [i for i in self.instances.values() if i.state is State.READY]:
             if inst.swapped_out:
                 self.allocator.restore_before_slice(inst)
@@ -238,7 +241,10 @@ class ControlLoop:
                 self._retire(inst)
             # Keep the device busy while the other slices run (xLLM-style overlap): the
             # policy decides, so `adaptive` sends the moment the inference layer is idle.
-            self._drain_replies()
+            # Asking the socket after every slice would cost more than most slices.
+            if self._in_flight and (now := time.monotonic()) >= next_reply_check:
+                self._drain_replies()
+                next_reply_check = now + REPLY_CHECK_S
             self._dispatch()
 
     def _dispatch(self) -> None:

@@ -9,7 +9,8 @@ error the inferlet may handle travels back in a future or a ``result``.
 from __future__ import annotations
 
 import ctypes
-from typing import Callable
+from collections.abc import Callable
+from time import perf_counter_ns
 
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
@@ -45,7 +46,25 @@ INTERFACES: dict[str, dict[str, Callable]] = {
 }
 
 
-def define_imports(linker, current: Callable[[], object]) -> None:
+class WasmClock:
+    """Wall time inside guest exports (``start``/``resume``) and inside the host calls they make.
+
+    The difference is the inferlets' own code, which separates the control
+    layer's CPU from the programs it runs. A slice never blocks, so wall time
+    is CPU time here.
+    """
+
+    __slots__ = ("host_calls", "in_host_ns", "in_wasm_ns")
+
+    def __init__(self) -> None:
+        self.in_wasm_ns = self.in_host_ns = self.host_calls = 0
+
+    @property
+    def inferlet_code_s(self) -> float:
+        return (self.in_wasm_ns - self.in_host_ns) / 1e9
+
+
+def define_imports(linker, current: Callable[[], object], clock: WasmClock) -> None:
     """Add every interface to a component ``linker``; ``current()`` is the instance running now.
 
     One host thread runs one instance at a time, so the caller of a host
@@ -55,28 +74,35 @@ def define_imports(linker, current: Callable[[], object]) -> None:
         for interface, funcs in INTERFACES.items():
             with root.add_instance(f"{PACKAGE}/{interface}@{VERSION}") as inst:
                 for name, func in funcs.items():
-                    _add_func(inst, name, lambda *args, f=func: f(current(), *args))
+                    _add_func(inst, name, lambda *args, f=func: f(current(), *args), clock)
 
 
 # wasmtime-py's own LinkerInstance.add_func rebuilds the function's type (params,
 # result, every nested list/record type) from C on every call, about 60-90 us
 # of a ~100 us host call (bench/README.md). The types of an import never change,
 # so this trampoline compiles their converters (convert.py) once per function.
-_HOST_FUNCS: list[list] = []  # [python function, (param lifters, result lowerer or None) or None]
+_HOST_FUNCS: list[list] = []  # [python function, WasmClock, (param lifters, result lowerer or None) or None]
 
 
 @ffi.wasmtime_component_func_callback_t
 def _trampoline(index, context, ty_raw, args, nargs, results, nresults):  # noqa: ANN001 (C callback)
     def run(store) -> None:
-        entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
-        if entry[1] is None:
+        if entry[2] is None:
             fty = FuncType._from_ptr(ty_raw, owner=store)
-            entry[1] = ([lifter(ty) for _, ty in fty.params], lowerer(fty.result) if fty.result else None)
-        lifts, lower = entry[1]
+            entry[2] = ([lifter(ty) for _, ty in fty.params], lowerer(fty.result) if fty.result else None)
+        lifts, lower = entry[2]
         value = entry[0](*[lift(args[i]) for i, lift in enumerate(lifts)])
         if lower is not None:
             lower(store, value, results[0])
-    return catch_exceptions(context, run)
+
+    entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
+    start = perf_counter_ns()
+    try:
+        return catch_exceptions(context, run)
+    finally:
+        clock = entry[1]
+        clock.in_host_ns += perf_counter_ns() - start
+        clock.host_calls += 1
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -84,8 +110,8 @@ def _finalize(_index) -> None:  # host functions live as long as the process
     return None
 
 
-def _add_func(linker_instance, name: str, func: Callable) -> None:
-    _HOST_FUNCS.append([func, None])
+def _add_func(linker_instance, name: str, func: Callable, clock: WasmClock) -> None:
+    _HOST_FUNCS.append([func, clock, None])
     encoded = name.encode()
     error = ffi.wasmtime_component_linker_instance_add_func(
         linker_instance.ptr(), ctypes.create_string_buffer(encoded), len(encoded), _trampoline,

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import array
 import ctypes
+from collections.abc import Callable
 from ctypes import byref
-from typing import Any, Callable
+from typing import Any
 
 from wasmtime import _ffi as ffi
 from wasmtime.component import Variant
