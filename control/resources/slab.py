@@ -69,8 +69,10 @@ class HandleSlab(Generic[V]):
 
     def get(self, handle: int) -> V:
         """The value of a live handle; ResourceError for a freed, forged or malformed one."""
-        self.check([handle])
-        return self._value_by_handle[handle]
+        value = self._value_by_handle.get(handle, _MISSING) if type(handle) is int else _MISSING
+        if value is _MISSING:  # bool is an int subclass but not `int`: True never means handle 1
+            raise self._unknown(handle)
+        return value
 
     def set(self, handle: int, value: V) -> None:
         """Rebind a live handle (the handle the inferlet holds stays the same)."""
@@ -105,6 +107,9 @@ class HandleSlab(Generic[V]):
                 "(use after free or double free)"
             )
         return ResourceError(f"{self.kind} handle {handle} is not owned by this inferlet: it was never allocated here")
+
+
+_MISSING = object()
 
 
 def _is_int(value: object) -> bool:

@@ -17,7 +17,7 @@ class FutureError(ValueError):
     """A guest used a future handle wrongly (unknown, not ready, wrong getter): it is trapped."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Future:
     handle: int
     kind: str
