@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from harness import assert_pools_full, direct_greedy, messages, run
@@ -80,3 +83,17 @@ def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     assert good.exit_code == 0
     assert messages(loop, good) == [" ".join(map(str, direct_greedy(inference, loop, "Still fine", 5)))]
     assert_pools_full(loop)
+
+
+@pytest.mark.parametrize("program, args", [("hello-rust", ["Bye", "2"]), ("hostile", ["trap"])],
+                         ids=["finished", "killed"])
+def test_an_ended_instance_frees_its_store_at_once(loop, program, args):
+    """Its linear memory goes when it ends, not when the cyclic collector next runs a full pass."""
+    gc.disable()
+    try:
+        inst = loop.launch(program, args)
+        store = weakref.ref(inst.store)
+        assert loop.run_until(lambda: not inst.alive, 60)
+        assert store() is None
+    finally:
+        gc.enable()

@@ -8,6 +8,7 @@ instance, so :class:`GuestExport` compiles the converters of its types once
 
 from __future__ import annotations
 
+import traceback
 from ctypes import byref
 from time import perf_counter_ns
 from typing import Any
@@ -48,7 +49,13 @@ class GuestExport:
                         byref(result) if result is not None else None, 1 if result is not None else 0)
                 finally:
                     clock.in_wasm_ns += perf_counter_ns() - start
-            enter_wasm(call)
+            try:
+                enter_wasm(call)
+            except BaseException as exc:
+                # wasmtime-py raises from a frame that keeps the error in a local (a cycle through
+                # the traceback), which would keep this store alive until a full collection.
+                traceback.clear_frames(exc.__traceback__)
+                raise
             value = self.lift(result) if result is not None else None
         finally:
             for i in range(num_lowered):

@@ -106,6 +106,15 @@ class Instance:
             raise wasmtime.WasmtimeError("the component does not export start and resume")
         self._start, self._resume = GuestExport(start, self.store, clock), GuestExport(resume, self.store, clock)
 
+    def release_store(self) -> None:
+        """Free the wasm store (the inferlet's linear memory) now that the instance has ended.
+
+        The store's stdout/stderr callbacks refer back to this instance, so without this
+        the memory would wait for a full pass of the cyclic collector, which is rare by design
+        (``oven.control.serve.settle_heap``).
+        """
+        self.store = self._start = self._resume = None
+
     def queue(self, q: int):
         state = self.queues.get(q)
         if state is None:

@@ -132,6 +132,7 @@ class ControlLoop:
             inst.futures.fail(fut, "the instance ended")
         self.allocator.forget(inst)
         inst.resources.release_all()
+        inst.release_store()
         self.topics.forget(inst.instance_id)
         self.instances.pop(inst.instance_id, None)
         self.finished[inst.instance_id] = inst.record()
