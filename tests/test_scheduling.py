@@ -42,9 +42,10 @@ class Harness:
         return self.scheduler.create_queue(instance_id, priority)
 
     def add(self, queue_id: int, call_type: str = "forward", at: float = 0.0, tokens: int = 1,
-            reads=(), writes=()) -> Command:
+            reads=(), writes=(), kv_context=None) -> Command:
         command = Command(command_id=next(self._ids), queue_id=queue_id, call_type=call_type, item=None,
-                          enqueued_at=at, num_tokens=tokens, reads=frozenset(reads), writes=frozenset(writes))
+                          enqueued_at=at, num_tokens=tokens, reads=frozenset(reads), writes=frozenset(writes),
+                          kv_context=kv_context)
         self.scheduler.submit(command)
         return command
 
@@ -226,6 +227,27 @@ def test_forward_may_read_kv_an_earlier_forward_of_the_batch_writes(h):
     # The same footprints under a call type without that guarantee would split.
     footprints = [forward_kv_footprint(pages, last, n, page_size=16) for n, pages, last in chunks]
     assert len(run_of(*(("copy_kvpage", reads, writes) for reads, writes in footprints))) == 1
+
+
+def test_a_forward_names_its_context_and_batches_as_if_it_named_its_slots(h):
+    """kv_context is the footprint forward_kv_footprint gives, computed only when a run is considered."""
+    q = h.queue()
+    chunks = [(10, [11], 10), (13, [11, 3], 7), (14, [11, 3, 7], 5)]  # as above: one batch
+    for num_inputs, pages, last in chunks:
+        h.add(q, "forward_text", tokens=num_inputs, kv_context=(pages, last, num_inputs, 16))
+    assert len(h.batch().commands) == 3
+    # Two decode steps that write the same slot (a context forwarded twice) still split.
+    h.add(q, "forward_text", kv_context=([11, 3], 7, 1, 16))
+    h.add(q, "forward_text", kv_context=([11, 3], 7, 1, 16))
+    assert len(h.batch().commands) == 1
+    command = Command(command_id=1, queue_id=q, call_type="forward", item=None, enqueued_at=0.0,
+                      reads=frozenset({Embed(4)}), writes=frozenset({Embed(5)}), kv_context=([11, 3], 7, 1, 16))
+    reads, writes = command.footprint()
+    assert reads == {Embed(4), KvSlots(11, 0, 16), KvSlots(3, 0, 7)}
+    assert writes == {Embed(5), KvSlots(3, 6, 7)}
+    malformed = Command(command_id=2, queue_id=q, call_type="forward", item=None, enqueued_at=0.0,
+                        kv_context=([], 7, 1, 16))
+    assert malformed.footprint() == (frozenset(), frozenset())  # the inference layer reports the error
 
 
 def test_forwards_writing_the_same_slot_conflict(h):

@@ -150,11 +150,11 @@ class ControlLoop:
         self._on_event(inst, kind, payload)
 
     def submit(self, inst: Instance, q: int, call_type: str, item, fut: Future, num_tokens: int,
-               writes: frozenset, reads: frozenset) -> None:
+               writes: frozenset, reads: frozenset, kv_context: tuple | None = None) -> None:
         state = inst.queue(q)
         command = Command(command_id=next(self._ids), queue_id=state.scheduler_queue_id, call_type=call_type,
                           item=item, enqueued_at=time.monotonic(), num_tokens=max(1, num_tokens),
-                          reads=reads, writes=writes)
+                          reads=reads, writes=writes, kv_context=kv_context)
         self._commands[command.command_id] = (inst, fut)
         state.track(fut)
         self.scheduler.submit(command)

@@ -201,13 +201,15 @@ class BatchScheduler:
         for q in candidates:
             if q.queue_id not in runs or len(q) == 1:  # the common decode case: no run to check
                 continue
-            footprint = QueueFootprint()
-            footprint.add(q.head)
+            footprint = None  # built once a follower of the same type could join: footprints cost
             for command in islice(q, 1, None):
-                if (num_items == max_items or command.call_type != call_type
-                        or num_tokens + command.num_tokens > max_tokens or footprint.conflicts(command)):
+                if num_items == max_items or command.call_type != call_type or num_tokens + command.num_tokens > max_tokens:
                     break
-                footprint.add(command)
+                if footprint is None:
+                    footprint = QueueFootprint()
+                    footprint.add(q.head)
+                if not footprint.admit(command):
+                    break
                 runs[q.queue_id] += 1
                 num_items += 1
                 num_tokens += command.num_tokens

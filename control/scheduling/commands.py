@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from oven.proto import inference as p
 
-from .footprint import Resource
+from .footprint import Resource, forward_kv_footprint
 
 __all__ = ["REQUEST_BY_CALL_TYPE", "CALL_TYPES", "Command", "CommandQueue"]
 
@@ -42,7 +42,11 @@ class Command:
     ``forward_text``, 1 for every other call type. ``reads`` / ``writes`` name
     the physical memory it touches (see :mod:`.footprint`); leaving out
     something it writes can let a conflicting command into the same batch.
-    ``enqueued_at`` is the caller's clock at submission, in seconds.
+    A forward names its paged context instead as ``kv_context`` =
+    (kv_page_ids, kv_last_page_len, num_inputs, page_size): :meth:`footprint`
+    adds its KvPage slots only when the scheduler asks, which is only when a
+    second command of the same queue could join the batch; a decode step is
+    never asked. ``enqueued_at`` is the caller's clock at submission, in seconds.
 
     Raises ValueError for an unknown call type or a cost below 1.
     """
@@ -55,12 +59,23 @@ class Command:
     num_tokens: int = 1
     reads: frozenset[Resource] = frozenset()
     writes: frozenset[Resource] = frozenset()
+    kv_context: tuple[list[int], int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.call_type not in CALL_TYPES:
             raise ValueError(f"unknown call type {self.call_type!r} (expected one of {sorted(CALL_TYPES)})")
         if self.num_tokens < 1:
             raise ValueError(f"num_tokens must be at least 1, got {self.num_tokens}")
+
+    def footprint(self) -> tuple[frozenset[Resource], frozenset[Resource]]:
+        """(reads, writes), with the KvPage slots of ``kv_context`` when there is one."""
+        if self.kv_context is None:
+            return self.reads, self.writes
+        try:
+            kv_reads, kv_writes = forward_kv_footprint(*self.kv_context)
+        except ValueError:  # a malformed context: the inference layer fails the item with the exact error
+            return self.reads, self.writes
+        return self.reads | kv_reads, self.writes | kv_writes
 
 
 class CommandQueue:

@@ -137,22 +137,30 @@ class _ResourceSet:
 class QueueFootprint:
     """The commands already taken from one queue into the batch being formed."""
 
-    __slots__ = ("_writes", "_kv_reads")
+    __slots__ = ("_kv_reads", "_writes")
 
     def __init__(self) -> None:
         self._writes = _ResourceSet()
         self._kv_reads = _ResourceSet()  # only forwards need these (write-after-read)
 
-    def conflicts(self, command: Command) -> bool:
-        """Whether ``command`` (the queue's next one) cannot join; see the module docstring."""
-        if self._writes.overlaps(command.writes):
-            return True
-        if command.call_type in KV_WRITTEN_BEFORE_ATTENTION:
-            other_reads = [r for r in command.reads if not isinstance(r, KvSlots)]
-            return self._writes.overlaps(other_reads) or self._kv_reads.overlaps(command.writes)
-        return self._writes.overlaps(command.reads)
-
     def add(self, command: Command) -> None:
-        self._writes.add(command.writes)
+        self._add(command.call_type, *command.footprint())
+
+    def admit(self, command: Command) -> bool:
+        """Add ``command`` (the queue's next one) unless it conflicts; see the module docstring."""
+        reads, writes = command.footprint()
+        if self._writes.overlaps(writes):
+            return False
         if command.call_type in KV_WRITTEN_BEFORE_ATTENTION:
-            self._kv_reads.add(r for r in command.reads if isinstance(r, KvSlots))
+            other_reads = [r for r in reads if not isinstance(r, KvSlots)]
+            if self._writes.overlaps(other_reads) or self._kv_reads.overlaps(writes):
+                return False
+        elif self._writes.overlaps(reads):
+            return False
+        self._add(command.call_type, reads, writes)
+        return True
+
+    def _add(self, call_type: str, reads: frozenset[Resource], writes: frozenset[Resource]) -> None:
+        self._writes.add(writes)
+        if call_type in KV_WRITTEN_BEFORE_ATTENTION:
+            self._kv_reads.add(r for r in reads if isinstance(r, KvSlots))

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-from oven.control.scheduling import Embed, forward_kv_footprint
+from oven.control.scheduling import Embed
 from oven.proto import inference as p
 
 from .. import futures as f
 from .issue import issue
-
-
-def _kv_footprint(inst, page_ids: list[int], last_page_len: int, num_inputs: int):
-    try:
-        return forward_kv_footprint(page_ids, last_page_len, num_inputs, inst.loop.info.page_size)
-    except ValueError:  # a malformed context: the inference layer reports the exact error
-        return frozenset(), frozenset()
 
 
 def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask) -> int:
@@ -22,8 +15,8 @@ def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask
         in_ids, out_ids = inst.resources.physical_embeds(inputs), inst.resources.physical_embeds(outputs)
         item = p.ForwardItem(page_ids, last_page_len, in_ids, list(output_indices), out_ids,
                              [bytes(row) for row in mask] if mask else None)
-        reads, writes = _kv_footprint(inst, page_ids, last_page_len, len(inputs))
-        return item, len(inputs), writes | {Embed(e) for e in out_ids}, reads | {Embed(e) for e in in_ids}
+        kv = (page_ids, last_page_len, len(inputs), inst.loop.info.page_size)
+        return item, len(inputs), {Embed(e) for e in out_ids}, {Embed(e) for e in in_ids}, kv
     return issue(inst, q, "forward", f.UNIT, build)
 
 
@@ -38,8 +31,7 @@ def forward_text(inst, q, tokens, positions, pages, last_page_len, output_indice
     def build():
         page_ids = inst.resources.physical_pages(pages)
         item = p.ForwardTextItem(list(tokens), list(positions), page_ids, last_page_len, list(output_indices), top_k)
-        reads, writes = _kv_footprint(inst, page_ids, last_page_len, len(tokens))
-        return item, len(tokens), writes, reads
+        return item, len(tokens), (), (), (page_ids, last_page_len, len(tokens), inst.loop.info.page_size)
     return issue(inst, q, "forward_text", f.DISTS, build)
 
 
