@@ -14,6 +14,7 @@ from time import perf_counter_ns
 
 from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
+from wasmtime.component import _enter
 from wasmtime.component._enter import catch_exceptions
 from wasmtime.component._types import FuncType
 
@@ -86,23 +87,32 @@ _HOST_FUNCS: list[list] = []  # [python function, WasmClock, (param lifters, res
 
 @ffi.wasmtime_component_func_callback_t
 def _trampoline(index, context, ty_raw, args, nargs, results, nresults):  # noqa: ANN001 (C callback)
-    def run(store) -> None:
-        if entry[2] is None:
-            fty = FuncType._from_ptr(ty_raw, owner=store)
-            entry[2] = ([lifter(ty) for _, ty in fty.params], lowerer(fty.result) if fty.result else None)
+    entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
+    if entry[2] is None:  # first call: compile the converters from the type this call lends us
+        error = catch_exceptions(context, lambda store: _compile(entry, ty_raw, store))
+        if error:
+            return error
+    start = perf_counter_ns()
+    try:
         lifts, lower = entry[2]
         value = entry[0](*[lift(args[i]) for i, lift in enumerate(lifts)])
         if lower is not None:
-            lower(store, value, results[0])
-
-    entry = _HOST_FUNCS[index or 0]  # ctypes passes a void* of 0 as None
-    start = perf_counter_ns()
-    try:
-        return catch_exceptions(context, run)
+            lower(None, value, results[0])  # no resource types in our WIT: no store needed
+        return 0
+    except Exception as exc:  # what wasmtime-py's catch_exceptions does, without a StoreContext per call
+        if not isinstance(exc, WasmtimeError):
+            _enter.LAST_EXCEPTION = exc  # enter_wasm re-raises it in the loop: the instance is killed
+            exc = WasmtimeError("python exception")
+        return ctypes.cast(exc._consume(), ctypes.c_void_p).value
     finally:
         clock = entry[1]
         clock.in_host_ns += perf_counter_ns() - start
         clock.host_calls += 1
+
+
+def _compile(entry: list, ty_raw, store) -> None:
+    fty = FuncType._from_ptr(ty_raw, owner=store)
+    entry[2] = ([lifter(ty) for _, ty in fty.params], lowerer(fty.result) if fty.result else None)
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)

@@ -28,7 +28,7 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import Variant
 from wasmtime.component import _types as t
 
-Lower = Callable[[Any, Any, Any], None]  # (store, python value, wasmtime_component_val_t to fill)
+Lower = Callable[[Any, Any, Any], None]  # (store or None: only resources need it, python value, val_t to fill)
 Lift = Callable[[Any], Any]  # (wasmtime_component_val_t) -> python value, freeing what it held
 
 _VAL = ffi.wasmtime_component_val_t
@@ -121,15 +121,15 @@ def _lower_list(element: t.ValType) -> Lower:
     def lower(store, value, dst) -> None:
         if not isinstance(value, list):
             raise TypeError("expected list value")
-        raw = _new_list(len(value))
+        raw = _new_list(dst, len(value))
+        data = raw.data
         try:  # zeroed elements are `false`: deleting the list frees exactly what was written
             for i, item in enumerate(value):
-                lower_element(store, item, raw.data[i])
+                lower_element(store, item, data[i])
         except BaseException:
             ffi.wasmtime_component_vallist_delete(byref(raw))
             raise
         dst.kind = _LIST
-        dst.of.list = raw
     return lower
 
 
@@ -148,7 +148,7 @@ def _lower_scalar_list(kind: int, field: str, code: str, ok: Callable[[Any], boo
         elif not isinstance(value, list) or not all(map(ok, value)):
             raise TypeError(f"expected a list of {field} values")
         n = len(value)
-        raw = _new_list(n, zeroed=False)
+        raw = _new_list(dst, n, zeroed=False)
         if n <= _SHORT_LIST:
             data = raw.data
             for i, v in enumerate(value):
@@ -161,12 +161,13 @@ def _lower_scalar_list(kind: int, field: str, code: str, ok: Callable[[Any], boo
             memoryview(buf).cast(code)[offset::stride] = array.array(code, value)
             ctypes.memmove(raw.data, bytes(buf), len(buf))
         dst.kind = _LIST
-        dst.of.list = raw
     return lower
 
 
-def _new_list(n: int, zeroed: bool = True):
-    raw = ffi.wasmtime_component_vallist_t()
+def _new_list(dst, n: int, zeroed: bool = True):
+    """A list of ``n`` elements allocated in place in ``dst``'s payload (``dst.kind`` is the caller's
+    to set once the elements are written: until then ``dst`` reads as `false` and owns nothing)."""
+    raw = dst.of.list
     ffi.wasmtime_component_vallist_new_uninit(raw, n)
     if zeroed and n:
         ctypes.memset(raw.data, 0, n * _VAL_SIZE)
@@ -177,20 +178,20 @@ def _lower_record(fields: list[tuple[str, t.ValType]]) -> Lower:
     compiled = [(_c_bytes(name.encode()), name, lowerer(ty)) for name, ty in fields]
 
     def lower(store, value, dst) -> None:
-        raw = ffi.wasmtime_component_valrecord_t()
+        raw = dst.of.record  # allocated in place; dst reads as `false` until its kind is set
         ffi.wasmtime_component_valrecord_new_uninit(raw, len(compiled))
+        data = raw.data
         if compiled:  # zeroed: empty names and `false` values, safe to delete at any point
-            ctypes.memset(raw.data, 0, len(compiled) * _ENTRY_SIZE)
+            ctypes.memset(data, 0, len(compiled) * _ENTRY_SIZE)
         try:
             for i, (name, attr, lower_field) in enumerate(compiled):
-                entry = raw.data[i]
+                entry = data[i]
                 lower_field(store, getattr(value, attr), entry.val)
                 ffi.wasm_byte_vec_new(byref(entry.name), len(name), name)  # C copies the name
         except BaseException:
             ffi.wasmtime_component_valrecord_delete(byref(raw))
             raise
         dst.kind = _RECORD
-        dst.of.record = raw
     return lower
 
 
@@ -231,8 +232,9 @@ def _lower_variant_like(ty) -> Lower:
             boxed = ffi.wasmtime_component_val_new(byref(tmp))
         if is_result:
             dst.kind = _RESULT
-            dst.of.result.is_ok = name == "ok"
-            dst.of.result.val = boxed
+            result = dst.of.result
+            result.is_ok = name == "ok"
+            result.val = boxed
         else:
             dst.kind = _OPTION
             dst.of.option = boxed
