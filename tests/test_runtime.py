@@ -72,6 +72,7 @@ def test_bad_handles_get_errors(loop, mode, fragment):
     ("spin", "wasm trap: interrupt"),
     ("memory", "wasm trap"),
     ("trap", "runtimeerror: hostile inferlet gave up"),
+    ("early-take", "has not completed yet"),  # a host function's own error kills the caller
 ])
 def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     """A spinning, memory-hungry or crashing inferlet is killed while a well-behaved one finishes."""
@@ -85,8 +86,9 @@ def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     assert_pools_full(loop)
 
 
-@pytest.mark.parametrize("program, args", [("hello-rust", ["Bye", "2"]), ("hostile", ["trap"])],
-                         ids=["finished", "killed"])
+@pytest.mark.parametrize("program, args", [("hello-rust", ["Bye", "2"]), ("hostile", ["trap"]),
+                                           ("hostile", ["early-take"])],
+                         ids=["finished", "trapped", "killed-by-a-host-call"])
 def test_an_ended_instance_frees_its_store_at_once(loop, program, args):
     """Its linear memory goes when it ends, not when the cyclic collector next runs a full pass."""
     gc.disable()

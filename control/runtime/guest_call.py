@@ -13,9 +13,10 @@ from ctypes import byref
 from time import perf_counter_ns
 from typing import Any
 
+from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime.component import Func
-from wasmtime.component._enter import enter_wasm
+from wasmtime.component import _enter
 
 from .host import WasmClock
 from .host.convert import lifter, lowerer
@@ -23,42 +24,50 @@ from .host.convert import lifter, lowerer
 
 class GuestExport:
     def __init__(self, func: Func, store, clock: WasmClock):
-        self.func, self.store, self.clock = func, store, clock
+        self.clock = clock
         fty = func.type(store)
         self.lowers = [lowerer(ty) for _, ty in fty.params]
         self.lift = lifter(fty.result) if fty.result is not None else None
+        # Kept for the store's lifetime: the C function and context, and the argument and result
+        # slots (a call never re-enters its instance, and each call frees what it wrote there).
+        self._func, self._context, self._keep = byref(func._func), store._context(), (func, store)
+        self._params = (ffi.wasmtime_component_val_t * len(self.lowers))()
+        self._result = ffi.wasmtime_component_val_t() if self.lift is not None else None
 
     def __call__(self, *params: Any) -> Any:
         """Call, then run the guest's post-return; raises wasmtime.WasmtimeError/Trap like Func."""
         if len(params) != len(self.lowers):
             raise TypeError(f"expected {len(self.lowers)} arguments, got {len(params)}")
-        lowered = (ffi.wasmtime_component_val_t * len(params))()
+        lowered, result = self._params, self._result
         num_lowered = 0
         try:
             for lower, value in zip(self.lowers, params):
-                lower(self.store, value, lowered[num_lowered])
+                lower(None, value, lowered[num_lowered])
                 num_lowered += 1
-            result = ffi.wasmtime_component_val_t() if self.lift is not None else None
-            func, context, clock = self.func._func, self.store._context(), self.clock
-
-            def call():
-                start = perf_counter_ns()
-                try:
-                    return ffi.wasmtime_component_func_call(
-                        byref(func), context, lowered, num_lowered,
-                        byref(result) if result is not None else None, 1 if result is not None else 0)
-                finally:
-                    clock.in_wasm_ns += perf_counter_ns() - start
-            try:
-                enter_wasm(call)
-            except BaseException as exc:
-                # wasmtime-py raises from a frame that keeps the error in a local (a cycle through
-                # the traceback), which would keep this store alive until a full collection.
-                traceback.clear_frames(exc.__traceback__)
-                raise
+            start = perf_counter_ns()
+            error = ffi.wasmtime_component_func_call(self._func, self._context, lowered, num_lowered,
+                                                     byref(result) if result is not None else None,
+                                                     0 if result is None else 1)
+            self.clock.in_wasm_ns += perf_counter_ns() - start
+            if error:
+                _raise(error)
             value = self.lift(result) if result is not None else None
+        except BaseException as exc:
+            # The raising frames keep the error in a local (a cycle through the traceback),
+            # which would keep this store alive until a full collection.
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             for i in range(num_lowered):
                 ffi.wasmtime_component_val_delete(byref(lowered[i]))
-        self.func.post_return(self.store)
+        error = ffi.wasmtime_component_func_post_return(self._func, self._context)
+        if error:
+            _raise(error)
         return value
+
+
+def _raise(error) -> None:
+    """What wasmtime-py's enter_wasm raises for an error: a host function's own exception first."""
+    wasm_error = WasmtimeError._from_ptr(error)
+    host_error, _enter.LAST_EXCEPTION = _enter.LAST_EXCEPTION, None
+    raise host_error if host_error is not None else wasm_error

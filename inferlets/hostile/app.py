@@ -8,6 +8,7 @@ Argument: one of
   use-after-free  forward over pages it already freed
   quota           allocate more pages than its quota
   trap            raise an exception
+  early-take      take a message before it arrived (the host refuses: the instance is killed)
 Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
@@ -33,6 +34,8 @@ def main():
             hoard.append(bytearray(16 << 20))
     if mode == "trap":
         raise RuntimeError("hostile inferlet gave up")
+    if mode == "early-take":
+        futures.take_text(messaging.receive())
     if mode == "quota":
         f = kvpages.alloc_kvpages(0, 1 << 20)
         yield from wait_all([f])
