@@ -71,8 +71,7 @@ class InferenceClient:
 
     def try_recv(self) -> tuple[int, object] | None:
         """A reply that has already arrived, or None (idle notices are counted and skipped)."""
-        # ZMQ_EVENTS is one getsockopt; Socket.poll(0) builds a Poller, and the control
-        # loop asks after every inferlet slice.
+        # One getsockopt per check (Socket.poll(0) builds a Poller, and _next would poll again).
         while self._sock.get(zmq.EVENTS) & zmq.POLLIN:
             message = self._read()
             if message is not None:
