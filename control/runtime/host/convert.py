@@ -165,8 +165,8 @@ def _lower_scalar_list(kind: int, field: str, code: str, ok: Callable[[Any], boo
 
 
 def _new_list(dst, n: int, zeroed: bool = True):
-    """A list of ``n`` elements allocated in place in ``dst``'s payload (``dst.kind`` is the caller's
-    to set once the elements are written: until then ``dst`` reads as `false` and owns nothing)."""
+    """A list of ``n`` elements allocated in place in ``dst``'s payload. ``dst.kind`` is the caller's
+    to set once the elements are written; a caller that fails before that deletes the list itself."""
     raw = dst.of.list
     ffi.wasmtime_component_vallist_new_uninit(raw, n)
     if zeroed and n:
@@ -178,7 +178,7 @@ def _lower_record(fields: list[tuple[str, t.ValType]]) -> Lower:
     compiled = [(_c_bytes(name.encode()), name, lowerer(ty)) for name, ty in fields]
 
     def lower(store, value, dst) -> None:
-        raw = dst.of.record  # allocated in place; dst reads as `false` until its kind is set
+        raw = dst.of.record  # allocated in place, like _new_list
         ffi.wasmtime_component_valrecord_new_uninit(raw, len(compiled))
         data = raw.data
         if compiled:  # zeroed: empty names and `false` values, safe to delete at any point
