@@ -151,6 +151,7 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
         with connected(args.server, args.model) as client:
             session = run_session(client, client.upload_file(path, name), workload, spec, StreamPrinter(),
                                   results=outgoing)
+            print(flush=True)  # end the streamed text before an embedded server says it is shutting down
     except (ControlRequestError, RuntimeError, TimeoutError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return EXIT_FAILURE
