@@ -27,7 +27,7 @@ client. Four parts, all in one run against one fake backend:
     dispatch policy (adaptive, eager, k, t), one fresh ControlLoop per policy, all
     against the same fake device. Goal: adaptive >= 10x eager and above k and t.
 
-    .venv/bin/python bench/control_overhead.py              # all parts, about 3 minutes on 2 cores
+    .venv/bin/python bench/control_overhead.py              # all parts, about 3.5 minutes on 2 cores
     .venv/bin/python bench/control_overhead.py --parts d --profile
 """
 
