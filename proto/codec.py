@@ -135,10 +135,9 @@ class Codec:
 
     def _dataclass_decoder(self, cls: type):
         """cls's wire array -> instance, built positionally; raises _Reject on anything off its hints."""
-        if cls in self._decoders:
-            return self._decoders[cls]
-        decoders = self._decoders
-        decoders[cls] = lambda value: decoders[cls](value)  # stands in while a recursive class compiles
+        return _compiled(self._decoders, cls, self._build_decoder)
+
+    def _build_decoder(self, cls: type):
         fields = self._hints[cls]
         n = len(fields)
         make = _constructor(cls, [name for name, _ in fields])
@@ -162,7 +161,6 @@ class Codec:
                 for i, dec in convert:
                     args[i] = dec(args[i])
                 return make(*args)
-        decoders[cls] = decode
         return decode
 
     def _decoder(self, hint: Any):
@@ -214,10 +212,9 @@ class Codec:
 
     def _dataclass_encoder(self, cls: type):
         """cls instance -> wire array; anything else -> whatever the walker makes of it."""
-        if cls in self._encoders:
-            return self._encoders[cls]
-        encoders = self._encoders
-        encoders[cls] = lambda value: encoders[cls](value)  # stands in while a recursive class compiles
+        return _compiled(self._encoders, cls, self._build_encoder)
+
+    def _build_encoder(self, cls: type):
         fields = self._hints[cls]
         get = _getter([name for name, _ in fields])
         convert = [(i, enc) for i, (_, hint) in enumerate(fields) if (enc := self._encoder(hint)) is not None]
@@ -232,7 +229,6 @@ class Codec:
                 for i, enc in convert:
                     wire[i] = enc(wire[i])
                 return wire
-        encoders[cls] = encode
         return encode
 
     def _encoder(self, hint: Any):
@@ -298,6 +294,14 @@ class Codec:
             (inner,) = [a for a in args if a is not type(None)]
             return self._from_wire(value, inner, path)
         return _check_scalar(value, hint, path)
+
+
+def _compiled(cache: dict, cls: type, build: Callable[[type], Callable]) -> Callable:
+    """``build(cls)``, once per class; a recursive class meets a stand-in that calls the finished one."""
+    if cls not in cache:
+        cache[cls] = lambda value: cache[cls](value)
+        cache[cls] = build(cls)
+    return cache[cls]
 
 
 def _decode_float(value: Any) -> float:

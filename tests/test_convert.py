@@ -85,7 +85,7 @@ def plain(value):
 
 def lower_ours(ty, value):
     val = ffi.wasmtime_component_val_t()
-    lowerer(ty)(None, value, val)
+    lowerer(ty)(value, val)
     return val
 
 
@@ -127,5 +127,5 @@ def test_f32_lists_round_to_single_precision(types):
 def test_bad_values_raise_and_leave_nothing_half_written(types, name, value):
     val = ffi.wasmtime_component_val_t()
     with pytest.raises((TypeError, ValueError, OverflowError)):
-        lowerer(types[name])(None, value, val)
+        lowerer(types[name])(value, val)
     assert val.kind == 0  # untouched: nothing for the caller to free

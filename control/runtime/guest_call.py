@@ -13,10 +13,9 @@ from ctypes import byref
 from time import perf_counter_ns
 from typing import Any
 
-from wasmtime import WasmtimeError
 from wasmtime import _ffi as ffi
 from wasmtime.component import Func
-from wasmtime.component import _enter
+from wasmtime.component._enter import enter_wasm
 
 from .host import WasmClock
 from .host.convert import lifter, lowerer
@@ -42,16 +41,17 @@ class GuestExport:
         num_lowered = 0
         try:
             for lower, value in zip(self.lowers, params):
-                lower(None, value, lowered[num_lowered])
+                lower(value, lowered[num_lowered])
                 num_lowered += 1
             start = perf_counter_ns()
             error = ffi.wasmtime_component_func_call(self._func, self._context, lowered, num_lowered,
                                                      byref(result) if result is not None else None,
                                                      0 if result is None else 1)
             self.clock.in_wasm_ns += perf_counter_ns() - start
-            if error:
-                _raise(error)
+            enter_wasm(lambda: error)  # raises what wasmtime-py raises (a host function's own error first)
             value = self.lift(result) if result is not None else None
+            enter_wasm(lambda: ffi.wasmtime_component_func_post_return(self._func, self._context))
+            return value
         except BaseException as exc:
             # The raising frames keep the error in a local (a cycle through the traceback),
             # which would keep this store alive until a full collection.
@@ -60,14 +60,3 @@ class GuestExport:
         finally:
             for i in range(num_lowered):
                 ffi.wasmtime_component_val_delete(byref(lowered[i]))
-        error = ffi.wasmtime_component_func_post_return(self._func, self._context)
-        if error:
-            _raise(error)
-        return value
-
-
-def _raise(error) -> None:
-    """What wasmtime-py's enter_wasm raises for an error: a host function's own exception first."""
-    wasm_error = WasmtimeError._from_ptr(error)
-    host_error, _enter.LAST_EXCEPTION = _enter.LAST_EXCEPTION, None
-    raise host_error if host_error is not None else wasm_error

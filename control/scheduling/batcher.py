@@ -203,7 +203,8 @@ class BatchScheduler:
                 continue
             footprint = None  # built once a follower of the same type could join: footprints cost
             for command in islice(q, 1, None):
-                if num_items == max_items or command.call_type != call_type or num_tokens + command.num_tokens > max_tokens:
+                if (num_items == max_items or command.call_type != call_type
+                        or num_tokens + command.num_tokens > max_tokens):
                     break
                 if footprint is None:
                     footprint = QueueFootprint()

@@ -98,14 +98,11 @@ def forward_kv_footprint(kv_page_ids: list[int], kv_last_page_len: int, num_inpu
             frozenset(_ranges(kv_page_ids, num_tokens - num_inputs, num_tokens, page_size)))
 
 
-def _ranges(kv_page_ids: list[int], first: int, stop: int, page_size: int) -> list[KvSlots]:
-    """Per-page slot ranges covering context positions ``[first, stop)`` (on every decode step: kept lean)."""
-    first_page, last_page = first // page_size, (stop - 1) // page_size
-    if first_page == last_page:
-        return [KvSlots(kv_page_ids[first_page], first - first_page * page_size, stop - first_page * page_size)]
-    return ([KvSlots(kv_page_ids[first_page], first - first_page * page_size, page_size)]
-            + [KvSlots(kv_page_ids[i], 0, page_size) for i in range(first_page + 1, last_page)]
-            + [KvSlots(kv_page_ids[last_page], 0, stop - last_page * page_size)])
+def _ranges(kv_page_ids: list[int], first: int, stop: int, page_size: int) -> Iterable[KvSlots]:
+    """Per-page slot ranges covering context positions ``[first, stop)``."""
+    for index in range(first // page_size, (stop + page_size - 1) // page_size):
+        base = index * page_size
+        yield KvSlots(kv_page_ids[index], max(first, base) - base, min(stop, base + page_size) - base)
 
 
 class _ResourceSet:

@@ -97,7 +97,7 @@ def _trampoline(index, context, ty_raw, args, nargs, results, nresults):  # noqa
         lifts, lower = entry[2]
         value = entry[0](*[lift(args[i]) for i, lift in enumerate(lifts)])
         if lower is not None:
-            lower(None, value, results[0])  # no resource types in our WIT: no store needed
+            lower(value, results[0])
         return 0
     except Exception as exc:  # what wasmtime-py's catch_exceptions does, without a StoreContext per call
         if not isinstance(exc, WasmtimeError):

@@ -28,7 +28,7 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import Variant
 from wasmtime.component import _types as t
 
-Lower = Callable[[Any, Any, Any], None]  # (store or None: only resources need it, python value, val_t to fill)
+Lower = Callable[[Any, Any], None]  # (python value, wasmtime_component_val_t to fill)
 Lift = Callable[[Any], Any]  # (wasmtime_component_val_t) -> python value, freeing what it held
 
 _VAL = ffi.wasmtime_component_val_t
@@ -76,7 +76,7 @@ def lowerer(ty: t.ValType) -> Lower:
         return _lower_record(ty.fields)
     if isinstance(ty, (t.ResultType, t.OptionType)):
         return _lower_variant_like(ty)
-    return lambda store, value, dst: ty.convert_to_c(store, value, ctypes.pointer(dst))
+    return lambda value, dst: ty.convert_to_c(None, value, ctypes.pointer(dst))  # our WIT has no resources
 
 
 def lifter(ty: t.ValType) -> Lift:
@@ -97,7 +97,7 @@ def lifter(ty: t.ValType) -> Lift:
 
 
 def _lower_scalar(kind: int, field: str, _code: str, ok: Callable[[Any], bool]) -> Lower:
-    def lower(store, value, dst) -> None:
+    def lower(value, dst) -> None:
         if not ok(value):
             raise TypeError(f"expected a {field} value, got {value!r}")
         dst.kind = kind
@@ -105,7 +105,7 @@ def _lower_scalar(kind: int, field: str, _code: str, ok: Callable[[Any], bool]) 
     return lower
 
 
-def _lower_string(store, value, dst) -> None:
+def _lower_string(value, dst) -> None:
     if not isinstance(value, str):
         raise TypeError("expected string type")
     encoded = value.encode()
@@ -118,14 +118,14 @@ def _lower_list(element: t.ValType) -> Lower:
         return _lower_scalar_list(*_SCALARS[type(element)])
     lower_element = lowerer(element)
 
-    def lower(store, value, dst) -> None:
+    def lower(value, dst) -> None:
         if not isinstance(value, list):
             raise TypeError("expected list value")
         raw = _new_list(dst, len(value))
         data = raw.data
         try:  # zeroed elements are `false`: deleting the list frees exactly what was written
             for i, item in enumerate(value):
-                lower_element(store, item, data[i])
+                lower_element(item, data[i])
         except BaseException:
             ffi.wasmtime_component_vallist_delete(byref(raw))
             raise
@@ -141,7 +141,7 @@ def _lower_scalar_list(kind: int, field: str, code: str, ok: Callable[[Any], boo
     kind_byte = bytes([kind])
     as_bytes = field == "u8"  # list<u8> is bytes in wasmtime-py
 
-    def lower(store, value, dst) -> None:
+    def lower(value, dst) -> None:
         if as_bytes:
             if not isinstance(value, (bytes, bytearray)):
                 raise TypeError("expected bytes value")
@@ -177,7 +177,7 @@ def _new_list(dst, n: int, zeroed: bool = True):
 def _lower_record(fields: list[tuple[str, t.ValType]]) -> Lower:
     compiled = [(_c_bytes(name.encode()), name, lowerer(ty)) for name, ty in fields]
 
-    def lower(store, value, dst) -> None:
+    def lower(value, dst) -> None:
         raw = dst.of.record  # allocated in place, like _new_list
         ffi.wasmtime_component_valrecord_new_uninit(raw, len(compiled))
         data = raw.data
@@ -186,7 +186,7 @@ def _lower_record(fields: list[tuple[str, t.ValType]]) -> Lower:
         try:
             for i, (name, attr, lower_field) in enumerate(compiled):
                 entry = data[i]
-                lower_field(store, getattr(value, attr), entry.val)
+                lower_field(getattr(value, attr), entry.val)
                 ffi.wasm_byte_vec_new(byref(entry.name), len(name), name)  # C copies the name
         except BaseException:
             ffi.wasmtime_component_valrecord_delete(byref(raw))
@@ -223,12 +223,12 @@ def _lower_variant_like(ty) -> Lower:
                     return name, lower, value
         raise ValueError("value not valid for this variant")
 
-    def lower(store, value, dst) -> None:
+    def lower(value, dst) -> None:
         name, lower_case, payload = choose(value)
         boxed = None
         if lower_case is not None:
             tmp = _VAL()
-            lower_case(store, payload, tmp)
+            lower_case(payload, tmp)
             boxed = ffi.wasmtime_component_val_new(byref(tmp))
         if is_result:
             dst.kind = _RESULT

@@ -12,7 +12,7 @@ from .issue import allocate, deallocate, issue
 def embed_text(inst, q: int, tokens: list[int], positions: list[int], embeds: list[int]) -> int:
     def build():
         ids = inst.resources.physical_embeds(embeds)
-        return p.EmbedTextItem(list(tokens), list(positions), ids), len(tokens), {Embed(e) for e in ids}, set()
+        return p.EmbedTextItem(list(tokens), list(positions), ids), len(tokens), {Embed(e) for e in ids}, set(), None
     return issue(inst, q, "embed_text", f.UNIT, build)
 
 

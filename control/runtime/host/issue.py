@@ -12,18 +12,17 @@ from .. import futures as f
 def issue(inst, q: int, call_type: str, kind: str, build: Callable) -> int:
     """Create a future, resolve handles with ``build()`` and queue the command on ``q``.
 
-    ``build`` returns (item, num_tokens, written keys, read keys[, kv_context]) in physical
-    ids (``kv_context``: see ``Command``); a ResourceError (foreign, freed or forged handle)
-    fails the future instead of trapping.
+    ``build`` returns (item, num_tokens, written keys, read keys, kv_context or None) in
+    physical ids (``kv_context``: see ``Command``); a ResourceError (foreign, freed or forged
+    handle) fails the future instead of trapping.
     """
     fut = inst.futures.create(kind)
     try:
-        item, num_tokens, writes, reads, *kv_context = build()
+        item, num_tokens, writes, reads, kv_context = build()
     except ResourceError as exc:
         inst.futures.fail(fut, str(exc))
         return fut.handle
-    inst.loop.submit(inst, q, call_type, item, fut, num_tokens, frozenset(writes), frozenset(reads),
-                     kv_context[0] if kv_context else None)
+    inst.loop.submit(inst, q, call_type, item, fut, num_tokens, frozenset(writes), frozenset(reads), kv_context)
     return fut.handle
 
 

@@ -17,14 +17,14 @@ def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: i
             writes, reads = {KvSlots(dst_id, dst_offset, dst_offset + count)}, {KvSlots(src_id, src_offset, src_offset + count)}
         except ValueError:  # empty or negative range: the inference layer reports the exact error
             writes, reads = set(), set()
-        return item, 1, writes, reads
+        return item, 1, writes, reads, None
     return issue(inst, q, "copy_kvpage", f.UNIT, build)
 
 
 def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
     def build():
         (page_id,) = inst.resources.physical_pages([page])
-        return p.MaskKvPageItem(page_id, list(masked)), 1, {KvSlots.page(page_id)}, set()
+        return p.MaskKvPageItem(page_id, list(masked)), 1, {KvSlots.page(page_id)}, set(), None
     return issue(inst, q, "mask_kvpage", f.UNIT, build)
 
 
