@@ -255,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_args(ps)
     ps.set_defaults(func=commands.cmd_ps)
 
+    exports = sub.add_parser(
+        "exports", help="list named KvPage exports (drop them with --drop)",
+        description="List the KvPage exports inferlets published by name (oldest first), or drop some. An export "
+                    "outlives an exporter that finishes (a prompt cache); a killed exporter's exports are dropped "
+                    "with it, and exports whose exporter ended are dropped, oldest first, when the KvPage pool "
+                    "runs out. Dropping one frees the pages no importer holds.")
+    exports.add_argument("--drop", nargs="+", default=[], metavar="NAME", help="release these exports")
+    _add_client_args(exports)
+    exports.set_defaults(func=commands.cmd_exports)
+
     kill = sub.add_parser("kill", help="terminate an instance")
     kill.add_argument("instance_id", metavar="INSTANCE")
     _add_client_args(kill)

@@ -89,6 +89,12 @@ class OvenClient:
     def terminate(self, instance_id: str) -> None:
         self.request(c.Terminate(instance_id))
 
+    def exports(self) -> list[c.ExportEntry]:
+        return self.request(c.ListExports()).exports
+
+    def drop_export(self, name: str) -> None:
+        self.request(c.DropExport(name))
+
     def info(self, timeout_s: float | None = None) -> c.ServerInfoReply:
         reply = self.request(c.ServerInfo(), timeout_s)
         self.lease_s = reply.lease_s

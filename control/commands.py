@@ -216,6 +216,19 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return _with_client(args, show)
 
 
+def cmd_exports(args: argparse.Namespace) -> int:
+    def act(client: OvenClient) -> None:
+        for name in args.drop:
+            client.drop_export(name)
+            print(f"dropped {name}")
+        if args.drop:
+            return
+        print(f"{'EXPORT':32} {'PAGES':>6}  {'EXPORTER':20} EXPORTER STATE")
+        for e in client.exports():
+            print(f"{e.name:32} {e.num_pages:6d}  {e.exporter:20} {'running' if e.exporter_running else 'ended'}")
+    return _with_client(args, act)
+
+
 def cmd_kill(args: argparse.Namespace) -> int:
     return _with_client(args, lambda client: client.terminate(args.instance_id))
 

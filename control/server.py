@@ -48,7 +48,8 @@ class ControlServer:
         self._handlers = {
             c.UploadChunk: self._upload, c.ListPrograms: self._list_programs, c.Launch: self._launch,
             c.ListInstances: self._list_instances, c.SendMessage: self._send, c.Attach: self._attach,
-            c.Terminate: self._terminate, c.ServerInfo: self._server_info, c.Stats: self._stats,
+            c.Terminate: self._terminate, c.ListExports: self._list_exports, c.DropExport: self._drop_export,
+            c.ServerInfo: self._server_info, c.Stats: self._stats,
             c.Heartbeat: lambda _client, _req: c.Ok(),
         }
 
@@ -161,6 +162,17 @@ class ControlServer:
 
     def _terminate(self, _client, req: c.Terminate) -> c.Ok:
         self.loop.kill(self._instance(req.instance_id), "terminated by a client", exit_code=143)
+        return c.Ok()
+
+    def _list_exports(self, _client, _req) -> c.ExportList:
+        running = self.loop.instances
+        return c.ExportList([c.ExportEntry(e.name, len(e.page_ids), e.owner_id, e.owner_id in running)
+                             for e in self.loop.exports.exports()])
+
+    def _drop_export(self, _client, req: c.DropExport) -> c.Ok:
+        if req.name not in self.loop.exports:
+            raise RequestFailed("unknown_export", f"no kvpage export named {req.name!r}")
+        self.loop.exports.drop(req.name)
         return c.Ok()
 
     def _server_info(self, _client, _req) -> c.ServerInfoReply:

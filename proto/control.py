@@ -109,6 +109,31 @@ class Terminate:
 
 
 @dataclass(frozen=True, slots=True)
+class ListExports:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ExportEntry:
+    name: str
+    num_pages: int
+    exporter: str  # instance id
+    exporter_running: bool  # False: an orphan, dropped first when the KvPage pool runs out
+
+
+@dataclass(frozen=True, slots=True)
+class ExportList:
+    exports: list[ExportEntry]  # oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class DropExport:
+    """Release a named KvPage export; importers keep the pages they hold."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class ServerInfo:
     pass
 
@@ -155,7 +180,7 @@ class Ok:
 
 @dataclass(frozen=True, slots=True)
 class ControlError:
-    code: str  # malformed | unknown_program | unknown_instance | bad_upload | launch_failed | ...
+    code: str  # malformed | unknown_program | unknown_instance | unknown_export | bad_upload | launch_failed | ...
     message: str
 
 
@@ -183,6 +208,9 @@ CODEC = Codec(
         "send": SendMessage,
         "attach": Attach,
         "terminate": Terminate,
+        "list_exports": ListExports,
+        "export_list": ExportList,
+        "drop_export": DropExport,
         "server_info": ServerInfo,
         "server_info_reply": ServerInfoReply,
         "stats": Stats,
@@ -194,5 +222,5 @@ CODEC = Codec(
     },
 )
 
-REQUESTS = (UploadChunk, ListPrograms, Launch, ListInstances, SendMessage, Attach, Terminate, ServerInfo, Stats,
-            Heartbeat)
+REQUESTS = (UploadChunk, ListPrograms, Launch, ListInstances, SendMessage, Attach, Terminate, ListExports, DropExport,
+            ServerInfo, Stats, Heartbeat)

@@ -118,3 +118,25 @@ def test_vanished_client_leaks_nothing(server):
         assert entry.state == "killed" and "lease" in entry.error
         stats = client.stats()
         assert (stats.free_kv_pages, stats.free_embeds) == (full.free_kv_pages, full.free_embeds)
+
+
+def test_exports_are_listed_and_dropped(server):
+    """A finished exporter's export outlives it; `oven exports` shows it and `--drop` gives its pages back."""
+    control, _, _ = server
+    with OvenClient(control) as client:
+        full = client.stats().free_kv_pages
+    done = oven("run", "--server", control, "prefix-cache", "--", "A system prompt worth caching. " * 4, "Hi", "2")
+    assert done.returncode == 0, done.stderr
+    with OvenClient(control) as client:
+        (entry,) = client.exports()
+        assert entry.name.startswith("prefix-cache/") and entry.num_pages > 0 and not entry.exporter_running
+        assert client.stats().free_kv_pages == full - entry.num_pages
+    listing = oven("exports", "--server", control)
+    assert listing.returncode == 0 and listing.stdout.splitlines()[1].split() == [
+        entry.name, str(entry.num_pages), entry.exporter, "ended"]
+    dropped = oven("exports", "--server", control, "--drop", entry.name)
+    assert dropped.returncode == 0 and dropped.stdout.strip() == f"dropped {entry.name}"
+    with OvenClient(control) as client:
+        assert client.exports() == [] and client.stats().free_kv_pages == full
+    again = oven("exports", "--server", control, "--drop", entry.name)
+    assert again.returncode == 1 and f"unknown_export: no kvpage export named {entry.name!r}" in again.stderr

@@ -45,7 +45,8 @@ def make_loop(inference, tmp_path, policy: str):
     events = []
     loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
-    loop.programs.add((INFERLETS_DIR / "hello-python" / "hello-python.wasm").read_bytes(), "hello-python")
+    for name in ("hello-python", "prefix-cache"):
+        loop.programs.add((INFERLETS_DIR / name / f"{name}.wasm").read_bytes(), name)
     loop.events = events
     return loop
 
@@ -101,4 +102,21 @@ def test_offload_swaps_out_an_instance_waiting_on_io(inference, expected, tmp_pa
     settle(loop, paused)
     assert message(loop, paused) == expected[PROMPT_A]
     assert loop.kv_pool.num_free == NUM_PAGES and loop.host_pool.num_free == 8
+    loop.close()
+
+
+def test_an_ended_exporters_export_is_dropped_before_anyone_is_terminated(inference, expected, tmp_path):
+    """prefix-cache leaves 3 of the 5 pages in an export; a newcomer needing 3 gets them from it."""
+    loop = make_loop(inference, tmp_path, "terminate-newest")
+    prefix = f"{PROMPT_A} {PROMPT_B}"
+    assert 32 < len(Tokenizer(inference.info.tokenizer).encode(prefix)) <= 48  # 3 pages
+    exporter = loop.launch("prefix-cache", [prefix, "go", "2"])
+    settle(loop, exporter)
+    assert exporter.exit_code == 0, exporter.error
+    ((name, num_pages),) = loop.exports.list_exports()
+    assert num_pages == 3 and loop.kv_pool.num_free == NUM_PAGES - 3
+    newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)])
+    settle(loop, newcomer)
+    assert message(loop, newcomer) == expected[PROMPT_B]
+    assert name not in loop.exports and loop.kv_pool.num_free == NUM_PAGES
     loop.close()

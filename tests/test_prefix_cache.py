@@ -2,7 +2,8 @@
 
 Exports outlive their exporter: the runtime keeps an export's pages until it is released,
 and only the exporter may release it (``release-export``) while it runs; after it exits,
-only the runtime's own ``ExportRegistry.drop`` frees them, as this test does at the end.
+only the runtime's own ``ExportRegistry.drop`` frees them (an operator's ``oven exports --drop``,
+or a KvPage pool that runs out), as this test does at the end.
 """
 
 from __future__ import annotations

@@ -390,6 +390,44 @@ def test_import_errors(pools):
     assert importer.num_kvpages == 0 and pools.kv.refcount(0) == 2
 
 
+def test_orphans_are_reclaimed_oldest_first_and_only_for_pages_they_free(pools):
+    """Exports of ended exporters go first in, first out, until enough pages came free."""
+    ended = [pools.table(i) for i in (1, 2, 3)]
+    running, importer = pools.table(4), pools.table(5)
+    for table, name, n in zip(ended, ("old", "imported", "new"), (2, 1, 2)):
+        pools.exports.export_kvpages(table, name, table.alloc_kvpages(n))
+        table.release_all()
+    pools.exports.export_kvpages(running, "live", running.alloc_kvpages(1))
+    held = pools.exports.import_kvpages(importer, "imported")  # its one page lives on in the importer
+    alive = {4, 5}
+
+    assert [e.name for e in pools.exports.reclaim_orphans(1, alive)] == ["old"]
+    assert pools.kv.num_used == 4 and "old" not in pools.exports
+    # "imported" would free nothing: kept (still importable); "live" has a running exporter.
+    assert [e.name for e in pools.exports.reclaim_orphans(10, alive)] == ["new"]
+    assert pools.exports.list_exports() == [("imported", 1), ("live", 1)]
+    assert pools.exports.reclaim_orphans(10, alive) == []
+    importer.dealloc_kvpages(held)
+    assert [e.name for e in pools.exports.reclaim_orphans(1, alive)] == ["imported"]
+    assert pools.exports.reclaim_orphans(1, {5}) == []  # "live": an orphan now, but its exporter holds the page
+    running.release_all()
+    assert [e.name for e in pools.exports.reclaim_orphans(1, {5})] == ["live"]
+    pools.assert_all_free()
+
+
+def test_a_page_two_orphans_share_frees_with_the_second(pools):
+    owner = pools.table(1)
+    a, b = owner.alloc_kvpages(2)
+    pools.exports.export_kvpages(owner, "first", [a, b])
+    pools.exports.export_kvpages(owner, "second", [b])
+    owner.release_all()
+    # "first" frees page a; page b needs both dropped, so asking for 2 drops both.
+    assert [e.name for e in pools.exports.reclaim_orphans(1, set())] == ["first"]
+    assert pools.kv.num_used == 1
+    assert [e.name for e in pools.exports.reclaim_orphans(1, set())] == ["second"]
+    pools.assert_all_free()
+
+
 def test_only_the_exporter_may_unexport_but_the_runtime_may_drop(pools):
     owner, other = pools.table(1), pools.table(2)
     pools.exports.export_kvpages(owner, "a", owner.alloc_kvpages(1))

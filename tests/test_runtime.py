@@ -73,6 +73,7 @@ def test_bad_handles_get_errors(loop, mode, fragment):
     ("memory", "wasm trap"),
     ("trap", "runtimeerror: hostile inferlet gave up"),
     ("early-take", "has not completed yet"),  # a host function's own error kills the caller
+    ("export-trap", "exported, then gave up"),  # its export goes with it (assert_pools_full)
 ])
 def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     """A spinning, memory-hungry or crashing inferlet is killed while a well-behaved one finishes."""

@@ -6,17 +6,25 @@ page into the importer's table; a physical page is freed only when the last
 of these holders lets go. Pages are shared, not copied: the runtime, not this
 module, decides whether writes to a shared page are allowed.
 
-Lifetime: an export lasts until it is released explicitly, as in Pie. Outliving
-the exporter is the point — a prompt-cache inferlet exports a system prompt's
-KV once and exits, and later inferlets import it. Only the exporter may
-``unexport`` while it runs; ``drop`` is for the runtime itself (an operator
-command, or reclaiming an orphaned export under memory pressure), and
-``names_exported_by`` tells it which exports an exited instance left behind.
+Lifetime: an export lasts until it is released, as in Pie. Outliving the
+exporter is the point — a prompt-cache inferlet exports a system prompt's KV
+once and exits, and later inferlets import it. Only the exporter may
+``unexport`` while it runs; ``drop`` is for the runtime itself, which drops
+
+* every export of an instance that was killed (trap, ``oven kill``, lease
+  expiry): its KV may be half written, and the issue's contract is that a
+  killed instance leaves nothing behind;
+* *orphans* (exports whose exporter has ended) when the KvPage pool runs out,
+  oldest first, before the exhaustion policy touches a running instance
+  (:meth:`reclaim_orphans`): an orphan is a cache, a running instance's pages
+  are its state;
+* whatever an operator names (``oven exports --drop NAME``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections import Counter
+from collections.abc import Container, Hashable, Iterable
 from dataclasses import dataclass
 
 from .pool import PhysicalPool
@@ -83,11 +91,11 @@ class ExportRegistry:
             raise ResourceError(f"export {name!r} belongs to another inferlet; only its exporter may release it")
         self.drop(name)
 
-    def drop(self, name: str) -> None:
-        """Release ``name`` whoever exported it (the runtime's own call, not an inferlet's)."""
+    def drop(self, name: str) -> list[int]:
+        """Release ``name`` whoever exported it (the runtime's own call, not an inferlet's); the pages freed."""
         export = self._get(name)
         del self._export_by_name[name]
-        self.kv_pool.release(export.page_ids)
+        return self.kv_pool.release(export.page_ids)
 
     def get(self, name: str) -> Export:
         return self._get(name)
@@ -95,6 +103,29 @@ class ExportRegistry:
     def list_exports(self) -> list[tuple[str, int]]:
         """(name, number of pages) of every export, sorted by name."""
         return sorted((name, len(export.page_ids)) for name, export in self._export_by_name.items())
+
+    def exports(self) -> list[Export]:
+        """Every export, oldest first."""
+        return list(self._export_by_name.values())
+
+    def reclaim_orphans(self, needed: int, running: Container[Hashable]) -> list[Export]:
+        """Drop orphans (exporter not in ``running``), oldest first, until ``needed`` pages came free.
+
+        Only an orphan holding a page that no one but orphans holds is dropped: one whose
+        pages all live on in importers frees nothing and stays importable. Returns the
+        dropped exports (none when no orphan frees anything).
+        """
+        orphans = [e for e in self._export_by_name.values() if e.owner_id not in running]
+        orphan_refs = Counter(page for export in orphans for page in export.page_ids)
+        freeable = {page for page, refs in orphan_refs.items() if self.kv_pool.refcount(page) == refs}
+        dropped, freed = [], 0
+        for export in orphans:
+            if freed >= needed:
+                break
+            if freeable.intersection(export.page_ids):  # (a page two orphans share frees with the second)
+                freed += len(self.drop(export.name))
+                dropped.append(export)
+        return dropped
 
     def names_exported_by(self, instance_id: Hashable) -> list[str]:
         return sorted(name for name, export in self._export_by_name.items() if export.owner_id == instance_id)

@@ -3,7 +3,9 @@
 * **alloc**: a fresh KvPage still holds its previous owner's K/V, so before the
   handles are handed out every slot is masked (hidden) on the device; a write
   unmasks its slot. An inferlet can therefore never attend over tokens it did
-  not write. When a pool is exhausted the configured policy decides:
+  not write. When the KvPage pool is exhausted, exports whose exporter has
+  ended are dropped first (oldest first; see resources/exports.py). When that
+  is not enough, or the Embed pool is exhausted, the configured policy decides:
   ``terminate-newest`` kills the newest instances (Pie's FCFS), ``wait`` parks
   the call until memory is freed, ``offload`` moves the pages of instances
   waiting on I/O to the host tier.
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -24,6 +27,8 @@ from oven.proto import inference as p
 
 from .futures import UNIT, Future
 from .instance import State
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,6 +94,9 @@ class Allocator:
     # -- exhaustion ------------------------------------------------------------
 
     def _exhausted(self, inst, q, kind, count, fut, exc: PoolExhausted) -> None:
+        if kind == "kvpages" and self._reclaim_orphaned_exports(exc.requested - exc.available):
+            self.allocate(inst, q, kind, count, fut)  # exhausted again only when no orphan is left to drop
+            return
         now = time.monotonic()
         usage = [self._usage(i, kind, now) for i in self.loop.instances.values()]
         decision = choose_victims(self.policy, usage, inst.instance_id, exc.requested - exc.available, now,
@@ -107,6 +115,14 @@ class Allocator:
             self.allocate(inst, q, kind, count, fut)
         elif inst.alive:
             self._parked.append(_Parked(inst, q, kind, count, fut, now))
+
+    def _reclaim_orphaned_exports(self, needed: int) -> bool:
+        """Drop exports whose exporter has ended (a cache) before touching a running instance."""
+        dropped = self.loop.exports.reclaim_orphans(needed, self.loop.instances)
+        for export in dropped:
+            log.info("dropped export %r (%d kvpages, exporter %s ended): the KvPage pool ran out",
+                     export.name, len(export.page_ids), export.owner_id)
+        return bool(dropped)
 
     def _usage(self, inst, kind: str, now: float) -> InstanceUsage:
         table = inst.resources

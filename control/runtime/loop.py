@@ -131,6 +131,9 @@ class ControlLoop:
             _, fut = self._commands.pop(command.command_id)
             inst.futures.fail(fut, "the instance ended")
         self.allocator.forget(inst)
+        if inst.state is State.KILLED:  # its KV may be half written: no one should import it
+            for name in self.exports.names_exported_by(inst.instance_id):
+                self.exports.drop(name)
         inst.resources.release_all()
         inst.release_store()
         self.topics.forget(inst.instance_id)

@@ -9,6 +9,7 @@ Argument: one of
   quota           allocate more pages than its quota
   trap            raise an exception
   early-take      take a message before it arrived (the host refuses: the instance is killed)
+  export-trap     export two KvPages by name, then raise (a killed exporter's exports go with it)
 Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
@@ -50,6 +51,9 @@ def main():
     f = embeds.alloc_embeds(0, 2)
     yield from wait_all([f])
     slots = futures.take_handles(f)
+    if mode == "export-trap":
+        kvpages.export_kvpages(pages, "hostile/export-trap")
+        raise RuntimeError("hostile inferlet exported, then gave up")
     if mode == "forged":
         f = forward.forward(0, [pages[0] + 1000], 1, [slots[0]], [0], [slots[1]], [])
     elif mode == "double-free":
