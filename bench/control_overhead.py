@@ -55,6 +55,7 @@ from oven.control.inference_client import InferenceClient  # noqa: E402
 from oven.control.inference_process import private_endpoint  # noqa: E402
 from oven.control.runtime.loop import ControlLoop  # noqa: E402
 from oven.control.serve import settle_heap  # noqa: E402
+from oven.proto import inference as p  # noqa: E402
 
 API_GOAL_US, CPU_GOAL_US, LAUNCH_P50_GOAL_MS, LAUNCH_P99_GOAL_MS = 30.0, 150.0, 10.0, 50.0
 API_OPS = ("baseline", "now-ms", "poll", "tokenize")
@@ -145,6 +146,27 @@ def part_api(bench: Bench, loop: ControlLoop, args) -> str:
     return head + markdown_table(["call", "median us/call", "p99 us/call", "wall s", "goal"], rows)
 
 
+def wake_penalty(sleep_s: float, reps: int = 300) -> tuple[float, float]:
+    """Median thread CPU (us) of one fixed piece of the loop's own work, run back to back and right after a sleep.
+
+    The work is what a reply costs the loop: decode a one-item ForwardTextReply, ten times (~30 us warm). With
+    one instance the loop sleeps through every device step, so each token's work starts after such a sleep.
+    """
+    reply = p.CODEC.encode(p.ForwardTextReply([None], [[p.TopKDist(b"\x01\x00\x00\x00", b"\x00\x00\x80?")]]), 7)
+
+    def work() -> int:
+        start = time.thread_time_ns()
+        for _ in range(10):
+            p.CODEC.decode(reply)
+        return time.thread_time_ns() - start
+    warm, after_sleep = [], []
+    for _ in range(reps):
+        warm.append(work())
+        time.sleep(sleep_s)
+        after_sleep.append(work())
+    return statistics.median(warm) / 1e3, statistics.median(after_sleep) / 1e3
+
+
 def part_cpu(bench: Bench, loop: ControlLoop, args) -> str:
     rows = []
     variants = [(program, flags) for program in ("hello-python", "hello-rust") for flags in ([], ["--fused"])]
@@ -165,6 +187,12 @@ def part_cpu(bench: Bench, loop: ControlLoop, args) -> str:
         print(f"(b) {program:20s} {num:4d} instances: loop thread {thread_us:4.0f} us/token = inferlet code {code_us:4.0f} "
               f"+ control layer {control_us:4.0f} (after launch() {steady_us:.0f}); process {proc_us:4.0f}; "
               f"{tokens / wall:5.0f} tokens/s, loop thread busy {thread / wall:.0%}", flush=True)
+    warm_us, cold_us = wake_penalty(args.base_ms / 1000)
+    wake = (f"Wake-up cost of this machine: the same {warm_us:.0f} us of the loop's work (decoding replies) takes "
+            f"{cold_us:.0f} us ({cold_us / warm_us:.1f}x) when it starts right after a {args.base_ms:g} ms sleep, "
+            "as every token's work does with 1 instance, where the loop sleeps through each device step; "
+            "with 32 or 128 instances the loop is busy and runs warm.")
+    print(f"(b) {wake}", flush=True)
     head = (f"### (b) Control CPU per generated token, `hello-python` and `hello-rust`, {args.cpu_tokens} tokens "
             "each\n\n"
             "Loop thread = `time.thread_time()` of the thread running the ControlLoop, launches included. It runs the "
@@ -175,7 +203,7 @@ def part_cpu(bench: Bench, loop: ControlLoop, args) -> str:
             f"Goal: control layer <= {CPU_GOAL_US:.0f} us per token.\n\n")
     return head + markdown_table(["inferlet", "instances", "tokens", "loop thread us/token", "inferlet code",
                                   "control layer", "control, without launch()", "process us/token", "tokens/s",
-                                  "loop thread busy", "goal"], rows)
+                                  "loop thread busy", "goal"], rows) + "\n\n" + wake
 
 
 def part_launch(bench: Bench, loop: ControlLoop, args) -> str:

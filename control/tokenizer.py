@@ -48,7 +48,9 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are recognised, none are added."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # The same ids as encode(); it skips the character offsets nobody here reads (about 3 us of
+        # 18 for a short sentence, on the path of every tokenize call an inferlet makes).
+        return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -40,7 +40,8 @@ def test_chat_template_and_tokens_match_transformers(server, hf):
     tok = Tokenizer(server.info.tokenizer)
     text = hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert tok.render_chat(MESSAGES) == text
-    assert tok.encode(text) == hf_tok(text, add_special_tokens=False)["input_ids"]
+    for sample in (text, "", "héllo wörld — ✓ 日本語 🙂", "\n\n\t  def f(x):\n    return x**2\n"):
+        assert tok.encode(sample) == hf_tok(sample, add_special_tokens=False)["input_ids"]
     assert tok.stop_token_ids >= {hf_tok.eos_token_id}
 
 
