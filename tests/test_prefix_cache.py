@@ -1,5 +1,7 @@
 """inferlets/prefix-cache: importing a prefix's pages gives the same tokens for fewer forwarded.
 
+The export holds what a flush forwards: the prefix but its last token, which importers forward.
+
 Exports outlive their exporter: the runtime keeps an export's pages until it is released,
 and only the exporter may release it (``release-export``) while it runs; after it exits,
 only the runtime's own ``ExportRegistry.drop`` frees them (an operator's ``oven exports --drop``,
@@ -55,7 +57,8 @@ def clean_prefix_pages(inference, page_size: int, prefix: list[int], pages: list
 def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
     tok = Tokenizer(loop.info.tokenizer)
     prefix, page_size = tok.encode(PREFIX), loop.info.page_size
-    assert len(prefix) % page_size  # a partial last page, written by importers only after a copy
+    held = prefix[:-1]  # what the flush forwards and the export holds
+    assert len(held) % page_size  # a partial last page, written by importers only after a copy
     suffixes = [tok.encode(s) for s in SUFFIXES]
     # Before any export exists: direct generation writes physical pages from 0 up.
     expected = [direct_greedy(inference, loop, prefix + s, MAX_NEW) for s in suffixes]
@@ -63,23 +66,24 @@ def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
     (first,) = run(loop, "prefix-cache", [[PREFIX, SUFFIXES[0], str(MAX_NEW)]])
     assert result(loop, first) == {"tokens": expected[0], "imported": False,
                                    "forwarded": len(prefix) + len(suffixes[0]) + MAX_NEW - 1}
-    # The exporter has exited; its export lives on with the prefix's pages.
+    # The exporter has exited; its export lives on with the pages of the prefix but its last token.
     ((name, num_pages),) = loop.exports.list_exports()
-    assert name.startswith("prefix-cache/") and num_pages == -(-len(prefix) // page_size)
+    assert name.startswith("prefix-cache/") and num_pages == -(-len(held) // page_size)
     assert loop.exports.names_exported_by(first.instance_id) == [name]
 
     later = run(loop, "prefix-cache", [[PREFIX, s, str(MAX_NEW)] for s in SUFFIXES] +
                 [[PREFIX, SUFFIXES[1], str(MAX_NEW), "--no-cache"]])
     for inst, s, want in zip(later, suffixes, expected):
-        assert result(loop, inst) == {"tokens": want, "imported": True, "forwarded": len(s) + MAX_NEW - 1}
+        assert result(loop, inst) == {"tokens": want, "imported": True, "forwarded": 1 + len(s) + MAX_NEW - 1}
     assert result(loop, later[-1]) == {"tokens": expected[1], "imported": False,
                                        "forwarded": len(prefix) + len(suffixes[1]) + MAX_NEW - 1}
     assert loop.exports.list_exports() == [(name, num_pages)]  # --no-cache neither imports nor exports
 
-    # The export holds the prefix and nothing else: no instance wrote into its pages after exporting.
+    # The export holds the prefix but its last token and nothing else: no instance wrote into its
+    # pages after exporting (the importers' last prefix token included).
     exported = list(loop.exports.get(name).page_ids)
     free = [i for i in range(loop.kv_pool.size) if loop.kv_pool.refcount(i) == 0][:num_pages + 2]
-    clean_prefix_pages(inference, page_size, prefix, free[:num_pages])
+    clean_prefix_pages(inference, page_size, held, free[:num_pages])
     (got_ids, got), (want_ids, want) = (probe(inference, page_size, exported, free[-1]),
                                         probe(inference, page_size, free[:num_pages], free[-2]))
     assert got_ids == want_ids

@@ -1,4 +1,9 @@
-"""The Python SDK (sdk/python/inferlet): samplers on the host, and text completion end to end."""
+"""The Python SDK (sdk/python/inferlet): samplers on the host, and text completion end to end.
+
+``text-completion --steps`` decodes with ``flush`` and ``next_dist`` instead of ``generate``:
+the tests below pin their semantics (the Rust SDK's): a flush forwards every pending token but
+the last, and a decode step with nothing pending forwards the last token again.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from harness import assert_pools_full, direct_greedy, events_of, messages, run
+from oven.control.tokenizer import Tokenizer
 
 SDK = Path(__file__).resolve().parent.parent / "sdk" / "python" / "inferlet"
 
@@ -71,8 +77,6 @@ def test_text_completion_equals_direct_greedy(loop, inference):
 
 
 def test_chat_completion_uses_the_template(loop, inference):
-    from oven.control.tokenizer import Tokenizer
-
     (inst,) = run(loop, "text-completion", [["Hi there", "8", "--chat"]])
     assert inst.exit_code == 0, inst.error
     prompt = Tokenizer(loop.info.tokenizer).render_chat([{"role": "user", "content": "Hi there"}], True)
@@ -89,4 +93,50 @@ def test_concurrent_completions_equal_solo_runs_and_seeded_sampling_repeats(loop
     first, second = (messages(loop, i) for i in instances[-2:])
     assert first == second and len(first[0].split()) == 9
     assert events_of(loop, instances[0], "stdout")  # the completion is printed too
+    assert_pools_full(loop)
+
+
+def record_forwards(loop, monkeypatch) -> list[list[int]]:
+    """The positions of every forward-text command the scheduler batches during the test."""
+    positions, form = [], loop.scheduler.form_batch
+
+    def recording(*args):
+        batch = form(*args)
+        if batch is not None and batch.call_type == "forward_text":
+            positions.extend(list(command.item.positions) for command in batch.commands)
+        return batch
+    monkeypatch.setattr(loop.scheduler, "form_batch", recording)
+    return positions
+
+
+@pytest.mark.parametrize("prompt", ["The quick brown fox", "Once upon a time, in a land far away, there lived a"])
+def test_flush_leaves_the_last_token_and_a_step_with_nothing_pending_feeds_it_again(loop, inference, monkeypatch,
+                                                                                       prompt):
+    num_prompt = len(Tokenizer(loop.info.tokenizer).encode(prompt))
+    forwards = record_forwards(loop, monkeypatch)
+    (inst,) = run(loop, "text-completion", [[prompt, "8", "--steps"]])
+    assert inst.exit_code == 0, inst.error
+    expected = direct_greedy(inference, loop, prompt, 8)
+    assert messages(loop, inst) == [" ".join(map(str, expected))]
+    # The flush: every prompt token but the last. Then per token two forwards of one token at the
+    # same position: the pending one, then (nothing pending) the same one again.
+    steps = range(num_prompt - 1, num_prompt - 1 + len(expected))
+    assert forwards == [list(range(num_prompt - 1))] + [[position] for position in steps for _ in range(2)]
+    assert_pools_full(loop)
+
+
+def test_a_flush_of_one_token_forwards_nothing(loop, inference, monkeypatch):
+    assert len(Tokenizer(loop.info.tokenizer).encode("Hi")) == 1
+    forwards = record_forwards(loop, monkeypatch)
+    (inst,) = run(loop, "text-completion", [["Hi", "3", "--steps"]])
+    assert inst.exit_code == 0, inst.error
+    expected = direct_greedy(inference, loop, "Hi", 3)
+    assert messages(loop, inst) == [" ".join(map(str, expected))]
+    assert forwards == [[position] for position in range(len(expected)) for _ in range(2)]
+
+
+@pytest.mark.parametrize("mode", [[], ["--steps"]], ids=["generate", "steps"])
+def test_decoding_an_empty_context_fails_clearly(loop, mode):
+    (inst,) = run(loop, "text-completion", [["", "4", *mode]])
+    assert inst.exit_code != 0 and "the context is empty: fill it before decoding" in inst.error
     assert_pools_full(loop)

@@ -47,7 +47,7 @@ class CostModel:
         """Time prefills and offload/restore round trips on scratch contexts."""
         recompute = []
         for n in RECOMPUTE_SIZES:
-            tokens = (sample * (n // max(len(sample), 1) + 1))[:n]
+            tokens = (sample * (n // max(len(sample), 1) + 2))[:n + 1]  # a flush forwards all but the last
             best = None
             for _ in range(2):  # the first run of a size may pay for warm-up
                 with inferlet.Context() as scratch:

@@ -30,9 +30,8 @@ async def main(args: list[str]) -> None:
     if not prompt:
         raise ValueError("the prompt is empty")
     with inferlet.Context() as ctx:
-        ctx.fill_tokens(prompt[:-1])
-        await ctx.flush()
-        ctx.fill_tokens(prompt[-1:])
+        ctx.fill_tokens(prompt)
+        await ctx.flush()  # all but the last token, which the first step feeds
         hidden_end = sink  # tokens [sink, hidden_end) are hidden
         for _ in range(max_new):
             if len(ctx) - window > hidden_end:

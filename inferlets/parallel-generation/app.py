@@ -2,11 +2,12 @@
 
 Arguments: PROMPT MAX_NEW_TOKENS SUFFIX [SUFFIX ...]
 
-The prompt is forwarded once (all but its last token: each branch forwards that one with its
-suffix, so an empty suffix works too). Each branch forks the prompt's context (full pages are
-shared, the partial last page is copied), appends its suffix and decodes greedily; the branches
-run concurrently, so their forwards batch together. Branch i's tokens are those of decoding
-tokenize(PROMPT) + tokenize(SUFFIX_i) alone. Sends one JSON message, in argument order:
+The prompt is forwarded once by a flush (all but its last token, which stays pending: each
+branch forwards that one with its suffix, so an empty suffix works too). Each branch forks the
+prompt's context (full pages are shared, the partial last page is copied, the pending token is
+carried over), appends its suffix and decodes greedily; the branches run concurrently, so their
+forwards batch together. Branch i's tokens are those of decoding tokenize(PROMPT) +
+tokenize(SUFFIX_i) alone. Sends one JSON message, in argument order:
 [{"suffix": ..., "tokens": [ids], "text": ...}, ...].
 """
 
@@ -17,9 +18,8 @@ import inferlet
 USAGE = "usage: parallel-generation PROMPT MAX_NEW_TOKENS SUFFIX [SUFFIX ...]"
 
 
-async def branch(prompt: inferlet.Context, last: list[int], suffix: str, max_new: int) -> dict:
+async def branch(prompt: inferlet.Context, suffix: str, max_new: int) -> dict:
     with await prompt.fork() as ctx:
-        ctx.fill_tokens(last)
         ctx.fill(suffix)
         text = await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=max_new))
         return {"suffix": suffix, "tokens": ctx.generated, "text": text}
@@ -32,9 +32,9 @@ async def main(args: list[str]) -> None:
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     with inferlet.Context() as prompt:
-        prompt.fill_tokens(prompt_ids[:-1])
+        prompt.fill_tokens(prompt_ids)
         await prompt.flush()
-        results = await inferlet.gather(*(branch(prompt, prompt_ids[-1:], s, max_new) for s in suffixes))
+        results = await inferlet.gather(*(branch(prompt, s, max_new) for s in suffixes))
     inferlet.send(json.dumps(results))
 
 

@@ -2,13 +2,14 @@
 
 Arguments: PREFIX SUFFIX [MAX_NEW_TOKENS=16] [--no-cache]
 
-The prefix's KV pages are exported as "prefix-cache/" + sha256 of its token ids. An instance
-that finds the export imports the pages and forwards only SUFFIX: the partial last page is
-copied before the suffix is written into it (the SDK's copy-on-write), so the export stays
-intact. One that does not forwards the prefix and exports it; the export outlives this
-instance until it is released (``oven`` keeps exports until released). Two first instances
-racing on a prefix both forward it; the later export is refused, which is fine. Greedy decoding
-of tokenize(PREFIX) + tokenize(SUFFIX). Sends one JSON message:
+An instance that finds no export of the prefix flushes it (forwards every token but the last)
+and exports those tokens' KV pages as "prefix-cache/" + sha256 of the prefix's token ids. One
+that finds the export imports the pages and forwards only the prefix's last token and SUFFIX:
+the partial last page is copied before they are written into it (the SDK's copy-on-write), so
+the export stays intact. The export outlives the instance that made it until it is released
+(``oven`` keeps exports until released). Two first instances racing on a prefix both forward
+it; the later export is refused, which is fine. Greedy decoding of tokenize(PREFIX) +
+tokenize(SUFFIX). Sends one JSON message:
 {"tokens": [ids], "forwarded": tokens run through the model, "imported": bool}.
 """
 
@@ -21,12 +22,17 @@ USAGE = "usage: prefix-cache PREFIX SUFFIX [MAX_NEW_TOKENS] [--no-cache]"
 
 
 async def prefix_context(prefix: list[int], cache: bool) -> tuple[inferlet.Context, bool]:
+    """A context holding ``prefix`` as a flush leaves it (the last token pending, the others
+    forwarded); whether their pages were imported."""
     name = "prefix-cache/" + hashlib.sha256(",".join(map(str, prefix)).encode()).hexdigest()
     if cache:
         try:
-            return inferlet.Context.imported(name, prefix), True
+            ctx = inferlet.Context.imported(name, prefix[:-1])
         except inferlet.OvenError:  # no such export yet
             pass
+        else:
+            ctx.fill_tokens(prefix[-1:])
+            return ctx, True
     ctx = inferlet.Context()
     ctx.fill_tokens(prefix)
     await ctx.flush()
@@ -50,7 +56,7 @@ async def main(args: list[str]) -> None:
     with ctx:
         ctx.fill_tokens(suffix)
         await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=int(args[2]) if len(args) == 3 else 16))
-        forwarded = len(ctx.tokens) - (len(prefix) if imported else 0)
+        forwarded = len(ctx.tokens) - (len(prefix) - 1 if imported else 0)
         inferlet.send(json.dumps({"tokens": ctx.generated, "forwarded": forwarded, "imported": imported}))
 
 

@@ -1,8 +1,11 @@
 """text-completion: a completion on the Python SDK.
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S].
+Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--steps].
 Prints the completion and sends the generated token ids to the client as one message ("1 2 3").
-Greedy unless a temperature is given.
+Greedy unless a temperature is given. --steps decodes with the SDK's primitives instead of
+``generate`` (the tests pin their semantics with it): a flush, which forwards every prompt token
+but the last, then per token ``next_dist`` twice, the second time with nothing pending, so the
+last token is forwarded again; the token is sampled from the second distribution.
 """
 
 import inferlet
@@ -12,9 +15,21 @@ def option(args: list[str], name: str, default: str | None = None) -> str | None
     return args[args.index(name) + 1] if name in args else default
 
 
+async def by_steps(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: int) -> list[int]:
+    """Decode like ``generate`` with a stop at ``max_new`` tokens or an end token; the tokens."""
+    await ctx.flush()
+    generated, end = [], inferlet.stop_tokens()
+    while len(generated) < max_new and not (generated and generated[-1] in end):
+        await ctx.next_dist(sampler.top_k)
+        dist = await ctx.next_dist(sampler.top_k)  # nothing pending: the last token again
+        generated.append(sampler.sample(dist.token_ids, dist.probs))
+        ctx.fill_tokens(generated[-1:])
+    return generated
+
+
 async def main(args: list[str]) -> None:
     if not args:
-        raise ValueError("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S]")
+        raise ValueError("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--steps]")
     max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
     temperature = option(args, "--temperature")
     seed = option(args, "--seed")
@@ -26,8 +41,14 @@ async def main(args: list[str]) -> None:
             ctx.fill_chat([{"role": "user", "content": args[0]}])
         else:
             ctx.fill(args[0])
-        print(await ctx.generate(sampler, inferlet.Stop(max_tokens=max_new)))
-        inferlet.send(" ".join(map(str, ctx.generated)))
+        if "--steps" in args:
+            generated = await by_steps(ctx, sampler, max_new)
+            end = inferlet.stop_tokens()
+            print(inferlet.decode([t for t in generated if t not in end]))
+        else:
+            print(await ctx.generate(sampler, inferlet.Stop(max_tokens=max_new)))
+            generated = ctx.generated
+        inferlet.send(" ".join(map(str, generated)))
 
 
 WitWorld = inferlet.run(main)

@@ -87,7 +87,8 @@ async def main(args: list[str]) -> None:
     for depth in range(len(numbers) - 1):
         if not frontier:
             break
-        await inferlet.gather(*(ctx.flush() for ctx, _, _ in frontier))  # the forks share this prefix
+        # The forks share this prefix but its last token, which each feeds with its "Step:".
+        await inferlet.gather(*(ctx.flush() for ctx, _, _ in frontier))
         jobs = []  # (state, hint or None), in proposal order
         for state in frontier:
             for j in range(min(opt["--width"], opt["--budget"] - len(proposals) - len(jobs))):

@@ -2,9 +2,11 @@
 
 Token i sits at position i in slot i of the context's pages. Filled tokens wait in
 ``pending`` until the next forward, so a decode step is one fused ``forward-text``
-call. Forks share full pages by reference (counted here) and copy the partial last
-page; a page shared with another context, imported or exported, is copied before
-it is written or masked (copy-on-write).
+call. A flush (the prefill) forwards every pending token but the last, which the next
+decode step feeds and gets the distribution after it from the same call; a decode step
+with nothing pending feeds the last forwarded token again. Forks share full pages by
+reference (counted here) and copy the partial last page; a page shared with another
+context, imported or exported, is copied before it is written or masked (copy-on-write).
 """
 
 from __future__ import annotations
@@ -55,21 +57,35 @@ class Context:
 
     # -- forwarding ---------------------------------------------------------------------------
     async def flush(self) -> None:
-        """Forward the pending tokens (a prefill), keeping no distribution."""
-        if self.pending:
-            await self._forward([], 1)
+        """Prefill: forward every pending token but the last, keeping no distribution.
+
+        The last stays pending: the next decode step feeds it and gets the distribution after
+        it from the same call (a fork carries it, so each fork feeds it itself).
+        """
+        if len(self.pending) > 1:
+            await self._forward([], 1, len(self.pending) - 1)
 
     async def next_dist(self, top_k: int = 0):
-        """Forward the pending tokens; the distribution after the last (``token_ids``, ``probs``)."""
+        """Forward the pending tokens; the distribution after the last (``token_ids``, ``probs``).
+
+        With nothing pending, the last token is forwarded again (its K/V slot rewritten with the
+        same values). Raises ValueError if the context is empty.
+        """
+        self._feed_last_again()
         (dist,) = await self._forward([len(self.pending) - 1], top_k)
         return dist
 
     async def dists(self, top_k: int = 0) -> list:
-        """Forward the pending tokens; the distribution after each of them (speculative decoding)."""
+        """Forward the pending tokens; the distribution after each of them (speculative decoding).
+
+        With nothing pending, the last token is forwarded again: one distribution, after it.
+        Raises ValueError if the context is empty.
+        """
+        self._feed_last_again()
         return await self._forward(list(range(len(self.pending))), top_k)
 
     async def decode_step(self, sampler: Sampler | None = None) -> int:
-        """Sample the next token and fill it (it is forwarded with the next step)."""
+        """Sample the next token and fill it (it is forwarded with the next step); as ``next_dist``."""
         sampler = sampler or Greedy()
         dist = await self.next_dist(sampler.top_k)
         token = sampler.sample(dist.token_ids, dist.probs)
@@ -77,7 +93,9 @@ class Context:
         return token
 
     async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> str:
-        """Decode until ``stop``; the text generated (end tokens and stop strings cut off).
+        """Decode until ``stop``; the text generated (end tokens and stop strings cut off). With
+        nothing pending, the first step feeds the last token again; an empty context raises
+        ValueError.
 
         The loop is ``decode_step`` written out: it is the per-token path of most inferlets,
         and every coroutine frame costs microseconds in WebAssembly.
@@ -89,10 +107,12 @@ class Context:
         # A stop string that appears now ends in the newest token, so it lies within the last
         # len(string) tokens (a token is at least one character): decode only those, not all.
         tail = max(map(len, stop.strings), default=0) + 1
+        self._feed_last_again()
         while True:
-            if not self._has_room():
-                await self._make_room()
-            (dist,) = await self._issue_forward([len(self.pending) - 1], top_k)
+            end_of_pending = len(self.tokens) + len(self.pending)
+            if not self._has_room(end_of_pending):
+                await self._make_room(end_of_pending)
+            (dist,) = await self._issue_forward([len(self.pending) - 1], top_k, len(self.pending))
             token = sample(dist.token_ids, dist.probs)
             self.pending.append(token)
             generated.append(token)
@@ -108,39 +128,50 @@ class Context:
     async def generate_until(self, *strings: str, max_tokens: int = 256, sampler: Sampler | None = None) -> str:
         return await self.generate(sampler, Stop(max_tokens=max_tokens, strings=strings))
 
-    async def _forward(self, output_indices: list[int], top_k: int) -> list:
-        if not self.pending:
-            raise ValueError("nothing to forward: fill the context first")
-        if not self._has_room():
-            await self._make_room()
-        return await self._issue_forward(output_indices, top_k)
+    def _feed_last_again(self) -> None:
+        """With nothing pending, make the last forwarded token pending again, so that a decode step
+        has a token to feed (forwarding rewrites its slot and shows it if it was hidden)."""
+        if self.pending:
+            return
+        if not self.tokens:
+            raise ValueError("the context is empty: fill it before decoding")
+        self.pending = [self.tokens.pop()]
+        self._hidden.discard(len(self.tokens))
 
-    def _has_room(self) -> bool:
-        """Do the pages cover the pending tokens, and are the ones they go to ours alone (nothing to
-        allocate or copy first)?"""
-        used = -(-(len(self.tokens) + len(self.pending)) // self.page_size)
+    async def _forward(self, output_indices: list[int], top_k: int, count: int | None = None) -> list:
+        """Forward the first ``count`` pending tokens (all of them by default)."""
+        count = len(self.pending) if count is None else count
+        end = len(self.tokens) + count
+        if not self._has_room(end):
+            await self._make_room(end)
+        return await self._issue_forward(output_indices, top_k, count)
+
+    def _has_room(self, end: int) -> bool:
+        """Do the pages cover the tokens up to ``end``, and are the ones the pending tokens before it
+        go to ours alone (nothing to allocate or copy first)?"""
+        used = -(-end // self.page_size)
         if used > len(self.pages):
             return False
         if not (_refs or _imported):  # the common case: nothing is shared anywhere
             return True
         return not any(_shared(page) for page in self.pages[len(self.tokens) // self.page_size:used])
 
-    async def _make_room(self) -> None:
-        start, end = len(self.tokens), len(self.tokens) + len(self.pending)
+    async def _make_room(self, end: int) -> None:
         await self._reserve(end)
-        for index in range(start // self.page_size, _pages_for(end)):
+        for index in range(len(self.tokens) // self.page_size, _pages_for(end)):
             await self._own(index)
 
-    def _issue_forward(self, output_indices: list[int], top_k: int):
-        """The ``forward-text`` call for the pending tokens (``_has_room`` must hold); its future."""
-        tokens, start = self.pending, len(self.tokens)
-        end = start + len(tokens)
+    def _issue_forward(self, output_indices: list[int], top_k: int, count: int):
+        """The ``forward-text`` call for the first ``count`` pending tokens (``_has_room`` must hold
+        up to them); its future."""
+        tokens, start = self.pending[:count], len(self.tokens)
+        end = start + count
         used = -(-end // self.page_size)
         positions = [start] if end == start + 1 else list(range(start, end))
         handle = forward.forward_text(self.queue.id, tokens, positions, self.pages[:used],
                                       end - (used - 1) * self.page_size, output_indices, top_k)
         self.tokens += tokens
-        self.pending = []
+        self.pending = self.pending[count:]
         return self.queue.result(handle, futures.take_dists)
 
     async def _reserve(self, tokens: int) -> None:
