@@ -172,7 +172,7 @@ class ControlServer:
     def _drop_export(self, _client, req: c.DropExport) -> c.Ok:
         if req.name not in self.loop.exports:
             raise RequestFailed("unknown_export", f"no kvpage export named {req.name!r}")
-        self.loop.exports.drop(req.name)
+        self.loop.drop_export(req.name)
         return c.Ok()
 
     def _server_info(self, _client, _req) -> c.ServerInfoReply:

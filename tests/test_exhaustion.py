@@ -121,3 +121,21 @@ def test_an_ended_exporters_export_is_dropped_before_anyone_is_terminated(infere
     assert message(loop, newcomer) == expected[PROMPT_B]
     assert name not in loop.exports and loop.kv_pool.num_free == NUM_PAGES
     loop.close()
+
+
+def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expected, tmp_path):
+    """Under `wait`, dropping an export (what `oven exports --drop` does) hands its pages to the parked call."""
+    loop = make_loop(inference, tmp_path, "wait")
+    holder = loop.launch("hello-python", [PROMPT_A, str(NEW), "--pause"])
+    assert loop.run_until(lambda: holder.io_idle, 30)
+    handles = holder.resources.exclusive_device_handles()
+    loop.exports.export_kvpages(holder.resources, "held", handles)
+    holder.resources.dealloc_kvpages(handles)  # the export alone holds the 3 pages; its exporter still runs
+    waiter = loop.launch("hello-python", [PROMPT_B, str(NEW)])
+    assert loop.run_until(lambda: getattr(waiter, "blocked_since", None) is not None, 30)
+    loop.drop_export("held")
+    settle(loop, waiter)
+    assert message(loop, waiter) == expected[PROMPT_B]
+    loop.kill(holder, "the test is over")
+    assert loop.kv_pool.num_free == NUM_PAGES
+    loop.close()

@@ -81,15 +81,15 @@ class ExportRegistry:
         self._check_pool(importer)
         return importer.adopt_kvpages(self._get(name).page_ids)
 
-    def unexport(self, name: str, instance_id: Hashable) -> None:
-        """Release ``name`` on behalf of ``instance_id``, which must be its exporter.
+    def unexport(self, name: str, instance_id: Hashable) -> list[int]:
+        """Release ``name`` on behalf of ``instance_id``, which must be its exporter; the pages freed.
 
         Pages still held by the exporter or importers stay; the others are freed.
         """
         export = self._get(name)
         if export.owner_id != instance_id:
             raise ResourceError(f"export {name!r} belongs to another inferlet; only its exporter may release it")
-        self.drop(name)
+        return self.drop(name)
 
     def drop(self, name: str) -> list[int]:
         """Release ``name`` whoever exported it (the runtime's own call, not an inferlet's); the pages freed."""
@@ -126,6 +126,11 @@ class ExportRegistry:
                 freed += len(self.drop(export.name))
                 dropped.append(export)
         return dropped
+
+    def page_refs_of(self, instance_id: Hashable) -> Counter:
+        """How many references the exports of ``instance_id`` hold on each page."""
+        return Counter(page for export in self._export_by_name.values() if export.owner_id == instance_id
+                       for page in export.page_ids)
 
     def names_exported_by(self, instance_id: Hashable) -> list[str]:
         return sorted(name for name, export in self._export_by_name.items() if export.owner_id == instance_id)

@@ -174,6 +174,10 @@ class ResourceTable:
         holds_by_page_id = Counter(page_id for _, page_id in device)
         return [h for h, page_id in device if self.kv_pool.refcount(page_id) == holds_by_page_id[page_id]]
 
+    def device_page_ids(self) -> list[int]:
+        """The physical page of every device handle (a page twice if two handles name it)."""
+        return [placement.physical_id for _, placement in self._pages.items() if placement.location == DEVICE]
+
     def num_exclusive_pages(self) -> int:
         """Device KvPages that would return to the pool if this instance exited now."""
         return len({self._pages.get(h).physical_id for h in self.exclusive_device_handles()})

@@ -180,6 +180,11 @@ class ControlLoop:
     def set_queue_priority(self, inst: Instance, q: int, priority: int) -> None:
         self.scheduler.set_priority(inst.queue(q).scheduler_queue_id, priority)
 
+    def drop_export(self, name: str) -> None:
+        """Release an export for an operator (raises ResourceError for an unknown name)."""
+        if self.exports.drop(name):  # pages came free: a parked allocation may fit now
+            self.allocator.retry_parked()
+
     def post(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the loop thread (safe to call from any thread)."""
         self._posted.put(callback)
