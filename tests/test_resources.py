@@ -460,13 +460,15 @@ def test_exclusive_device_handles_exclude_shared_and_offloaded_pages(pools):
     a, b, c = owner.alloc_kvpages(3)
     pools.exports.export_kvpages(owner, "b", [b])
     owner.mark_offloaded([c], pools.host.allocate(1))
-    assert owner.exclusive_device_handles() == [a] and owner.num_exclusive_pages() == 1
+    assert owner.exclusive_device_handles() == [a]
+    assert pools.exports.num_freed_by_exit(owner) == 2  # a, and b with the export that goes with it
     twice = pools.exports.import_kvpages(importer, "b") + pools.exports.import_kvpages(importer, "b")
-    assert importer.exclusive_device_handles() == []
+    assert importer.exclusive_device_handles() == [] and pools.exports.num_freed_by_exit(importer) == 0
+    assert pools.exports.num_freed_by_exit(owner) == 1  # page b lives on in the importer
     pools.exports.drop("b")
     owner.dealloc_kvpages([b])
     # the importer alone holds page b, through two handles: exiting would free it
-    assert importer.exclusive_device_handles() == twice and importer.num_exclusive_pages() == 1
+    assert importer.exclusive_device_handles() == twice and pools.exports.num_freed_by_exit(importer) == 1
 
 
 # -- exhaustion policy ----------------------------------------------------------------
@@ -563,7 +565,7 @@ def test_terminate_newest_on_real_tables_lets_the_oldest_allocate(pools):
     tables["new"].alloc_kvpages(5)
     with pytest.raises(PoolExhausted) as info:
         tables["old"].alloc_kvpages(4)
-    fleet = [usage(iid, t, tables[iid].num_exclusive_pages()) for t, iid in enumerate(tables)]
+    fleet = [usage(iid, t, pools.exports.num_freed_by_exit(tables[iid])) for t, iid in enumerate(tables)]
     needed = info.value.requested - info.value.available
     decision = choose_victims(ExhaustionPolicy.terminate_newest(), fleet, "old", needed, now=0.0)
     for iid in decision.terminate:

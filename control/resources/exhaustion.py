@@ -59,8 +59,8 @@ class ExhaustionPolicy:
 class InstanceUsage:
     """One instance at decision time; counts are in units of the exhausted kind.
 
-    ``num_reclaimable``: freed if the instance exits (for KvPages, the pages that no one but
-    it and its exports holds; ``num_embeds`` for Embeds). ``num_offloadable``: KvPages freed if its
+    ``num_reclaimable``: freed if the instance exits (``ExportRegistry.num_freed_by_exit``
+    for KvPages, ``num_embeds`` for Embeds). ``num_offloadable``: KvPages freed if its
     exclusive device pages move to the host tier (0 for an Embed shortage).
     ``io_wait_since``: when it began waiting on I/O (a tool call, http, the user), else None.
     ``blocked_since``: when it was parked on an allocation under ``wait``, else None.

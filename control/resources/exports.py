@@ -127,10 +127,14 @@ class ExportRegistry:
                 dropped.append(export)
         return dropped
 
-    def page_refs_of(self, instance_id: Hashable) -> Counter:
-        """How many references the exports of ``instance_id`` hold on each page."""
-        return Counter(page for export in self._export_by_name.values() if export.owner_id == instance_id
-                       for page in export.page_ids)
+    def num_freed_by_exit(self, table: ResourceTable) -> int:
+        """Device KvPages that no one holds but ``table`` and its instance's exports: what the
+        instance's exit gives back (a killed one's exports go with it; an ended one's are
+        dropped as orphans when the pool runs out)."""
+        holds = Counter(table.device_page_ids())
+        holds.update(page for export in self._export_by_name.values() if export.owner_id == table.instance_id
+                     for page in export.page_ids)
+        return sum(1 for page, n in holds.items() if self.kv_pool.refcount(page) == n)
 
     def names_exported_by(self, instance_id: Hashable) -> list[str]:
         return sorted(name for name, export in self._export_by_name.items() if export.owner_id == instance_id)

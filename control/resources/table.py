@@ -178,9 +178,6 @@ class ResourceTable:
         """The physical page of every device handle (a page twice if two handles name it)."""
         return [placement.physical_id for _, placement in self._pages.items() if placement.location == DEVICE]
 
-    def num_exclusive_pages(self) -> int:
-        """Device KvPages that would return to the pool if this instance exited now."""
-        return len({self._pages.get(h).physical_id for h in self.exclusive_device_handles()})
 
     # -- host tier ------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 from oven.control.resources import ExhaustionPolicy, InstanceUsage, PoolExhausted, ResourceError, choose_victims
@@ -127,17 +126,11 @@ class Allocator:
 
     def _usage(self, inst, kind: str, now: float) -> InstanceUsage:
         table = inst.resources
-        held = self._kvpages_freed_by_exit(inst) if kind == "kvpages" else table.num_embeds
+        held = self.loop.exports.num_freed_by_exit(table) if kind == "kvpages" else table.num_embeds
         offloadable = len(table.exclusive_device_handles()) if kind == "kvpages" and inst.io_idle else 0
         return InstanceUsage(inst.instance_id, inst.started_at, held, offloadable,
                              io_wait_since=inst.io_wait_since if inst.io_idle else None,
                              blocked_since=getattr(inst, "blocked_since", None))
-
-    def _kvpages_freed_by_exit(self, inst) -> int:
-        """Device pages no one holds but the instance and its exports: what its exit gives back (a killed
-        instance's exports go with it; an ended one's are dropped when the pool runs out)."""
-        holds = Counter(inst.resources.device_page_ids()) + self.loop.exports.page_refs_of(inst.instance_id)
-        return sum(1 for page, n in holds.items() if self.loop.kv_pool.refcount(page) == n)
 
     def retry_parked(self) -> None:
         parked, self._parked = self._parked, []
