@@ -188,16 +188,7 @@ class Codec:
                             raise _Reject
                     return value
                 return decode_plain_list
-            inner = _optional(item)
-            if inner is not None:
-                dec = self._decoder(inner)
-
-                def decode_optional_list(value):
-                    if type(value) is not list:
-                        raise _Reject
-                    return [None if v is None else dec(v) for v in value]
-                return decode_optional_list
-            dec = self._decoder(item)
+            dec = self._decoder(item)  # an optional item's decoder passes None through
 
             def decode_list(value):
                 if type(value) is not list:
@@ -243,17 +234,7 @@ class Codec:
             return self._dataclass_encoder(hint)
         args = typing.get_args(hint)
         if typing.get_origin(hint) is list and len(args) == 1:
-            (item,) = args
-            inner = _optional(item)
-            if inner is not None:
-                enc = self._encoder(inner)
-
-                def encode_optional_list(value):
-                    if type(value) is not list or (value and type(value[0]) in _SCALARS):
-                        return _to_wire(value)
-                    return [None if v is None else enc(v) for v in value]
-                return encode_optional_list
-            enc = self._encoder(item)
+            enc = self._encoder(args[0])  # an optional item's encoder passes None through
 
             def encode_list(value):
                 if type(value) is not list or (value and type(value[0]) in _SCALARS):
