@@ -28,8 +28,9 @@ What is measured, all from the inferlet's trace (instance clock, ms) and the exe
   longest E, or idles until a call finishes. Goal: async's call phase <= 1.10 x ideal.
 * Theorem 6.1: async <= sync-parallel on every sample (latency), violations printed.
 * Theorem 6.2: speedup sync/async against E/G (E mean of the calls, G mean of the sync run's
-  calls after the first), beside 1 + E/G; rows also go to ``results/asynclm_speedup.csv``
-  (matplotlib is not in .venv, so there is no png).
+  calls after the first), beside 1 + E/G; rows also go to ``results/asynclm_speedup.csv``,
+  and the plot of both to ``results/asynclm_speedup.png`` where matplotlib is installed
+  (``.venv/bin/pip install -e '.[bench]'``); ``--plot CSV`` redraws it from a saved CSV.
 * KV: ``kv_page_ms_saved`` of async (auto) against async-keep, and whether their text is equal
   (where both ran the same schedule).
 
@@ -39,6 +40,7 @@ classes: ~5,200 prompt tokens on multi-step-parallel, minutes of prefill per ses
     .venv/bin/python bench/asynclm.py                      # 3 samples per set, scales 1 16
     .venv/bin/python bench/asynclm.py --samples 1 --sets parallel --latency-scale 1 4 16
     .venv/bin/python bench/asynclm.py --raw runs.json ...  # keep the traces; --reanalyse runs.json reports again
+    .venv/bin/python bench/asynclm.py --plot bench/results/asynclm_speedup.csv  # only redraw the plot
 """
 
 from __future__ import annotations
@@ -345,8 +347,8 @@ def theorem_62_section(points: list[dict]) -> str:
     return ("## Speedup of async over sync against E/G (Theorem 6.2)\n\nE = mean executor time of the calls, "
             "G = mean generation time of the sync run's calls after the first; means over the samples. Model: "
             "the call phases of §6.3 from the async run's own G and E, (Σ G after the first + Σ E) ÷ ideal (LPT). "
-            "The points per sample are in `asynclm_speedup.csv` (no plot: matplotlib is not installed in "
-            ".venv).\n\n"
+            "The points per sample are in `asynclm_speedup.csv` and, where matplotlib is installed, plotted in "
+            "`asynclm_speedup.png` (not committed).\n\n"
             + markdown_table(["set", "scale", "E ms", "G ms", "E/G", "sync ÷ async latency",
                               "sync ÷ async call phase", "model call phase", "1 + E/G"], rows))
 
@@ -389,6 +391,7 @@ def report(runs: list[Run], args, raw: dict) -> list[str]:
         print(f"Theorem 6.1 violated: {line}")
     points = [p for s in samples if (p := s.speedup_point())]
     write_csv(points, args.out.with_name(args.out.stem + "_speedup.csv"))
+    print(plot_speedup(points, args.out.with_name(args.out.stem + "_speedup.png")))
     failed = [f"- {r.sample} ×{r.scale:g} {r.mode}: {r.error}" for r in runs if r.error]
     settings = (f"Run: `bench/asynclm.py {' '.join(raw['argv'])}`: {args.samples} samples of {', '.join(args.sets)}; "
                 f"latency scales {', '.join(f'{x:g}' for x in args.latency_scale)}; {args.reps} rep(s) per mode, "
@@ -411,6 +414,46 @@ def write_csv(rows: list[dict], path: Path) -> None:
             writer.writerows(rows)
 
 
+def read_csv(path: Path) -> list[dict]:
+    """The speedup points ``write_csv`` wrote, numbers as numbers."""
+    with path.open(newline="") as f:
+        return [{k: v if k in ("set", "sample") else (float(v) if v else None) for k, v in row.items()}
+                for row in csv.DictReader(f)]
+
+
+def plot_speedup(points: list[dict], path: Path) -> str:
+    """Speedup of async over sync against E/G, beside Theorem 6.2's 1 + E/G, as a png; what was done."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display: files only
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no plot ({path.name}): matplotlib is not installed (.venv/bin/pip install -e '.[bench]')"
+    if not points:
+        return "no plot: no sample has both an async and a sync run"
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for kind, marker in zip(dict.fromkeys(p["set"] for p in points), "os^Dv"):
+        group = [p for p in points if p["set"] == kind]
+        x = [p["e_over_g"] for p in group]
+        line = ax.scatter(x, [p["speedup"] for p in group], marker=marker, label=f"{kind}: latency")
+        ax.scatter(x, [p["speedup_call_phase"] for p in group], marker=marker, facecolors="none",
+                   edgecolors=line.get_facecolor(), label=f"{kind}: call phase")
+    modelled = [p for p in points if p["model_call_phase"] is not None]
+    ax.scatter([p["e_over_g"] for p in modelled], [p["model_call_phase"] for p in modelled], marker="x",
+               color="black", s=16, linewidths=0.8, label="§6.3 model of the call phase (run's own G, E)")
+    top = max(p["e_over_g"] for p in points) * 1.1
+    ax.plot([0, top], [1, 1 + top], color="black", linewidth=1, label="Theorem 6.2: 1 + E/G (many calls)")
+    ax.axhline(1, color="grey", linewidth=0.5, linestyle=":")
+    ax.set_xlabel("E/G (mean execution time of a call / mean generation time of a call)")
+    ax.set_ylabel("speedup, sync ÷ async")
+    ax.set_title("AsyncLM on BFCL: speedup of async over sync")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=3, help="samples per set (default %(default)s)")
@@ -427,7 +470,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "asynclm.md")
     parser.add_argument("--raw", type=Path, help="also write every session's trace and timings here (JSON)")
     parser.add_argument("--reanalyse", type=Path, metavar="RAW", help="report on a --raw file instead of running")
+    parser.add_argument("--plot", type=Path, metavar="CSV",
+                        help="only draw the speedup plot (a png beside the CSV) from a speedup CSV of an earlier run")
     args = parser.parse_args()
+    if args.plot:
+        if not args.plot.is_file():
+            parser.error(f"--plot: {args.plot} does not exist")
+        message = plot_speedup(read_csv(args.plot), args.plot.with_suffix(".png"))
+        print(message)
+        return 0 if message.startswith("wrote") else 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.reanalyse:  # the run's own settings, machine and time, not this command's
         raw = json.loads(args.reanalyse.read_text())
