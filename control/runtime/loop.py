@@ -242,8 +242,7 @@ class ControlLoop:
             try:
                 inst.run_slice()
             except (wasmtime.Trap, wasmtime.WasmtimeError, ValueError) as exc:
-                last_words = inst.last_stderr_line()  # a guest's own error text beats "unreachable"
-                self.kill(inst, _trap_message(exc) + (f" ({last_words})" if last_words else ""))
+                self.kill(inst, _kill_reason(exc, inst))
             finally:
                 self.current = None
             if inst.state is State.FINISHED:
@@ -329,6 +328,19 @@ def _trap_message(exc: Exception) -> str:
     if "Caused by:" in text:
         return " ".join(text.rsplit("Caused by:", 1)[1].split())
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _kill_reason(exc: Exception, inst: Instance) -> str:
+    """Why a failed slice kills ``inst``: the trap's cause, and which limit it hit if it hit one."""
+    reason = _trap_message(exc)
+    if reason == "wasm trap: interrupt":  # the epoch deadline (Instance.run_slice)
+        return (f"{reason}: one slice ran past the {inst.limits.slice_ms} ms deadline without waiting on a "
+                "future (oven serve --slice-ms)")
+    if "MemoryError" in inst.stderr_tail:  # CPython's answer when memory.grow hits the store's limit
+        reason += (f": out of memory, the instance's limit is {inst.limits.memory_bytes >> 20} MiB "
+                   "(oven serve --instance-memory-mib)")
+    last_words = inst.last_stderr_line()  # a guest's own error text beats "unreachable"
+    return reason + (f" ({last_words})" if last_words else "")
 
 
 def _wake_pipe():
