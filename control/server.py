@@ -19,13 +19,19 @@ import zmq
 from oven.proto import control as c
 from oven.proto.codec import ProtocolError
 
-from .runtime.instance import Instance
+from .outbox import ClientOutbox
+from .runtime.instance import Instance, InstanceRecord
 from .runtime.loop import ControlLoop
 from .runtime.programs import ProgramError
 
 log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 256 << 20
+# Frames waiting for one client (ClientOutbox) beyond its ZeroMQ pipe: past HOLD_FRAMES the instances
+# it watches run no further slice until it catches up; past a DROP limit it is taken for gone (a
+# client that sends but never reads), as if its lease had expired.
+HOLD_FRAMES = 1000
+DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
 
 
 class RequestFailed(Exception):
@@ -41,6 +47,8 @@ class ControlServer:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, c.UPLOAD_CHUNK_BYTES + (1 << 20))
         self.sock.bind(endpoint)
+        self.outbox = ClientOutbox(self.sock)
+        self._held: set[str] = set()  # instances whose output a watcher is behind on
         self._uploads: dict[tuple[bytes, str], bytearray] = {}
         self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client identities
         self._owned: dict[bytes, set[str]] = defaultdict(set)  # client -> instances it must keep alive
@@ -61,15 +69,33 @@ class ControlServer:
             event = c.InstanceEvent(inst.instance_id, kind, str(payload))
         frame = c.CODEC.encode(event)
         for client in self._watchers.get(inst.instance_id, ()):
-            self.sock.send_multipart([client, frame])
+            self.outbox.send(client, frame)
         if kind == "exit":
             for client in self._watchers.pop(inst.instance_id, ()):
                 self._owned[client].discard(inst.instance_id)
 
     def serve_forever(self, should_stop) -> None:
         while not should_stop():
-            self.loop.step(0.05, {self.sock: self._drain})
+            # With frames waiting for a slow client, look again soon: it may have read some.
+            self.loop.step(0.005 if self.outbox.backlogs else 0.05, {self.sock: self._drain})
+            self._flush()
             self._expire_leases(time.monotonic())
+
+    def _flush(self) -> None:
+        """Send what waits for slow clients; hold the instances they are behind on, drop clients that never read."""
+        self.outbox.flush()
+        backlogs = self.outbox.backlogs
+        for client, backlog in list(backlogs.items()):
+            if len(backlog.frames) > DROP_FRAMES or backlog.num_bytes > DROP_BYTES:
+                self._drop_client(client, f"its client stopped reading ({len(backlog.frames)} frames, "
+                                          f"{backlog.num_bytes >> 20} MiB unread)")
+        behind = {client for client, backlog in backlogs.items() if len(backlog.frames) > HOLD_FRAMES}
+        held = {instance_id for instance_id, clients in self._watchers.items() if clients & behind} if behind else set()
+        if held or self._held:
+            for instance_id in held ^ self._held:
+                if (inst := self.loop.instances.get(instance_id)) is not None:
+                    inst.output_held = instance_id in held
+            self._held = held
 
     def _drain(self) -> None:
         while self.sock.poll(0):
@@ -78,7 +104,7 @@ class ControlServer:
                 continue
             client, payload = frames[0], frames[-1]
             self._last_heard[client] = time.monotonic()
-            self.sock.send_multipart([client, self._handle(client, payload)])
+            self.outbox.send(client, self._handle(client, payload))
 
     def _handle(self, client: bytes, payload: bytes) -> bytes:
         try:
@@ -140,10 +166,12 @@ class ControlServer:
 
     def _list_instances(self, _client, _req) -> c.InstanceList:
         now = time.monotonic()
-        entries = [c.InstanceEntry(i.instance_id, i.program[:12], i.state.value, now - i.started_at, i.exit_code,
-                                   i.error or "")
-                   for i in [*self.loop.instances.values(), *self.loop.finished.values()]]
-        return c.InstanceList(entries)
+
+        def entry(i: Instance | InstanceRecord, state: str) -> c.InstanceEntry:
+            return c.InstanceEntry(i.instance_id, i.program[:12], state, now - i.started_at, i.exit_code, i.error or "")
+        running = [entry(i, "held" if i.output_held and i.alive else i.state.value)
+                   for i in self.loop.instances.values()]
+        return c.InstanceList(running + [entry(r, r.state.value) for r in self.loop.finished.values()])
 
     def _instance(self, instance_id: str) -> Instance:
         inst = self.loop.instances.get(instance_id)
@@ -191,12 +219,19 @@ class ControlServer:
 
     def _expire_leases(self, now: float) -> None:
         for client, heard in list(self._last_heard.items()):
-            if now - heard <= self.loop.config.lease_s:
-                continue
-            del self._last_heard[client]
-            for instance_id in self._owned.pop(client, set()):
-                inst = self.loop.instances.get(instance_id)
-                if inst is not None:
-                    self.loop.kill(inst, "its client went away (lease expired)", exit_code=143)
-            for watchers in self._watchers.values():
-                watchers.discard(client)
+            if now - heard > self.loop.config.lease_s:
+                self._drop_client(client, "its client went away (lease expired)")
+
+    def _drop_client(self, client: bytes, reason: str) -> None:
+        """Forget ``client``: terminate the instances it launched attached, stop sending it anything."""
+        owned = self._owned.pop(client, set())
+        if owned or client in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
+            log.warning("dropping client %s: %s", client.hex(), reason)
+        self._last_heard.pop(client, None)
+        for watchers in self._watchers.values():
+            watchers.discard(client)
+        self.outbox.forget(client)  # after the line above, no exit event below is queued for it again
+        for instance_id in owned:
+            inst = self.loop.instances.get(instance_id)
+            if inst is not None:
+                self.loop.kill(inst, reason, exit_code=143)

@@ -81,7 +81,7 @@ class ListInstances:
 class InstanceEntry:
     instance_id: str
     program: str
-    state: str  # ready | waiting | finished | killed
+    state: str  # ready | waiting | held (a watching client is behind on its output; not run) | finished | killed
     age_s: float
     exit_code: int | None
     error: str

@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 from oven.control.client import ControlRequestError, OvenClient
+from oven.control.commands import resolve_program
 from oven.control.generate import greedy_generate
 from oven.control.inference_client import InferenceClient
 from oven.control.inference_process import private_endpoint
@@ -118,6 +119,43 @@ def test_vanished_client_leaks_nothing(server):
         assert entry.state == "killed" and "lease" in entry.error
         stats = client.stats()
         assert (stats.free_kv_pages, stats.free_embeds) == (full.free_kv_pages, full.free_embeds)
+
+
+def test_a_slow_client_loses_nothing(server):
+    """A client that reads nothing for a while, while its instance floods it: every line, message,
+    reply and the exit come through, in order, and meanwhile the instance is held, not run ahead."""
+    control, _, _ = server
+    n = 3000  # 6001 frames: more than ZeroMQ's pipes hold (1000 each way), which used to drop the rest
+    with OvenClient(control) as client, OvenClient(control) as probe:
+        program = client.upload_file(*resolve_program("hostile"))
+        instance_id = client.launch(program, ["flood", str(n)])
+        deadline = time.monotonic() + 120
+        state = "ready"
+        while state != "held":  # read nothing; heartbeats (replies unread) keep the lease
+            client._sock.send(c.CODEC.encode(c.Heartbeat(), 1000))
+            assert time.monotonic() < deadline and state in ("ready", "waiting"), state
+            time.sleep(0.2)
+            state = next(i.state for i in probe.instances() if i.instance_id == instance_id)
+        time.sleep(LEASE_S / 2)
+        assert next(i.state for i in probe.instances() if i.instance_id == instance_id) == "held"
+        messages, lines, heartbeats, beat = [], "", 0, time.monotonic()
+        while True:  # now read everything (replies to the heartbeats among it), keeping the lease
+            if time.monotonic() - beat > LEASE_S / 4:
+                client._sock.send(c.CODEC.encode(c.Heartbeat(), 1000))
+                beat = time.monotonic()
+            assert client._sock.poll(30_000), f"stalled after {len(messages)} messages"
+            message = c.CODEC.decode(client._sock.recv()).message
+            heartbeats += isinstance(message, c.Ok)
+            if isinstance(message, c.InstanceEvent) and message.kind == "message":
+                messages.append(message.text)
+            elif isinstance(message, c.InstanceEvent) and message.kind == "stdout":
+                lines += message.text
+            elif isinstance(message, c.InstanceEvent) and message.kind == "exit":
+                assert message.exit_code == 0
+                break
+        assert messages == [f"m{i}" for i in range(n)]
+        assert lines.splitlines() == [f"line {i}" for i in range(n)]
+        assert heartbeats > 0 and client.info().models == ["tiny"]  # requests after all that still get replies
 
 
 def test_exports_are_listed_and_dropped(server):

@@ -86,6 +86,7 @@ class Instance:
         self.io_wait_since: float | None = None  # waits only on I/O since then
         self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier
         self.swapping = False  # pages on their way to or from the host tier: do not run
+        self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []
         self.stderr_tail = ""
         self.futures = FutureTable(self._on_future_ready)

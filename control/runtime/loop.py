@@ -200,7 +200,7 @@ class ControlLoop:
             if sock not in self._polled:
                 self._poller.register(sock, zmq.POLLIN)
                 self._polled.add(sock)
-        busy = any(i.state is State.READY and not i.swapping for i in self.instances.values())
+        busy = any(i.state is State.READY and not (i.swapping or i.output_held) for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
         for sock, _ in self._poller.poll(int(wait_s * 1000)):
             if sock is self.client.socket:
@@ -233,7 +233,7 @@ class ControlLoop:
 
     def _run_ready_instances(self) -> None:
         next_reply_check = 0.0
-        for inst in [i for i in self.instances.values() if i.state is State.READY]:
+        for inst in [i for i in self.instances.values() if i.state is State.READY and not i.output_held]:
             if inst.swapped_out:
                 self.allocator.restore_before_slice(inst)
             if inst.swapping or not inst.alive:

@@ -10,6 +10,8 @@ Argument: one of
   trap            raise an exception
   early-take      take a message before it arrived (the host refuses: the instance is killed)
   export-trap     export two KvPages by name, then raise (a killed exporter's exports go with it)
+  flood N         send N messages "m<i>" and print N lines "line <i>", waiting 0 ms after each:
+                  output faster than a slow client reads (the server holds it back, losing nothing)
 Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
@@ -37,6 +39,12 @@ def main():
         raise RuntimeError("hostile inferlet gave up")
     if mode == "early-take":
         futures.take_text(messaging.receive())
+    if mode == "flood":
+        for i in range(int(runtime.arguments()[1])):
+            messaging.send(f"m{i}")
+            print(f"line {i}", flush=True)
+            yield from wait_all([runtime.sleep(0)])
+        return
     if mode == "quota":
         f = kvpages.alloc_kvpages(0, 1 << 20)
         yield from wait_all([f])

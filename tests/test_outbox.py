@@ -1,0 +1,114 @@
+"""ClientOutbox: frames a client's ZeroMQ pipe has no room for wait, in order; the control server
+holds back instances a client is behind on and drops a client that never reads."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import zmq
+
+from oven.control import server as server_module
+from oven.control.inference_process import private_endpoint
+from oven.control.outbox import ClientOutbox
+from oven.control.server import ControlServer
+from oven.proto import control as c
+
+PROGRAMS = ["echo"]
+_endpoints = itertools.count()
+
+
+def pair(address: str = "") -> tuple[zmq.Socket, zmq.Socket, str]:
+    """A ROUTER and a DEALER with pipes of one frame each way; over inproc by default (no kernel
+    buffers: the pipes hold exactly that)."""
+    ctx = zmq.Context.instance()
+    address = address or f"inproc://test-outbox-{next(_endpoints)}"
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.SNDHWM, 1)
+    router.bind(address)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVHWM, 1)
+    dealer.setsockopt(zmq.IDENTITY, b"client")
+    dealer.connect(address)
+    dealer.send(b"hello")  # the router learns the identity
+    assert router.recv_multipart() == [b"client", b"hello"]
+    return router, dealer, address
+
+
+def test_frames_past_a_full_pipe_wait_and_arrive_in_order():
+    router, dealer, _ = pair()
+    outbox = ClientOutbox(router)
+    frames = [f"frame {i}".encode() for i in range(100)]
+    for frame in frames:
+        outbox.send(b"client", frame)
+    backlog = outbox.backlogs[b"client"]
+    assert 90 <= len(backlog.frames) < 100  # the pipes took one or two, the rest wait
+    assert backlog.num_bytes == sum(map(len, backlog.frames))
+    received, deadline = [], time.monotonic() + 60
+    while len(received) < len(frames):  # the router learns that the reader made room a moment later
+        assert time.monotonic() < deadline, f"{len(received)} frames arrived"
+        outbox.flush()
+        if dealer.poll(10):
+            while dealer.poll(0):
+                received.append(dealer.recv())
+    assert received == frames and outbox.backlogs == {}
+    router.close(0)
+    dealer.close(0)
+
+
+def test_frames_for_a_client_that_is_gone_are_discarded():
+    router, dealer, _ = pair(private_endpoint())  # ipc, as the server: inproc never reports a peer gone
+    outbox = ClientOutbox(router)
+    outbox.send(b"nobody", b"x")  # never connected: no error, nothing kept
+    assert outbox.backlogs == {}
+    for _ in range(2000):  # 2 MB: more than the socket's kernel buffers take
+        outbox.send(b"client", bytes(1000))
+    assert outbox.backlogs
+    dealer.close(0)
+    deadline = time.monotonic() + 60
+    while outbox.backlogs:  # the client left with frames waiting: they go once the router sees it left
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+        outbox.flush()
+    router.close(0)
+
+
+@pytest.fixture
+def control_server(loop, monkeypatch):
+    monkeypatch.setattr(server_module, "DROP_FRAMES", 50)
+    ctx = zmq.Context.instance()
+    ctx.setsockopt(zmq.SNDHWM, 1)  # the server's pipes hold one frame (a socket takes it before bind)
+    try:
+        server = ControlServer(loop, f"inproc://test-control-{next(_endpoints)}")
+    finally:
+        ctx.setsockopt(zmq.SNDHWM, 1000)  # ZeroMQ's default, for every later socket
+    yield server
+    server.sock.close(0)
+
+
+def turn(server: ControlServer) -> None:
+    server.loop.step(0.01, {server.sock: server._drain})
+    server._flush()
+
+
+def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_server):
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVHWM, 1)
+    dealer.connect(control_server.endpoint)
+    before = set(control_server.loop.instances)
+    dealer.send(c.CODEC.encode(c.Launch("echo", []), 1))
+    for _ in range(20):
+        turn(control_server)
+    (instance_id,) = set(control_server.loop.instances) - before
+    inst = control_server.loop.instances[instance_id]
+    assert inst.alive
+    for request_id in range(2, 200):  # requests whose replies it never reads
+        dealer.send(c.CODEC.encode(c.Heartbeat(), request_id))
+        turn(control_server)
+        if not inst.alive:
+            break
+    assert not inst.alive and inst.error.startswith("its client stopped reading (")
+    assert control_server.outbox.backlogs == {}
+    dealer.close(0)
