@@ -108,7 +108,7 @@ def test_vanished_client_leaks_nothing(server):
     control, _, _ = server
     with OvenClient(control) as client:
         full = client.stats()
-        instance_id = client.launch("echo", [])
+        instance_id = client.launch(client.upload_file(*resolve_program("echo")), [])
     time.sleep(LEASE_S + 1.0)
     with OvenClient(control) as client:
         deadline = time.monotonic() + 20
