@@ -78,7 +78,7 @@ def test_frames_for_a_client_that_is_gone_are_discarded():
 def control_server(loop, monkeypatch):
     monkeypatch.setattr(server_module, "DROP_FRAMES", 50)
     ctx = zmq.Context.instance()
-    ctx.setsockopt(zmq.SNDHWM, 1)  # the server's pipes hold one frame (a socket takes it before bind)
+    ctx.setsockopt(zmq.SNDHWM, 1)  # a new socket takes its HWM from the context: the server's pipes hold one frame
     try:
         server = ControlServer(loop, f"inproc://test-control-{next(_endpoints)}")
     finally:
