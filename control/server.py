@@ -27,6 +27,7 @@ from .runtime.programs import ProgramError
 log = logging.getLogger(__name__)
 
 MAX_UPLOAD_BYTES = 256 << 20
+MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
 # Frames waiting for one client (ClientOutbox) beyond its ZeroMQ pipe: past HOLD_FRAMES the instances
 # it watches run no further slice until it catches up; past a DROP limit it is taken for gone (a
 # client that sends but never reads), as if its lease had expired.
@@ -133,6 +134,9 @@ class ControlServer:
                 self.loop.programs.set_name(req.name, req.sha256)
             return c.UploadReply(req.sha256, req.total_bytes, True)
         key = (client, req.sha256)
+        if sum(map(len, self._uploads.values())) + len(req.data) > MAX_BUFFERED_UPLOAD_BYTES:
+            raise RequestFailed("upload_busy", f"{MAX_BUFFERED_UPLOAD_BYTES >> 20} MiB of unfinished uploads are "
+                                               "buffered already: try again when they finish")
         buffer = self._uploads.setdefault(key, bytearray())
         if req.offset != len(buffer) or req.offset + len(req.data) > req.total_bytes:
             self._uploads.pop(key, None)
@@ -223,11 +227,14 @@ class ControlServer:
                 self._drop_client(client, "its client went away (lease expired)")
 
     def _drop_client(self, client: bytes, reason: str) -> None:
-        """Forget ``client``: terminate the instances it launched attached, stop sending it anything."""
+        """Forget ``client``: terminate the instances it launched attached, drop its unfinished uploads,
+        stop sending it anything."""
         owned = self._owned.pop(client, set())
         if owned or client in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
             log.warning("dropping client %s: %s", client.hex(), reason)
         self._last_heard.pop(client, None)
+        for key in [key for key in self._uploads if key[0] == client]:  # unfinished: nobody will finish them
+            del self._uploads[key]
         for watchers in self._watchers.values():
             watchers.discard(client)
         self.outbox.forget(client)  # after the line above, no exit event below is queued for it again

@@ -87,9 +87,9 @@ class ControlLoop:
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
         self._poller = zmq.Poller()  # built once: every turn of the loop polls it
-        self._polled = {client.socket, self._wake_r}
-        for sock in self._polled:
+        for sock in (client.socket, self._wake_r):
             self._poller.register(sock, zmq.POLLIN)
+        self._extra_polled: set[zmq.Socket] = set()  # the sockets of step()'s last ``extra``
         self.http = HttpClient(config.http_allowed_hosts, post=self.post)
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
@@ -196,10 +196,13 @@ class ControlLoop:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
         self._run_ready_instances()
         self._dispatch()
-        for sock in extra or {}:
-            if sock not in self._polled:
+        extra = extra or {}
+        if self._extra_polled != extra.keys():  # the caller's sockets changed (say, a server closed its own)
+            for sock in self._extra_polled - extra.keys():
+                self._poller.unregister(sock)
+            for sock in extra.keys() - self._extra_polled:
                 self._poller.register(sock, zmq.POLLIN)
-                self._polled.add(sock)
+            self._extra_polled = set(extra)
         busy = any(i.state is State.READY and not (i.swapping or i.output_held) for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
         for sock, _ in self._poller.poll(int(wait_s * 1000)):

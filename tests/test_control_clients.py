@@ -1,5 +1,6 @@
-"""ClientOutbox: frames a client's ZeroMQ pipe has no room for wait, in order; the control server
-holds back instances a client is behind on and drops a client that never reads."""
+"""What the control server keeps for each client, and what goes with it: frames its ZeroMQ pipe has
+no room for wait in order (ClientOutbox); instances it is behind on are held; a client that never
+reads is dropped; a vanished client's unfinished upload is freed."""
 
 from __future__ import annotations
 
@@ -112,3 +113,35 @@ def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_se
     assert not inst.alive and inst.error.startswith("its client stopped reading (")
     assert control_server.outbox.backlogs == {}
     dealer.close(0)
+
+
+def client_of(server: ControlServer, identity: bytes) -> zmq.Socket:
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, identity)
+    dealer.connect(server.endpoint)
+    return dealer
+
+
+def request(server: ControlServer, dealer: zmq.Socket, message, request_id: int):
+    dealer.send(c.CODEC.encode(message, request_id))
+    for _ in range(100):
+        turn(server)
+        if dealer.poll(0):
+            return c.CODEC.decode(dealer.recv()).message
+    raise AssertionError("no reply")
+
+
+def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server, monkeypatch):
+    monkeypatch.setattr(server_module, "MAX_BUFFERED_UPLOAD_BYTES", 8)
+    first, second = client_of(control_server, b"first"), client_of(control_server, b"second")
+    reply = request(control_server, first, c.UploadChunk("a", "a" * 64, 10, 0, b"12345"), 1)
+    assert isinstance(reply, c.UploadReply) and (reply.received_bytes, reply.complete) == (5, False)
+    reply = request(control_server, second, c.UploadChunk("b", "b" * 64, 10, 0, b"12345"), 1)
+    assert isinstance(reply, c.ControlError) and reply.code == "upload_busy"  # 5 + 5 > 8 buffered
+    assert list(control_server._uploads) == [(b"first", "a" * 64)]
+    control_server._expire_leases(time.monotonic() + control_server.loop.config.lease_s + 1)
+    assert control_server._uploads == {}  # its client is gone: nobody will finish it
+    reply = request(control_server, second, c.UploadChunk("b", "b" * 64, 10, 0, b"12345"), 2)
+    assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
+    first.close(0)
+    second.close(0)
