@@ -10,8 +10,11 @@ A client holds a lease on its attached instances by sending any message at
 least every ``lease_s`` seconds (from :class:`ServerInfoReply`; :class:`Heartbeat`
 does nothing else). When a
 lease lapses the server terminates the instances the client launched without
-``detach`` and forgets its attachments, so a client that vanishes leaks nothing.
-Uploads are chunked (``UPLOAD_CHUNK_BYTES``) and checked against their SHA-256.
+``detach``, forgets its attachments and drops its unfinished uploads, so a client
+that vanishes leaks nothing. Events and replies reach a slow client in full and in
+order; meanwhile the instances it is far behind on are held (state ``held``).
+Uploads are chunked (``UPLOAD_CHUNK_BYTES``) and checked against their SHA-256;
+while unfinished uploads fill the server's buffer a new chunk gets ``upload_busy``.
 """
 
 from __future__ import annotations
