@@ -20,6 +20,7 @@ from oven.proto import control as c
 from oven.proto.codec import ProtocolError
 
 from .outbox import ClientOutbox
+from .resources import ResourceError
 from .runtime.instance import Instance, InstanceRecord
 from .runtime.loop import ControlLoop
 from .runtime.programs import ProgramError
@@ -202,9 +203,10 @@ class ControlServer:
                              for e in self.loop.exports.exports()])
 
     def _drop_export(self, _client, req: c.DropExport) -> c.Ok:
-        if req.name not in self.loop.exports:
-            raise RequestFailed("unknown_export", f"no kvpage export named {req.name!r}")
-        self.loop.drop_export(req.name)
+        try:
+            self.loop.drop_export(req.name)
+        except ResourceError as exc:  # "no kvpage export named ..."
+            raise RequestFailed("unknown_export", str(exc)) from None
         return c.Ok()
 
     def _server_info(self, _client, _req) -> c.ServerInfoReply:

@@ -20,6 +20,15 @@ PROGRAMS = ["echo"]
 _endpoints = itertools.count()
 
 
+def dealer_at(address: str, identity: bytes = b"", rcvhwm: int = 1000) -> zmq.Socket:
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.RCVHWM, rcvhwm)
+    if identity:
+        dealer.setsockopt(zmq.IDENTITY, identity)
+    dealer.connect(address)
+    return dealer
+
+
 def pair(address: str = "") -> tuple[zmq.Socket, zmq.Socket, str]:
     """A ROUTER and a DEALER with pipes of one frame each way; over inproc by default (no kernel
     buffers: the pipes hold exactly that)."""
@@ -28,10 +37,7 @@ def pair(address: str = "") -> tuple[zmq.Socket, zmq.Socket, str]:
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.SNDHWM, 1)
     router.bind(address)
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.RCVHWM, 1)
-    dealer.setsockopt(zmq.IDENTITY, b"client")
-    dealer.connect(address)
+    dealer = dealer_at(address, b"client", rcvhwm=1)
     dealer.send(b"hello")  # the router learns the identity
     assert router.recv_multipart() == [b"client", b"hello"]
     return router, dealer, address
@@ -94,10 +100,7 @@ def turn(server: ControlServer) -> None:
 
 
 def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_server):
-    ctx = zmq.Context.instance()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.RCVHWM, 1)
-    dealer.connect(control_server.endpoint)
+    dealer = dealer_at(control_server.endpoint, rcvhwm=1)
     before = set(control_server.loop.instances)
     dealer.send(c.CODEC.encode(c.Launch("echo", []), 1))
     for _ in range(20):
@@ -115,13 +118,6 @@ def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_se
     dealer.close(0)
 
 
-def client_of(server: ControlServer, identity: bytes) -> zmq.Socket:
-    dealer = zmq.Context.instance().socket(zmq.DEALER)
-    dealer.setsockopt(zmq.IDENTITY, identity)
-    dealer.connect(server.endpoint)
-    return dealer
-
-
 def request(server: ControlServer, dealer: zmq.Socket, message, request_id: int):
     dealer.send(c.CODEC.encode(message, request_id))
     for _ in range(100):
@@ -133,7 +129,7 @@ def request(server: ControlServer, dealer: zmq.Socket, message, request_id: int)
 
 def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server, monkeypatch):
     monkeypatch.setattr(server_module, "MAX_BUFFERED_UPLOAD_BYTES", 8)
-    first, second = client_of(control_server, b"first"), client_of(control_server, b"second")
+    first, second = (dealer_at(control_server.endpoint, identity) for identity in (b"first", b"second"))
     reply = request(control_server, first, c.UploadChunk("a", "a" * 64, 10, 0, b"12345"), 1)
     assert isinstance(reply, c.UploadReply) and (reply.received_bytes, reply.complete) == (5, False)
     reply = request(control_server, second, c.UploadChunk("b", "b" * 64, 10, 0, b"12345"), 1)

@@ -178,7 +178,6 @@ class ResourceTable:
         """The physical page of every device handle (a page twice if two handles name it)."""
         return [placement.physical_id for _, placement in self._pages.items() if placement.location == DEVICE]
 
-
     # -- host tier ------------------------------------------------------------
 
     def mark_offloaded(self, handles: Iterable[int], host_slot_ids: Iterable[int]) -> None:

@@ -180,9 +180,13 @@ class ControlLoop:
     def set_queue_priority(self, inst: Instance, q: int, priority: int) -> None:
         self.scheduler.set_priority(inst.queue(q).scheduler_queue_id, priority)
 
-    def drop_export(self, name: str) -> None:
-        """Release an export for an operator (raises ResourceError for an unknown name)."""
-        if self.exports.drop(name):  # pages came free: a parked allocation may fit now
+    def drop_export(self, name: str, by: Instance | None = None) -> None:
+        """Release an export: for its exporter ``by`` (``release-export``), or for an operator.
+
+        Raises ResourceError for an unknown name, or one ``by`` did not export.
+        """
+        freed = self.exports.unexport(name, by.instance_id) if by else self.exports.drop(name)
+        if freed:  # a parked allocation may fit now
             self.allocator.retry_parked()
 
     def post(self, callback: Callable[[], None]) -> None:

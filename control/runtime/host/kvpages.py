@@ -28,13 +28,6 @@ def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
     return issue(inst, q, "mask_kvpage", f.UNIT, build)
 
 
-def release_export(inst, name: str):
-    def release() -> None:
-        if inst.loop.exports.unexport(name, inst.instance_id):  # pages came free: a parked allocation may fit
-            inst.loop.allocator.retry_parked()
-    return resource_call(release)
-
-
 FUNCS = {
     "alloc-kvpages": lambda inst, q, count: allocate(inst, q, "kvpages", count),
     "dealloc-kvpages": lambda inst, q, pages: deallocate(inst, q, "kvpages", pages),
@@ -45,5 +38,5 @@ FUNCS = {
     "export-kvpages": lambda inst, pages, name: resource_call(
         lambda: inst.loop.exports.export_kvpages(inst.resources, name, pages)),
     "import-kvpages": lambda inst, name: resource_call(lambda: inst.loop.exports.import_kvpages(inst.resources, name)),
-    "release-export": release_export,
+    "release-export": lambda inst, name: resource_call(lambda: inst.loop.drop_export(name, by=inst)),
 }
