@@ -16,7 +16,7 @@ want_stamp() {
 }
 
 # Inferlets: inferlets/NAME with app.py (Python) or Cargo.toml (Rust) -> inferlets/NAME/NAME.wasm.
-# `oven build` (control/build.py) skips a folder whose output is newer than its sources
+# `oven build` (client/build.py) skips a folder whose output is newer than its sources
 # (the folder, its SDK under sdk/, proto/wit), so a run with nothing changed costs one process each.
 build_python_inferlets() {
     local dirs=() app

@@ -57,11 +57,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from asynclm_report import plot_speedup, read_csv, report
 from asynclm_runs import Run
 from benchlib import RESULTS_DIR, machine_lines
-from oven.control.asynclm import Workload, run_session, session_spec
-from oven.control.commands import connected, resolve_program
+from oven.client.asynclm.session import Workload, run_session, session_spec
+from oven.client.commands import connected, resolve_program
 from oven.control.inference_process import private_endpoint
-from oven.control.tools import ToolRegistry, load_scenarios, parse_call
-from oven.control.tools.registry import describe_line
+from oven.client.asynclm.tools import ToolRegistry, load_scenarios, parse_call
+from oven.client.asynclm.tools.registry import describe_line
 from oven.inference.config import DEFAULT_MODEL
 
 MODES = {  # label -> (inferlet mode, extra spec options)

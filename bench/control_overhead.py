@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
 from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer  # noqa: E402
 
-from oven.control.commands import INFERLETS_DIR  # noqa: E402
+from oven.client.commands import INFERLETS_DIR  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
 from oven.control.inference_client import InferenceClient  # noqa: E402
 from oven.control.inference_process import private_endpoint  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
 
-from oven.control.commands import INFERLETS_DIR  # noqa: E402
+from oven.client.commands import INFERLETS_DIR  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
 from oven.control.inference_process import private_endpoint, start_inference_process  # noqa: E402
 from oven.control.runtime.loop import ControlLoop  # noqa: E402

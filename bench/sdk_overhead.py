@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_lines, markdown_table, write_results
 from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer
-from oven.control.commands import INFERLETS_DIR
+from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig, default_program_dir
 from oven.control.inference_client import InferenceClient
 from oven.control.inference_process import private_endpoint

@@ -1,4 +1,4 @@
-"""Messages between clients (the ``oven`` CLI, :class:`oven.control.client.OvenClient`) and the control process.
+"""Messages between clients (the ``oven`` CLI, :class:`oven.client.rpc.OvenClient`) and the control process.
 
 Transport: ZeroMQ; the control process binds a ROUTER, clients connect a
 DEALER. Requests are answered in order with one reply each (request ids

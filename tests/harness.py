@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from oven.control.commands import INFERLETS_DIR
+from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig, default_program_dir
-from oven.control.generate import greedy_generate
+from oven.client.generate import greedy_generate
 from oven.control.inference_process import private_endpoint, start_inference_process
 from oven.control.runtime.loop import ControlLoop
 from oven.control.tokenizer import Tokenizer

@@ -190,7 +190,7 @@ def test_calls_over_http(loop):
 
 def test_oven_asynclm_on_the_embedded_model():
     """The README's main job: exits 0 and its trace shows calls and interrupts."""
-    proc = subprocess.run([sys.executable, "-m", "oven.control.cli", "asynclm", "--answer-tokens", "8"],
+    proc = subprocess.run([sys.executable, "-m", "oven.client.cli", "asynclm", "--answer-tokens", "8"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("⇢ call") == 3 and proc.stdout.count("⇠ interrupt") == 3

@@ -1,4 +1,4 @@
-"""``oven new`` and ``oven build`` (control/build.py): templates that build into valid components and
+"""``oven new`` and ``oven build`` (client/build.py): templates that build into valid components and
 run as direct greedy decoding does, errors that say what to fix, and no needless rebuilds."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness import assert_pools_full, direct_greedy, events_of, messages
-from oven.control.build import PYTHON_SDK_DIR, WIT_DIR, Inferlet
+from oven.client.build import PYTHON_SDK_DIR, WIT_DIR, Inferlet
 from oven.control.tokenizer import Tokenizer
 
 COMPONENT_HEADER = b"\0asm\x0d\x00\x01\x00"  # magic, then version 0x0d and layer 1: a component, not a module
@@ -21,7 +21,7 @@ PROMPT, MAX_NEW_TOKENS = "Name three colours.", 12
 
 def oven(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     """Run the ``oven`` CLI in a fresh process, as a user would."""
-    return subprocess.run([sys.executable, "-m", "oven.control.cli", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "oven.client.cli", *args], cwd=cwd, capture_output=True,
                           text=True, env={**os.environ, **env}, timeout=600, check=False)
 
 

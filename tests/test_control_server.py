@@ -10,9 +10,9 @@ import time
 import msgpack
 import pytest
 
-from oven.control.client import ControlRequestError, OvenClient
-from oven.control.commands import resolve_program
-from oven.control.generate import greedy_generate
+from oven.client.rpc import ControlRequestError, OvenClient
+from oven.client.commands import resolve_program
+from oven.client.generate import greedy_generate
 from oven.control.inference_client import InferenceClient
 from oven.control.inference_process import private_endpoint
 from oven.control.tokenizer import Tokenizer
@@ -24,7 +24,7 @@ LEASE_S = 2.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     control, inference = private_endpoint(), private_endpoint()
-    cmd = [sys.executable, "-m", "oven.control.cli", "serve", "--model", "tiny", "--quiet",
+    cmd = [sys.executable, "-m", "oven.client.cli", "serve", "--model", "tiny", "--quiet",
            "--control-endpoint", control, "--endpoint", inference, "--num-kv-pages", "128",
            "--program-dir", str(tmp_path_factory.mktemp("programs")), "--lease-s", str(LEASE_S)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -40,7 +40,7 @@ def server(tmp_path_factory):
 
 
 def oven(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "oven.control.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "oven.client.cli", *args], capture_output=True, text=True,
                           timeout=timeout_s, env=os.environ.copy())
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from oven.control.commands import INFERLETS_DIR
+from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig
-from oven.control.generate import greedy_generate
+from oven.client.generate import greedy_generate
 from oven.control.inference_process import private_endpoint, start_inference_process
 from oven.control.runtime.instance import State
 from oven.control.runtime.loop import ControlLoop

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from oven.control.generate import greedy_generate
+from oven.client.generate import greedy_generate
 from oven.control.inference_process import private_endpoint, start_inference_process
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
@@ -68,7 +68,7 @@ def test_main_job_cli_streams_the_same_text(hf):
         ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                 pad_token_id=hf_tok.eos_token_id)
     expected = hf_tok.decode(ref[0, len(prompt):], skip_special_tokens=True)
-    cmd = [sys.executable, "-m", "oven.control.cli", "generate", MESSAGES[0]["content"],
+    cmd = [sys.executable, "-m", "oven.client.cli", "generate", MESSAGES[0]["content"],
            "--max-new-tokens", "12", "--threads", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import threading
 import pytest
 from wasmtime import component
 
-from oven.control.commands import INFERLETS_DIR
+from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig
 from oven.control.inference_process import private_endpoint, start_inference_process
 from oven.control.runtime import host

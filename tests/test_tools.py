@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from oven.control.tools import (
+from oven.client.asynclm.tools import (
     KINDS,
     Tool,
     ToolError,
@@ -22,7 +22,7 @@ from oven.control.tools import (
     paper_latency,
     parse_call,
 )
-from oven.control.tools.schema import SchemaStub, schema_tool_text
+from oven.client.asynclm.tools.schema import SchemaStub, schema_tool_text
 
 GUARD_S = 5.0  # only guards against a hang; no test asserts how long anything took
 

@@ -22,14 +22,14 @@ from oven.proto.config_loader import add_config_arguments
 
 from . import commands
 from .commands import EXIT_USAGE
-from .config import DEFAULT_CONTROL_ENDPOINT, ControlConfig
+from oven.control.config import DEFAULT_CONTROL_ENDPOINT, ControlConfig
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generate import GenerationError, greedy_generate
-    from .inference_client import InferenceClient
-    from .inference_process import private_endpoint, start_inference_process
-    from .tokenizer import Tokenizer
+    from oven.control.inference_client import InferenceClient
+    from oven.control.inference_process import private_endpoint, start_inference_process
+    from oven.control.tokenizer import Tokenizer
 
     process = None
     if args.endpoint:
@@ -98,7 +98,7 @@ class _TextStream:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .inference_client import InferenceClient
+    from oven.control.inference_client import InferenceClient
 
     with InferenceClient(args.endpoint, timeout_s=args.timeout) as client:
         try:

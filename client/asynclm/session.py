@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .client import OvenClient
+from ..rpc import OvenClient
 from .tools import ToolExecutor, ToolRegistry, demo_registry, load_scenarios
 
 DEMO_TASK = "What is the weather in Paris and in Tokyo, and what is 250 USD in EUR?"

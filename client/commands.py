@@ -13,9 +13,9 @@ from pathlib import Path
 from oven.inference.config import InferenceConfig
 from oven.proto.config_loader import config_from_args
 
-from .client import ControlRequestError, OvenClient
-from .config import ControlConfig
-from .inference_process import private_endpoint, terminate
+from .rpc import ControlRequestError, OvenClient
+from oven.control.config import ControlConfig
+from oven.control.inference_process import private_endpoint, terminate
 
 INFERLETS_DIR = Path(__file__).resolve().parent.parent / "inferlets"
 EXIT_FAILURE, EXIT_USAGE = 1, 2
@@ -41,7 +41,7 @@ def resolve_program(program: str) -> tuple[Path, str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from .serve import serve
+    from oven.control.serve import serve
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s control %(levelname)s %(message)s")
     try:
@@ -58,7 +58,7 @@ class EmbeddedServer:
 
     def __init__(self, model: str):
         self.endpoint = private_endpoint()
-        cmd = [sys.executable, "-m", "oven.control.cli", "serve", "--model", model, "--quiet",
+        cmd = [sys.executable, "-m", "oven.client.cli", "serve", "--model", model, "--quiet",
                "--control-endpoint", self.endpoint, "--endpoint", private_endpoint()]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
@@ -124,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_asynclm(args: argparse.Namespace) -> int:
-    from .asynclm import (StreamPrinter, bfcl_workload, demo_workload, read_user_interrupts, run_session,
+    from .asynclm.session import (StreamPrinter, bfcl_workload, demo_workload, read_user_interrupts, run_session,
                           session_spec, summary_lines)
 
     try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from oven.proto import inference as p
 
-from .inference_client import InferenceClient
+from oven.control.inference_client import InferenceClient
 
 
 class GenerationError(RuntimeError):
