@@ -59,7 +59,7 @@ from asynclm_runs import Run
 from benchlib import RESULTS_DIR, machine_lines
 from oven.client.asynclm.session import Workload, run_session, session_spec
 from oven.client.commands import connected, resolve_program
-from oven.control.inference_process import private_endpoint
+from oven.proto.endpoints import private_endpoint
 from oven.client.asynclm.tools import ToolRegistry, load_scenarios, parse_call
 from oven.client.asynclm.tools.registry import describe_line
 from oven.inference.config import DEFAULT_MODEL

@@ -52,7 +52,7 @@ from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenize
 from oven.client.commands import INFERLETS_DIR  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
 from oven.control.inference_client import InferenceClient  # noqa: E402
-from oven.control.inference_process import private_endpoint  # noqa: E402
+from oven.proto.endpoints import private_endpoint  # noqa: E402
 from oven.control.runtime.loop import ControlLoop  # noqa: E402
 from oven.control.serve import settle_heap  # noqa: E402
 from oven.proto import inference as p  # noqa: E402

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (PagedBatch, check_reply, interleaved_times, iqr, machine_lines, markdown_table,  # noqa: E402
                       medians, text_prompts, write_results)
 
-from oven.control.inference_process import private_endpoint, start_inference_process  # noqa: E402
+from oven.control.inference_process import start_inference_process  # noqa: E402
+from oven.proto.endpoints import private_endpoint  # noqa: E402
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig  # noqa: E402
 from oven.inference.engine import Engine  # noqa: E402
 from oven.inference.llama import PackedLinear  # noqa: E402

@@ -122,10 +122,10 @@ class FakeEngine:
 
 def serve(endpoint: str, config: FakeDeviceConfig, tokenizer: p.TokenizerSpec) -> None:
     """Process entry point: serve until SIGTERM or SIGINT."""
-    server = InferenceServer(FakeEngine(config, tokenizer), endpoint)
+    server = InferenceServer(endpoint)
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
-    server.serve_forever()
+    server.serve_forever(FakeEngine(config, tokenizer))
 
 
 def real_tokenizer(model: str = "smollm2-135m-instruct") -> p.TokenizerSpec:

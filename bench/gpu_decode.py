@@ -144,7 +144,8 @@ def agreement(args) -> dict:
 
 def timings(args) -> dict:
     """(b)-(d): decode steps at every batch size in process, and the server-batch step through a server."""
-    from oven.control.inference_process import private_endpoint, start_inference_process
+    from oven.control.inference_process import start_inference_process
+    from oven.proto.endpoints import private_endpoint
 
     batch = PagedBatch(random_prompts(max(args.batch_sizes), args.context, seed=0), args.page_size)
     cfg = engine_config(args, args.backend, batch.num_pages)

@@ -24,7 +24,8 @@ from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
 
 from oven.client.commands import INFERLETS_DIR  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
-from oven.control.inference_process import private_endpoint, start_inference_process  # noqa: E402
+from oven.control.inference_process import start_inference_process  # noqa: E402
+from oven.proto.endpoints import private_endpoint  # noqa: E402
 from oven.control.runtime.loop import ControlLoop  # noqa: E402
 from oven.control.tokenizer import Tokenizer  # noqa: E402
 from oven.inference.config import InferenceConfig  # noqa: E402

@@ -45,7 +45,7 @@ from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenize
 from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig, default_program_dir
 from oven.control.inference_client import InferenceClient
-from oven.control.inference_process import private_endpoint
+from oven.proto.endpoints import private_endpoint
 from oven.control.runtime.instance import Instance
 from oven.control.runtime.loop import ControlLoop
 from oven.control.serve import settle_heap

@@ -22,13 +22,14 @@ from oven.proto.config_loader import add_config_arguments
 
 from . import commands
 from .commands import EXIT_USAGE
-from oven.control.config import DEFAULT_CONTROL_ENDPOINT, ControlConfig
+from oven.control.config import ControlConfig
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generate import GenerationError, greedy_generate
     from oven.control.inference_client import InferenceClient
-    from oven.control.inference_process import private_endpoint, start_inference_process
+    from oven.control.inference_process import start_inference_process
+    from oven.proto.endpoints import private_endpoint
     from oven.control.tokenizer import Tokenizer
 
     process = None
@@ -99,12 +100,14 @@ class _TextStream:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from oven.control.inference_client import InferenceClient
+    from oven.proto.endpoints import default_inference_endpoint
 
-    with InferenceClient(args.endpoint, timeout_s=args.timeout) as client:
+    endpoint = args.endpoint or default_inference_endpoint()
+    with InferenceClient(endpoint, timeout_s=args.timeout) as client:
         try:
             info = client.info()
         except TimeoutError:
-            print(f"oven: no inference server answers at {args.endpoint}", file=sys.stderr)
+            print(f"oven: no inference server answers at {endpoint}", file=sys.stderr)
             return 1
     for name in info.__dataclass_fields__:
         if name != "tokenizer":
@@ -171,8 +174,12 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def _add_client_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default=DEFAULT_CONTROL_ENDPOINT, metavar="ENDPOINT",
-                        help=f"control endpoint of a running `oven serve` (default {DEFAULT_CONTROL_ENDPOINT})")
+    parser.add_argument("--server", default=None, metavar="ENDPOINT",
+                        help="control endpoint of a running `oven serve` (default: $OVEN_CONTROL_ENDPOINT, else "
+                             "this user's server, ipc://$OVEN_CACHE_DIR/server/control.sock)")
+    parser.add_argument("--token", default=None, metavar="TOKEN",
+                        help="the client token, or @FILE holding it (default: $OVEN_TOKEN, else the operator token "
+                             "this user's server wrote)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     inf.set_defaults(func=None)
 
     info = sub.add_parser("info", help="show what a running inference process serves")
-    info.add_argument("--endpoint", default=InferenceConfig.endpoint, help=f"default {InferenceConfig.endpoint}")
+    info.add_argument("--endpoint", default=None,
+                      help="default: the stand-alone `oven inference` of this user (ipc in its state directory)")
     info.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
     info.set_defaults(func=cmd_info)
 
@@ -247,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     upload = sub.add_parser("upload", help="upload a program")
     upload.add_argument("program", metavar="PROGRAM", help="an inferlet name from inferlets/, or a .wasm path")
     upload.add_argument("--name", help="name to launch it by (default: the file's stem)")
+    upload.add_argument("--shared", action="store_true",
+                        help="name it in the shared library, which every client sees (operator only)")
     _add_client_args(upload)
     upload.set_defaults(func=commands.cmd_upload)
 
@@ -262,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "with it, and exports whose exporter ended are dropped, oldest first, when the KvPage pool "
                     "runs out. Dropping one frees the pages no importer holds.")
     exports.add_argument("--drop", nargs="+", default=[], metavar="NAME", help="release these exports")
+    exports.add_argument("--owner", default="", metavar="CLIENT",
+                         help="--drop another client's exports (operator only; default: your own)")
     _add_client_args(exports)
     exports.set_defaults(func=commands.cmd_exports)
 
@@ -275,6 +287,18 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("text", metavar="TEXT")
     _add_client_args(send)
     send.set_defaults(func=commands.cmd_send)
+
+    token = sub.add_parser(
+        "token", help="manage the clients a server admits (operator only)",
+        description="Every client of an oven server holds a token; the server's owner holds the operator's, which "
+                    "`oven serve` writes to its state directory. `add NAME` admits a new client and prints its "
+                    "token (give it to them: pass it with --token or OVEN_TOKEN); `remove NAME` refuses it from now "
+                    "on; `list` names them. A client sees and controls only its own instances, exports and program "
+                    "names.")
+    token.add_argument("action", choices=("add", "remove", "list"))
+    token.add_argument("name", nargs="?", metavar="NAME", help="a lowercase letter, then up to 31 of a-z 0-9 _ -")
+    _add_client_args(token)
+    token.set_defaults(func=commands.cmd_token)
 
     build = sub.add_parser(
         "build", help="build inferlet folders into components (DIR/NAME.wasm)",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import shutil
 import subprocess
 import sys
 import time
@@ -13,9 +15,13 @@ from pathlib import Path
 from oven.inference.config import InferenceConfig
 from oven.proto.config_loader import config_from_args
 
-from .rpc import ControlRequestError, OvenClient
 from oven.control.config import ControlConfig
-from oven.control.inference_process import private_endpoint, terminate
+from oven.control.inference_process import terminate
+from oven.proto.auth import AuthError
+from oven.proto.endpoints import ipc_path, private_endpoint
+from oven.proto.lifeline import lifeline_env
+
+from .rpc import ControlRequestError, OvenClient, ServerRestarted
 
 INFERLETS_DIR = Path(__file__).resolve().parent.parent / "inferlets"
 EXIT_FAILURE, EXIT_USAGE = 1, 2
@@ -54,13 +60,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 class EmbeddedServer:
-    """A private ``oven serve`` for one ``oven run``, stopped when the run ends."""
+    """A private ``oven serve`` for one ``oven run``, stopped when the run ends (or dies with it)."""
 
     def __init__(self, model: str):
         self.endpoint = private_endpoint()
         cmd = [sys.executable, "-m", "oven.client.cli", "serve", "--model", model, "--quiet",
-               "--control-endpoint", self.endpoint, "--endpoint", private_endpoint()]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+               "--control-endpoint", self.endpoint]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     env={**os.environ, **lifeline_env()})
 
     def wait_ready(self, client: OvenClient, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -72,6 +79,7 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         terminate(self.proc, 30)
+        shutil.rmtree(ipc_path(self.endpoint).parent, ignore_errors=True)
 
 
 def _resolved(program: str) -> tuple[Path, str] | None:
@@ -84,9 +92,10 @@ def _resolved(program: str) -> tuple[Path, str] | None:
 
 
 @contextmanager
-def connected(endpoint: str, model: str):
-    """A client of the server at ``endpoint``, or of an embedded one started (and stopped) here."""
-    client, embedded = OvenClient(endpoint), None
+def connected(endpoint: str | None, model: str, token: str | None = None):
+    """A client of the server at ``endpoint`` (default: this user's), or of an embedded one started
+    (and stopped) here when none answers."""
+    client, embedded = OvenClient(endpoint, token=token), None
     try:
         if not client.reachable():
             client.close()
@@ -107,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     path, name = found
     instance_id = None
     try:
-        with connected(args.server, args.model) as client:
+        with connected(args.server, args.model, args.token) as client:
             try:
                 instance_id = client.launch(client.upload_file(path, name), args.args, detach=args.detach)
                 if args.detach:
@@ -118,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if instance_id:
                     client.terminate(instance_id)
                 raise
-    except (ControlRequestError, RuntimeError, TimeoutError) as exc:
+    except (ControlRequestError, RuntimeError, TimeoutError, AuthError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return EXIT_FAILURE
 
@@ -148,11 +157,11 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
         read_user_interrupts(outgoing)
         print("(type a line and press Enter to interrupt the model with it)", file=sys.stderr)
     try:
-        with connected(args.server, args.model) as client:
+        with connected(args.server, args.model, args.token) as client:
             session = run_session(client, client.upload_file(path, name), workload, spec, StreamPrinter(),
                                   results=outgoing)
             print(flush=True)  # end the streamed text before an embedded server says it is shutting down
-    except (ControlRequestError, RuntimeError, TimeoutError) as exc:
+    except (ControlRequestError, RuntimeError, TimeoutError, AuthError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     if session.exit_code != 0:
@@ -186,12 +195,13 @@ def stream(client: OvenClient, instance_id: str) -> int:
 
 
 def _with_client(args: argparse.Namespace, action) -> int:
-    with OvenClient(args.server, timeout_s=30) as client:
+    with OvenClient(args.server, timeout_s=30, token=args.token) as client:
         try:
+            client.info(timeout_s=2.0)  # a server that is not there is said at once, not after 30 s
             return action(client) or 0
         except TimeoutError:
-            print(f"oven: no server answers at {args.server} (start one with `oven serve`)", file=sys.stderr)
-        except ControlRequestError as exc:
+            print(f"oven: no server answers at {client.endpoint} (start one with `oven serve`)", file=sys.stderr)
+        except (ControlRequestError, AuthError, ServerRestarted) as exc:
             print(f"oven: {exc}", file=sys.stderr)
         return EXIT_FAILURE
 
@@ -200,7 +210,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     if (found := _resolved(args.program)) is None:
         return EXIT_USAGE
     path, name = found
-    return _with_client(args, lambda client: print(client.upload_file(path, args.name or name)))
+    return _with_client(args, lambda client: print(client.upload_file(path, args.name or name, args.shared)))
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -209,23 +219,24 @@ def cmd_ps(args: argparse.Namespace) -> int:
             for entry in client.programs():
                 print(f"{entry.sha256[:16]}  {entry.size_bytes / 1e6:7.1f} MB  {', '.join(entry.names)}")
             return
-        print(f"{'INSTANCE':20} {'PROGRAM':14} {'STATE':9} {'AGE':>8}  EXIT")
+        print(f"{'INSTANCE':20} {'PROGRAM':14} {'OWNER':10} {'STATE':9} {'AGE':>8}  EXIT")
         for i in client.instances():
             exit_text = "" if i.exit_code is None else str(i.exit_code)
-            print(f"{i.instance_id:20} {i.program:14} {i.state:9} {i.age_s:7.1f}s  {exit_text} {i.error}")
+            print(f"{i.instance_id:20} {i.program:14} {i.owner:10} {i.state:9} {i.age_s:7.1f}s  {exit_text} {i.error}")
     return _with_client(args, show)
 
 
 def cmd_exports(args: argparse.Namespace) -> int:
     def act(client: OvenClient) -> None:
         for name in args.drop:
-            client.drop_export(name)
+            client.drop_export(name, args.owner)
             print(f"dropped {name}")
         if args.drop:
             return
-        print(f"{'EXPORT':32} {'PAGES':>6}  {'EXPORTER':20} EXPORTER STATE")
+        print(f"{'EXPORT':32} {'PAGES':>6}  {'EXPORTER':20} {'OWNER':10} EXPORTER STATE")
         for e in client.exports():
-            print(f"{e.name:32} {e.num_pages:6d}  {e.exporter:20} {'running' if e.exporter_running else 'ended'}")
+            print(f"{e.name:32} {e.num_pages:6d}  {e.exporter:20} {e.owner:10} "
+                  f"{'running' if e.exporter_running else 'ended'}")
     return _with_client(args, act)
 
 
@@ -235,3 +246,18 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     return _with_client(args, lambda client: client.send(args.instance_id, args.text))
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    def act(client: OvenClient) -> None:
+        if args.action == "add":
+            print(client.add_client(args.name))
+        elif args.action == "remove":
+            client.remove_client(args.name)
+            print(f"removed {args.name}")
+        else:
+            print("\n".join(client.clients()))
+    if args.action in ("add", "remove") and not args.name:
+        print(f"oven token {args.action}: NAME is required", file=sys.stderr)
+        return EXIT_USAGE
+    return _with_client(args, act)

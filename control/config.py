@@ -2,51 +2,67 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_CONTROL_ENDPOINT = "tcp://127.0.0.1:7430"
+from oven.proto.auth import default_cache_dir, default_state_dir
+
 DISPATCH_POLICIES = ("adaptive", "eager", "k", "t")
 EXHAUSTION_POLICIES = ("terminate-newest", "wait", "offload")
 
 
 def default_program_dir() -> str:
-    root = os.environ.get("OVEN_CACHE_DIR") or str(Path.home() / ".cache" / "oven")
-    return str(Path(root) / "programs")
+    return str(default_cache_dir() / "programs")
 
 
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
-    control_endpoint: str = DEFAULT_CONTROL_ENDPOINT
+    control_endpoint: str = ""  # "" = ipc://STATE_DIR/control.sock; tcp://HOST:PORT serves other machines too
+    state_dir: str = ""  # keys, clients, the operator's token; "" = $OVEN_CACHE_DIR/server or ~/.cache/oven/server
     program_dir: str = ""  # "" = $OVEN_CACHE_DIR/programs or ~/.cache/oven/programs
     dispatch_policy: str = "adaptive"
     dispatch_k: int = 32  # the k policy: batch size that triggers a dispatch
     dispatch_t_ms: float = 5.0  # the t policy: oldest wait that triggers a dispatch
     exhaustion_policy: str = "terminate-newest"
     max_instances: int = 1024
+    max_instances_per_client: int = 256  # running at once, per client but the operator
+    inbox_messages: int = 1024  # client messages waiting in one instance's inbox
+    inbox_mib: int = 16  # and their bytes
     instance_memory_mib: int = 512
     slice_ms: int = 2000  # longest a guest may run between two waits
     max_kv_pages_per_instance: int = 4096
     max_embeds_per_instance: int = 4096
     http_allow: str = ""  # comma-separated host names inferlets may fetch from
     lease_s: float = 10.0  # a client silent this long loses its non-detached instances
+    inference_timeout_s: float = 120.0  # a batch unanswered this long: the inference process is hung
+    inference_restarts: int = 5  # restarts of a dead inference process within 10 minutes before giving up
 
     def __post_init__(self) -> None:
         if self.dispatch_policy not in DISPATCH_POLICIES:
             raise ValueError(f"dispatch_policy must be one of {DISPATCH_POLICIES}, not {self.dispatch_policy!r}")
         if self.exhaustion_policy not in EXHAUSTION_POLICIES:
             raise ValueError(f"exhaustion_policy must be one of {EXHAUSTION_POLICIES}")
-        for field in ("dispatch_k", "max_instances", "instance_memory_mib", "slice_ms",
-                      "max_kv_pages_per_instance", "max_embeds_per_instance"):
+        for field in ("dispatch_k", "max_instances", "max_instances_per_client", "inbox_messages", "inbox_mib",
+                      "instance_memory_mib", "slice_ms", "max_kv_pages_per_instance", "max_embeds_per_instance"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive")
-        if self.dispatch_t_ms <= 0 or self.lease_s <= 0:
-            raise ValueError("dispatch_t_ms and lease_s must be positive")
+        if self.dispatch_t_ms <= 0 or self.lease_s <= 0 or self.inference_timeout_s <= 0:
+            raise ValueError("dispatch_t_ms, lease_s and inference_timeout_s must be positive")
+        if self.inference_restarts < 0:
+            raise ValueError("inference_restarts must be 0 or more")
 
     @property
     def programs_path(self) -> Path:
         return Path(self.program_dir or default_program_dir())
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir) if self.state_dir else default_state_dir()
+
+    @property
+    def endpoint(self) -> str:
+        """Where clients connect: ``control_endpoint``, or the socket in the state directory."""
+        return self.control_endpoint or f"ipc://{self.state_path / 'control.sock'}"
 
     @property
     def http_allowed_hosts(self) -> tuple[str, ...]:

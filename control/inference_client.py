@@ -13,6 +13,7 @@ import itertools
 import zmq
 
 from oven.proto import inference as p
+from oven.proto.auth import Token, secure_client
 
 
 class InferenceError(RuntimeError):
@@ -24,11 +25,14 @@ class InferenceError(RuntimeError):
 
 
 class InferenceClient:
-    def __init__(self, endpoint: str, timeout_s: float = 600.0):
+    def __init__(self, endpoint: str, timeout_s: float = 600.0, token: Token | None = None):
+        """``token``: the server's key and ours, for a server that admits only us (one we started)."""
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if token is not None:
+            secure_client(self._sock, token)
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._early: dict[int, object] = {}  # replies that arrived while waiting for another

@@ -4,6 +4,11 @@ The child runs ``python -m oven.inference.server`` with the flags of an
 :class:`InferenceConfig`; :func:`start_inference_process` returns once the
 child answers an ``info`` request, or raises with the tail of its stderr if it
 dies first. The control layer itself never imports torch.
+
+The child gets a fresh CurveZMQ key pair and admits only the key of this side, so
+nothing else can use it, and this side, which knows the child's public key, cannot
+be answered by anything else on that endpoint. It dies with its parent
+(:mod:`oven.proto.lifeline`).
 """
 
 from __future__ import annotations
@@ -12,26 +17,18 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
-from pathlib import Path
 
 from oven.inference.config import InferenceConfig
 from oven.proto import inference as p
+from oven.proto.auth import Keypair, Token, inference_keys_env
 from oven.proto.config_loader import config_to_argv
+from oven.proto.endpoints import PRIVATE_PREFIX, ipc_path
+from oven.proto.lifeline import lifeline_env
 
 from .inference_client import InferenceClient
-
-
-PRIVATE_PREFIX = "oven-endpoint-"
-
-
-def private_endpoint() -> str:
-    """A fresh ipc endpoint in a private temporary folder."""
-    folder = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
-    return f"ipc://{Path(folder) / 'inference.sock'}"
 
 
 class InferenceProcess:
@@ -39,8 +36,11 @@ class InferenceProcess:
         self.config = config
         cmd = [sys.executable, "-m", "oven.inference.server", *config_to_argv(config)]
         self._stderr_tail: deque[str] = deque(maxlen=40)
+        server_keys, self._client_keys = Keypair.generate(), Keypair.generate()
+        self.token = Token(server_keys.public, self._client_keys)
+        env = {**os.environ, **inference_keys_env(server_keys, self._client_keys.public), **lifeline_env()}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                                     stderr=subprocess.PIPE, text=True, env=env)
         self._pump = threading.Thread(target=self._read_stderr, args=(echo_stderr,), daemon=True)
         self._pump.start()
         self.info: p.InfoReply | None = None
@@ -54,7 +54,7 @@ class InferenceProcess:
 
     def wait_ready(self, timeout_s: float) -> p.InfoReply:
         deadline = time.monotonic() + timeout_s
-        with InferenceClient(self.config.endpoint) as client:
+        with self.client() as client:
             request_id = client.send(p.InfoRequest())
             while True:
                 if self.proc.poll() is not None:
@@ -70,15 +70,19 @@ class InferenceProcess:
                         raise TimeoutError(f"inference process not ready after {timeout_s:.0f}s:\n"
                                            + "".join(self._stderr_tail)) from None
 
-    def client(self) -> InferenceClient:
-        return InferenceClient(self.config.endpoint)
+    def client(self, timeout_s: float = 600.0) -> InferenceClient:
+        """A new client of this process (the only kind it admits)."""
+        return InferenceClient(self.config.endpoint, timeout_s, token=self.token)
+
+    @property
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr_tail)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
         terminate(self.proc, timeout_s)
-        endpoint = self.config.endpoint
-        if endpoint.startswith("ipc://"):
-            path = Path(endpoint.removeprefix("ipc://"))
+        path = ipc_path(self.config.endpoint)
+        if path is not None:
             path.unlink(missing_ok=True)
             if path.parent.name.startswith(PRIVATE_PREFIX):
                 with contextlib.suppress(OSError):

@@ -8,11 +8,15 @@ import signal
 import sys
 
 from oven.inference.config import InferenceConfig
+from oven.proto.auth import AuthError
+from oven.proto.endpoints import EndpointError
+from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import ControlConfig
-from .inference_process import start_inference_process
+from .keyring import Keyring
 from .runtime.loop import ControlLoop
 from .server import ControlServer
+from .supervisor import InferenceSupervisor, InferenceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -34,25 +38,36 @@ def settle_heap() -> None:
 
 
 def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = True) -> int:
+    die_with_parent()  # an embedded server (oven run) goes with the command that started it
     stopping = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.append(True))
-    print(f"oven: starting the inference process ({inference.model}) ...", file=sys.stderr, flush=True)
     try:
-        process = start_inference_process(inference, echo_stderr=verbose)
-    except (RuntimeError, TimeoutError) as exc:
+        server = ControlServer(control.endpoint, Keyring(control.state_path))  # an endpoint in use fails here
+    except (EndpointError, AuthError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return 1
-    server = None
+    print(f"oven: starting the inference process ({inference.model}) ...", file=sys.stderr, flush=True)
     try:
-        loop = ControlLoop(process.client(), control, lambda inst, kind, payload: server.on_event(inst, kind, payload))
-        server = ControlServer(loop, control.control_endpoint)
+        supervisor = InferenceSupervisor(inference, verbose, control.inference_restarts)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        server.close()
+        return 1
+    try:
+        server.loop = loop = ControlLoop(supervisor.client(), control, server.on_event, supervisor)
         settle_heap()
-        print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to "
-              f"{control.control_endpoint} (inference at {inference.endpoint})", file=sys.stderr, flush=True)
-        server.serve_forever(lambda: bool(stopping))
+        print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to {server.endpoint}",
+              file=sys.stderr, flush=True)
+        try:
+            server.serve_forever(lambda: bool(stopping) or not parent_alive())
+        except InferenceUnavailable as exc:
+            print(f"oven: {exc}", file=sys.stderr, flush=True)
+            loop.close()
+            return 1
         print("oven: shutting down", file=sys.stderr, flush=True)
         loop.close()
         return 0
     finally:
-        process.stop()
+        supervisor.stop()
+        server.close()

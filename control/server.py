@@ -1,5 +1,10 @@
 """The control process's client-facing RPC: a ZeroMQ ROUTER served from the control loop's thread.
 
+Every peer is a CurveZMQ client the server's :class:`Keyring` admits, and every
+message arrives with its client's name (ZAP's ``User-Id``): what a client launches,
+exports or names is its own, and a request on another client's instance or export is
+``forbidden`` unless it comes from the operator.
+
 Requests are dispatched through a type -> handler table; a malformed message
 or a failing handler gets a :class:`ControlError` reply and the server goes
 on. Instance output is pushed as :class:`InstanceEvent` to attached clients.
@@ -11,23 +16,28 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 
 import zmq
 
 from oven.proto import control as c
+from oven.proto.auth import OPERATOR, Admission, AuthError, secure_server, user_id
 from oven.proto.codec import ProtocolError
+from oven.proto.endpoints import bind
 
+from .keyring import Keyring
 from .outbox import ClientOutbox
 from .resources import ResourceError
 from .runtime.instance import Instance, InstanceRecord
 from .runtime.loop import ControlLoop
-from .runtime.programs import ProgramError
+from .runtime.programs import DIGEST, LIBRARY, ProgramError
 
 log = logging.getLogger(__name__)
 
-MAX_UPLOAD_BYTES = 256 << 20
+MAX_UPLOAD_BYTES = 256 << 20  # one program; also what one client may have half uploaded at once
 MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
 # Frames waiting for one client (ClientOutbox) beyond its ZeroMQ pipe: past HOLD_FRAMES the instances
 # it watches run no further slice until it catches up; past a DROP limit it is taken for gone (a
@@ -42,25 +52,42 @@ class RequestFailed(Exception):
         self.reply = c.ControlError(code, message)
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    route: bytes  # the ZeroMQ routing id: one connection, which holds the lease
+    name: str  # the client it authenticated as
+
+    @property
+    def operator(self) -> bool:
+        return self.name == OPERATOR
+
+
 class ControlServer:
-    def __init__(self, loop: ControlLoop, endpoint: str):
-        self.loop, self.endpoint = loop, endpoint
-        self.sock = zmq.Context.instance().socket(zmq.ROUTER)
+    """Binds at once, so an endpoint in use fails before a model loads; serves once ``loop`` is set."""
+
+    def __init__(self, endpoint: str, keyring: Keyring, loop: ControlLoop | None = None):
+        self.loop, self.endpoint, self.keyring = loop, endpoint, keyring
+        self.server_id = secrets.token_hex(8)
+        ctx = zmq.Context.instance()
+        self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, c.UPLOAD_CHUNK_BYTES + (1 << 20))
-        self.sock.bind(endpoint)
+        self._admission = Admission(ctx, keyring.admitted())
+        secure_server(self.sock, keyring.server, self._admission)
+        bind(self.sock, endpoint)
         self.outbox = ClientOutbox(self.sock)
         self._held: set[str] = set()  # instances whose output a watcher is behind on
         self._uploads: dict[tuple[bytes, str], bytearray] = {}
-        self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client identities
-        self._owned: dict[bytes, set[str]] = defaultdict(set)  # client -> instances it must keep alive
+        self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client routes
+        self._owned: dict[bytes, set[str]] = defaultdict(set)  # client route -> instances it must keep alive
         self._last_heard: dict[bytes, float] = {}
         self._handlers = {
             c.UploadChunk: self._upload, c.ListPrograms: self._list_programs, c.Launch: self._launch,
             c.ListInstances: self._list_instances, c.SendMessage: self._send, c.Attach: self._attach,
             c.Terminate: self._terminate, c.ListExports: self._list_exports, c.DropExport: self._drop_export,
             c.ServerInfo: self._server_info, c.Stats: self._stats,
-            c.Heartbeat: lambda _client, _req: c.Ok(),
+            c.Heartbeat: lambda _caller, _req: c.Alive(self.server_id),
+            c.AddClient: self._add_client, c.RemoveClient: self._remove_client, c.ListClients: self._list_clients,
         }
 
     def on_event(self, inst: Instance, kind: str, payload) -> None:
@@ -70,11 +97,11 @@ class ControlServer:
         else:
             event = c.InstanceEvent(inst.instance_id, kind, str(payload))
         frame = c.CODEC.encode(event)
-        for client in self._watchers.get(inst.instance_id, ()):
-            self.outbox.send(client, frame)
+        for route in self._watchers.get(inst.instance_id, ()):
+            self.outbox.send(route, frame)
         if kind == "exit":
-            for client in self._watchers.pop(inst.instance_id, ()):
-                self._owned[client].discard(inst.instance_id)
+            for route in self._watchers.pop(inst.instance_id, ()):
+                self._owned[route].discard(inst.instance_id)
 
     def serve_forever(self, should_stop) -> None:
         while not should_stop():
@@ -83,16 +110,20 @@ class ControlServer:
             self._flush()
             self._expire_leases(time.monotonic())
 
+    def close(self) -> None:
+        self._admission.close()
+        self.sock.close(0)
+
     def _flush(self) -> None:
         """Send what waits for slow clients; hold the instances they are behind on, drop clients that never read."""
         self.outbox.flush()
         backlogs = self.outbox.backlogs
-        for client, backlog in list(backlogs.items()):
+        for route, backlog in list(backlogs.items()):
             if len(backlog.frames) > DROP_FRAMES or backlog.num_bytes > DROP_BYTES:
-                self._drop_client(client, f"its client stopped reading ({len(backlog.frames)} frames, "
-                                          f"{backlog.num_bytes >> 20} MiB unread)")
-        behind = {client for client, backlog in backlogs.items() if len(backlog.frames) > HOLD_FRAMES}
-        held = {instance_id for instance_id, clients in self._watchers.items() if clients & behind} if behind else set()
+                self._drop_client(route, f"its client stopped reading ({len(backlog.frames)} frames, "
+                                         f"{backlog.num_bytes >> 20} MiB unread)")
+        behind = {route for route, backlog in backlogs.items() if len(backlog.frames) > HOLD_FRAMES}
+        held = {instance_id for instance_id, routes in self._watchers.items() if routes & behind} if behind else set()
         if held or self._held:
             for instance_id in held ^ self._held:
                 if (inst := self.loop.instances.get(instance_id)) is not None:
@@ -101,14 +132,14 @@ class ControlServer:
 
     def _drain(self) -> None:
         while self.sock.poll(0):
-            frames = self.sock.recv_multipart()
+            frames = self.sock.recv_multipart(copy=False)
             if len(frames) < 2:
                 continue
-            client, payload = frames[0], frames[-1]
-            self._last_heard[client] = time.monotonic()
-            self.outbox.send(client, self._handle(client, payload))
+            caller = Caller(frames[0].bytes, user_id(frames[-1]) or OPERATOR)  # None: an in-process peer
+            self._last_heard[caller.route] = time.monotonic()
+            self.outbox.send(caller.route, self._handle(caller, frames[-1].bytes))
 
-    def _handle(self, client: bytes, payload: bytes) -> bytes:
+    def _handle(self, caller: Caller, payload: bytes) -> bytes:
         try:
             envelope = c.CODEC.decode(payload)
         except ProtocolError as exc:
@@ -117,7 +148,7 @@ class ControlServer:
         try:
             if handler is None:
                 raise RequestFailed("not_a_request", f"{type(envelope.message).__name__} is not a request")
-            reply = handler(client, envelope.message)
+            reply = handler(caller, envelope.message)
         except RequestFailed as exc:
             reply = exc.reply
         except Exception as exc:  # a bug in a handler must not take the server down
@@ -125,16 +156,39 @@ class ControlServer:
             reply = c.ControlError("internal", f"{type(exc).__name__}: {exc}")
         return c.CODEC.encode(reply, envelope.request_id)
 
-    # -- handlers ------------------------------------------------------------
+    # -- programs ------------------------------------------------------------------------------
 
-    def _upload(self, client: bytes, req: c.UploadChunk) -> c.UploadReply:
+    def _upload(self, caller: Caller, req: c.UploadChunk) -> c.UploadReply:
+        if not DIGEST.match(req.sha256):
+            raise RequestFailed("bad_upload", "sha256 must be 64 lowercase hex digits")
         if not 0 < req.total_bytes <= MAX_UPLOAD_BYTES:
             raise RequestFailed("bad_upload", f"a program must be 1 byte to {MAX_UPLOAD_BYTES >> 20} MiB")
-        if self.loop.programs.has(req.sha256):  # already stored and compiled: only the name may be new
-            if req.name:
-                self.loop.programs.set_name(req.name, req.sha256)
-            return c.UploadReply(req.sha256, req.total_bytes, True)
-        key = (client, req.sha256)
+        if req.shared and not caller.operator:
+            raise RequestFailed("forbidden", "only the operator may publish to the shared library")
+        namespace = LIBRARY if req.shared else caller.name
+        programs = self.loop.programs
+        try:
+            if programs.has(req.sha256) and req.offset + len(req.data) == req.total_bytes == len(req.data):
+                # Stored already, and this one chunk is the whole program: it proves the caller has the bytes.
+                if hashlib.sha256(req.data).hexdigest() != req.sha256:
+                    raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
+                programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
+                return c.UploadReply(req.sha256, req.total_bytes, True)
+            data = self._buffer_chunk(caller, req)
+            if data is None:
+                return c.UploadReply(req.sha256, len(self._uploads[(caller.route, req.sha256)]), False)
+            programs.add(data, req.name or None, uploader=caller.name, namespace=namespace)
+        except ProgramError as exc:
+            raise RequestFailed("bad_program", str(exc)) from None
+        return c.UploadReply(req.sha256, len(data), True)
+
+    def _buffer_chunk(self, caller: Caller, req: c.UploadChunk) -> bytes | None:
+        """Add a chunk to the caller's upload; the whole program once complete and checked, else None."""
+        key = (caller.route, req.sha256)
+        mine = sum(len(b) for (route, _), b in self._uploads.items() if route == caller.route)
+        if mine + len(req.data) > MAX_UPLOAD_BYTES:
+            raise RequestFailed("upload_busy", f"this client has {mine >> 20} MiB of unfinished uploads; finish "
+                                               f"them first (at most {MAX_UPLOAD_BYTES >> 20} MiB at once)")
         if sum(map(len, self._uploads.values())) + len(req.data) > MAX_BUFFERED_UPLOAD_BYTES:
             raise RequestFailed("upload_busy", f"{MAX_BUFFERED_UPLOAD_BYTES >> 20} MiB of unfinished uploads are "
                                                "buffered already: try again when they finish")
@@ -144,102 +198,147 @@ class ControlServer:
             raise RequestFailed("bad_upload", f"chunk at offset {req.offset} does not follow {len(buffer)} bytes")
         buffer += req.data
         if len(buffer) < req.total_bytes:
-            return c.UploadReply(req.sha256, len(buffer), False)
+            return None
         data = bytes(self._uploads.pop(key))
         if hashlib.sha256(data).hexdigest() != req.sha256:
             raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
-        try:
-            self.loop.programs.add(data, req.name or None)
-        except ProgramError as exc:
-            raise RequestFailed("bad_program", str(exc)) from None
-        return c.UploadReply(req.sha256, len(data), True)
+        return data
 
-    def _list_programs(self, _client, _req) -> c.ProgramList:
-        return c.ProgramList([c.ProgramEntry(h, names, size) for h, names, size in self.loop.programs.entries()])
+    def _list_programs(self, caller: Caller, _req) -> c.ProgramList:
+        return c.ProgramList([c.ProgramEntry(h, names, size) for h, names, size in self.loop.programs.entries(caller.name)])
 
-    def _launch(self, client: bytes, req: c.Launch) -> c.Launched:
+    # -- instances -----------------------------------------------------------------------------
+
+    def _launch(self, caller: Caller, req: c.Launch) -> c.Launched:
+        if not caller.operator:
+            running = sum(1 for inst in self.loop.instances.values() if inst.owner == caller.name)
+            if running >= self.loop.config.max_instances_per_client:
+                raise RequestFailed("too_many_instances", f"this client runs {running} instances, its maximum "
+                                                          "(oven serve --max-instances-per-client)")
         try:
-            inst = self.loop.launch(req.program, req.args)
+            inst = self.loop.launch(req.program, req.args, owner=caller.name)
         except ProgramError as exc:
             raise RequestFailed("unknown_program", str(exc)) from None
         except Exception as exc:  # instantiation traps, limits
             raise RequestFailed("launch_failed", f"{type(exc).__name__}: {exc}") from None
-        self._watchers[inst.instance_id].add(client)
+        self._watchers[inst.instance_id].add(caller.route)
         if not req.detach:
-            self._owned[client].add(inst.instance_id)
+            self._owned[caller.route].add(inst.instance_id)
         return c.Launched(inst.instance_id)
 
-    def _list_instances(self, _client, _req) -> c.InstanceList:
+    def _list_instances(self, caller: Caller, _req) -> c.InstanceList:
         now = time.monotonic()
 
         def entry(i: Instance | InstanceRecord, state: str) -> c.InstanceEntry:
-            return c.InstanceEntry(i.instance_id, i.program[:12], state, now - i.started_at, i.exit_code, i.error or "")
+            return c.InstanceEntry(i.instance_id, i.program[:12], state, now - i.started_at, i.exit_code,
+                                   i.error or "", i.owner)
+        mine = lambda i: caller.operator or i.owner == caller.name  # noqa: E731
         running = [entry(i, "held" if i.output_held and i.alive else i.state.value)
-                   for i in self.loop.instances.values()]
-        return c.InstanceList(running + [entry(r, r.state.value) for r in self.loop.finished.values()])
+                   for i in self.loop.instances.values() if mine(i)]
+        return c.InstanceList(running + [entry(r, r.state.value) for r in self.loop.finished.values() if mine(r)])
 
-    def _instance(self, instance_id: str) -> Instance:
+    def _instance(self, caller: Caller, instance_id: str) -> Instance:
         inst = self.loop.instances.get(instance_id)
         if inst is None:
             raise RequestFailed("unknown_instance", f"no running instance {instance_id!r}")
+        if inst.owner != caller.name and not caller.operator:
+            raise RequestFailed("forbidden", f"instance {instance_id} belongs to another client")
         return inst
 
-    def _send(self, _client, req: c.SendMessage) -> c.Ok:
-        self._instance(req.instance_id).inbox.push(req.text)
-        return c.Ok()
-
-    def _attach(self, client: bytes, req: c.Attach) -> c.Ok:
-        self._instance(req.instance_id)
-        self._watchers[req.instance_id].add(client)
-        return c.Ok()
-
-    def _terminate(self, _client, req: c.Terminate) -> c.Ok:
-        self.loop.kill(self._instance(req.instance_id), "terminated by a client", exit_code=143)
-        return c.Ok()
-
-    def _list_exports(self, _client, _req) -> c.ExportList:
-        running = self.loop.instances
-        return c.ExportList([c.ExportEntry(e.name, len(e.page_ids), e.owner_id, e.owner_id in running)
-                             for e in self.loop.exports.exports()])
-
-    def _drop_export(self, _client, req: c.DropExport) -> c.Ok:
+    def _send(self, caller: Caller, req: c.SendMessage) -> c.Ok:
         try:
-            self.loop.drop_export(req.name)
+            self._instance(caller, req.instance_id).inbox.push(req.text)
+        except OverflowError as exc:
+            raise RequestFailed("inbox_full", str(exc)) from None
+        return c.Ok()
+
+    def _attach(self, caller: Caller, req: c.Attach) -> c.Ok:
+        self._instance(caller, req.instance_id)
+        self._watchers[req.instance_id].add(caller.route)
+        return c.Ok()
+
+    def _terminate(self, caller: Caller, req: c.Terminate) -> c.Ok:
+        self.loop.kill(self._instance(caller, req.instance_id), "terminated by a client", exit_code=143)
+        return c.Ok()
+
+    # -- exports -------------------------------------------------------------------------------
+
+    def _list_exports(self, caller: Caller, _req) -> c.ExportList:
+        running = self.loop.instances
+        return c.ExportList([c.ExportEntry(e.name, len(e.page_ids), e.owner_id, e.owner_id in running, e.namespace)
+                             for e in self.loop.exports.exports() if caller.operator or e.namespace == caller.name])
+
+    def _drop_export(self, caller: Caller, req: c.DropExport) -> c.Ok:
+        owner = req.owner or caller.name
+        if owner != caller.name and not caller.operator:
+            raise RequestFailed("forbidden", f"export {req.name!r} of {owner!r} belongs to another client")
+        try:
+            self.loop.drop_export(req.name, namespace=owner)
         except ResourceError as exc:  # "no kvpage export named ..."
             raise RequestFailed("unknown_export", str(exc)) from None
         return c.Ok()
 
-    def _server_info(self, _client, _req) -> c.ServerInfoReply:
+    # -- the server ----------------------------------------------------------------------------
+
+    def _server_info(self, caller: Caller, _req) -> c.ServerInfoReply:
         info = self.loop.info
         return c.ServerInfoReply([info.model_name], list(info.traits), info.page_size, info.num_kv_pages,
                                  info.num_embeds, info.device, self.loop.config.dispatch_policy,
-                                 len(self.loop.instances), self.loop.config.lease_s)
+                                 len(self.loop.instances), self.loop.config.lease_s, self.server_id, caller.name)
 
-    def _stats(self, _client, _req) -> c.StatsReply:
+    def _stats(self, _caller, _req) -> c.StatsReply:
         s = self.loop.scheduler.stats()
         return c.StatsReply(s.num_batches, s.num_commands, s.num_horizontal_batches, s.num_vertical_batches,
                             s.mean_batch_size, self.loop.kv_pool.num_free, self.loop.embed_pool.num_free,
                             self.loop.host_pool.num_free)
 
-    # -- leases ----------------------------------------------------------------
+    # -- clients -------------------------------------------------------------------------------
+
+    def _operator_only(self, caller: Caller) -> None:
+        if not caller.operator:
+            raise RequestFailed("forbidden", "only the operator may manage clients")
+
+    def _add_client(self, caller: Caller, req: c.AddClient) -> c.ClientToken:
+        self._operator_only(caller)
+        try:
+            token = self.keyring.add(req.name)
+        except AuthError as exc:
+            raise RequestFailed("bad_client", str(exc)) from None
+        self._admission.update(self.keyring.admitted())
+        return c.ClientToken(req.name, str(token))
+
+    def _remove_client(self, caller: Caller, req: c.RemoveClient) -> c.Ok:
+        self._operator_only(caller)
+        try:
+            self.keyring.remove(req.name)
+        except AuthError as exc:
+            raise RequestFailed("bad_client", str(exc)) from None
+        self._admission.update(self.keyring.admitted())
+        return c.Ok()
+
+    def _list_clients(self, caller: Caller, _req) -> c.ClientList:
+        self._operator_only(caller)
+        return c.ClientList(self.keyring.names())
+
+    # -- leases --------------------------------------------------------------------------------
 
     def _expire_leases(self, now: float) -> None:
-        for client, heard in list(self._last_heard.items()):
+        for route, heard in list(self._last_heard.items()):
             if now - heard > self.loop.config.lease_s:
-                self._drop_client(client, "its client went away (lease expired)")
+                self._drop_client(route, "its client went away (lease expired)")
 
-    def _drop_client(self, client: bytes, reason: str) -> None:
-        """Forget ``client``: terminate the instances it launched attached, drop its unfinished uploads,
-        stop sending it anything."""
-        owned = self._owned.pop(client, set())
-        if owned or client in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
-            log.warning("dropping client %s: %s", client.hex(), reason)
-        self._last_heard.pop(client, None)
-        for key in [key for key in self._uploads if key[0] == client]:  # unfinished: nobody will finish them
+    def _drop_client(self, route: bytes, reason: str) -> None:
+        """Forget the connection ``route``: terminate the instances it launched attached, drop its
+        unfinished uploads, stop sending it anything."""
+        owned = self._owned.pop(route, set())
+        if owned or route in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
+            log.warning("dropping client %s: %s", route.hex(), reason)
+        self._last_heard.pop(route, None)
+        for key in [key for key in self._uploads if key[0] == route]:  # unfinished: nobody will finish them
             del self._uploads[key]
         for watchers in self._watchers.values():
-            watchers.discard(client)
-        self.outbox.forget(client)  # after the line above, no exit event below is queued for it again
+            watchers.discard(route)
+        self.outbox.forget(route)  # after the line above, no exit event below is queued for it again
         for instance_id in owned:
             inst = self.loop.instances.get(instance_id)
             if inst is not None:

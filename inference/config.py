@@ -6,7 +6,6 @@ import dataclasses
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-DEFAULT_ENDPOINT = "ipc:///tmp/oven-inference.sock"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "flashinfer")
 DEVICES = ("auto", "cpu", "cuda")
@@ -52,7 +51,7 @@ class InferenceConfig:
     """Settings of one inference process. ``None`` sizes are derived at startup."""
 
     model: str = DEFAULT_MODEL
-    endpoint: str = DEFAULT_ENDPOINT
+    endpoint: str = ""  # "" = a private one (oven serve), or ipc://STATE_DIR/inference.sock (oven inference)
     device: str = "auto"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     attention_backend: str = "auto"  # flashinfer on CUDA when it imports, else torch

@@ -8,6 +8,11 @@ dry the server sends an :class:`IdleNotice` to every peer it served since the
 last one, so the control layer can dispatch the next batch at once
 (work-conserving scheduling).
 
+A control process starts this server with a key pair in its environment
+(:func:`oven.proto.auth.take_inference_keys`): it then speaks CurveZMQ and admits
+that control process alone. It binds before it loads the model, so an endpoint in
+use fails at once, and it dies with the parent that started it.
+
 Run it with ``oven inference --help`` or ``python -m oven.inference.server``.
 """
 
@@ -21,8 +26,11 @@ import sys
 import zmq
 
 from oven.proto import inference as p
+from oven.proto.auth import Admission, Keypair, secure_server, take_inference_keys
 from oven.proto.codec import ProtocolError
 from oven.proto.config_loader import add_config_arguments, config_from_args
+from oven.proto.endpoints import EndpointError, bind, default_inference_endpoint
+from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import InferenceConfig
 from .engine import BatchTooLarge, Engine
@@ -33,23 +41,34 @@ MAX_MESSAGE_BYTES = 256 << 20
 
 
 class InferenceServer:
-    def __init__(self, engine: Engine, endpoint: str):
-        self.engine = engine
+    """Binds ``endpoint`` at once; serves once :meth:`serve_forever` is given the engine."""
+
+    def __init__(self, endpoint: str, keys: tuple[Keypair, bytes] | None = None):
+        """``keys``: this server's key pair and the one client public key it admits (else no security)."""
+        self.engine: Engine | None = None
         self.endpoint = endpoint
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a peer cannot make us buffer gigabytes
-        self._sock.bind(endpoint)
+        if keys is not None:
+            server_keys, client_public = keys
+            self._admission = Admission(self._ctx, {client_public: "control"})
+            secure_server(self._sock, server_keys, self._admission)
+        bind(self._sock, endpoint)
         self._stopping = False
         self._served_since_idle: set[bytes] = set()
 
     def stop(self, *_args) -> None:
         self._stopping = True
 
-    def serve_forever(self, poll_ms: int = 100) -> None:
+    def serve_forever(self, engine: Engine, poll_ms: int = 100) -> None:
+        self.engine = engine
         while not self._stopping:
             if not self._sock.poll(poll_ms, zmq.POLLIN):
+                if not parent_alive():
+                    log.warning("the process that started this server is gone: exiting")
+                    break
                 continue
             frames = self._sock.recv_multipart()
             if len(frames) < 2:
@@ -107,17 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s inference %(levelname)s %(message)s", stream=sys.stderr)
+    die_with_parent()
     try:
         cfg = config_from_args(InferenceConfig, args)
+        server = InferenceServer(cfg.endpoint or default_inference_endpoint(), take_inference_keys())
+        signal.signal(signal.SIGTERM, server.stop)
+        signal.signal(signal.SIGINT, server.stop)
         engine = Engine(cfg, progress=not args.quiet)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, EndpointError) as exc:
         print(f"oven inference: {exc}", file=sys.stderr)
         return 2
-    server = InferenceServer(engine, cfg.endpoint)
-    signal.signal(signal.SIGTERM, server.stop)
-    signal.signal(signal.SIGINT, server.stop)
-    print(f"oven inference: serving {engine.model.config.name} on {cfg.endpoint}", file=sys.stderr, flush=True)
-    server.serve_forever()
+    print(f"oven inference: serving {engine.model.config.name} on {server.endpoint}", file=sys.stderr, flush=True)
+    server.serve_forever(engine)
     return 0
 
 

@@ -6,6 +6,15 @@ echo the client's); :class:`InstanceEvent` messages are pushed, with request
 id 0, to every client attached to an instance (the one that launched it is
 attached at once).
 
+Every connection is a CurveZMQ session (see :mod:`oven.proto.auth`): a client
+holds a token naming the server's public key and its own secret key, the
+server admits only the clients it knows and names each one. Instances,
+exports and program names belong to the client that made them; another client's
+attach, send, terminate or drop gets ``forbidden``, except the ``operator``'s,
+which may act on everything, publish to the shared program library
+(``UploadChunk.shared``) and add or remove clients. ``server_id`` is new at every
+start of a server: a client that sees it change knows its instances are gone.
+
 A client holds a lease on its attached instances by sending any message at
 least every ``lease_s`` seconds (from :class:`ServerInfoReply`; :class:`Heartbeat`
 does nothing else). When a
@@ -23,7 +32,7 @@ from dataclasses import dataclass
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 1
+CONTROL_PROTOCOL_VERSION = 2
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -37,6 +46,7 @@ class UploadChunk:
     total_bytes: int
     offset: int
     data: bytes
+    shared: bool = False  # name it in the shared library (operator only), not the uploader's own names
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +75,7 @@ class ProgramList:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    program: str  # a name given at upload, or a SHA-256
+    program: str  # one of the client's names, a library name, or the SHA-256 of a program it uploaded
     args: list[str]
     detach: bool = False  # keep running when this client goes away
 
@@ -88,6 +98,7 @@ class InstanceEntry:
     age_s: float
     exit_code: int | None
     error: str
+    owner: str  # the client that launched it
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +133,7 @@ class ExportEntry:
     num_pages: int
     exporter: str  # instance id
     exporter_running: bool  # False: an orphan, dropped first when the KvPage pool runs out
+    owner: str  # the exporter's client: its inferlets alone may import the export
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +146,7 @@ class DropExport:
     """Release a named KvPage export; importers keep the pages they hold."""
 
     name: str
+    owner: str = ""  # whose export ("": the caller's own; another client's: operator only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +165,8 @@ class ServerInfoReply:
     dispatch_policy: str
     num_instances: int
     lease_s: float  # talk at least this often to keep non-detached instances alive
+    server_id: str  # new at every start of the server
+    client: str  # the name the server knows the caller by
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,13 +192,52 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class Alive:
+    """The reply to a heartbeat."""
+
+    server_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddClient:
+    """Operator only: admit a new client ``name``; the reply holds its token, shown this once."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientToken:
+    name: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveClient:
+    """Operator only: refuse ``name`` from now on (its running instances go on until they end)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListClients:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientList:
+    names: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Ok:
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class ControlError:
-    code: str  # malformed | unknown_program | unknown_instance | unknown_export | bad_upload | launch_failed | ...
+    # malformed | forbidden | unknown_program | unknown_instance | unknown_export | bad_upload | bad_program |
+    # upload_busy | launch_failed | too_many_instances | inbox_full | bad_client | ...
+    code: str
     message: str
 
 
@@ -219,11 +273,14 @@ CODEC = Codec(
         "stats": Stats,
         "stats_reply": StatsReply,
         "heartbeat": Heartbeat,
+        "alive": Alive,
+        "add_client": AddClient,
+        "client_token": ClientToken,
+        "remove_client": RemoveClient,
+        "list_clients": ListClients,
+        "client_list": ClientList,
         "ok": Ok,
         "error": ControlError,
         "event": InstanceEvent,
     },
 )
-
-REQUESTS = (UploadChunk, ListPrograms, Launch, ListInstances, SendMessage, Attach, Terminate, ListExports, DropExport,
-            ServerInfo, Stats, Heartbeat)

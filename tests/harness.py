@@ -10,7 +10,8 @@ import pytest
 from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig, default_program_dir
 from oven.client.generate import greedy_generate
-from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.inference_process import start_inference_process
+from oven.proto.endpoints import private_endpoint
 from oven.control.runtime.loop import ControlLoop
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig

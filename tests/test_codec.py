@@ -72,7 +72,8 @@ ERR = p.ItemError(p.ERR_BAD_PAGE, "no")
 DIST = p.TopKDist(b"\x01\x00\x00\x00", b"\x00\x00\x80?")
 TOKENIZER = p.TokenizerSpec("{}", "", "<s>", "</s>", [2])
 INFO = p.InfoReply("m", "llama", 10, 8, 2, 64, "cpu", "float32", "sdpa", 16, 4, 4, 0, 8, 64, 20, ["forward"], TOKENIZER)
-ENTRIES = [c.InstanceEntry("i-1", "prog", "ready", 1.25, None, ""), c.InstanceEntry("i-2", "prog", "finished", 3.0, 0, "boom")]
+ENTRIES = [c.InstanceEntry("i-1", "prog", "ready", 1.25, None, "", "alice"),
+           c.InstanceEntry("i-2", "prog", "finished", 3.0, 0, "boom", "operator")]
 
 # Captured from the codec before it compiled its hints: the wire format must not move.
 GOLDEN = [
@@ -92,11 +93,12 @@ GOLDEN = [
       "401491a7666f727761726495a27b7da0a33c733ea43c2f733e9102")),
     # A dataclass where an int belongs: the walker always sent it as a nested array.
     (p.CODEC, p.IdleNotice(DIST), 0, "9401a469646c65009192c40401000000c4040000803f"),
+    # Control protocol 2 (authenticated clients; instances carry their owner).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
-     ("9401ad696e7374616e63655f6c69737403919296a3692d31a470726f67a57265616479cb3ff4000000000000c0a096a3692d32a4"
-      "70726f67a866696e6973686564cb400800000000000000a4626f6f6d")),
-    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9401a66c61756e63680493a470726f6791a32d2d78c3"),
-    (c.CODEC, c.Ok(), 5, "9401a26f6b0590"),
+     ("9402ad696e7374616e63655f6c69737403919297a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c69636597"
+      "a3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72")),
+    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9402a66c61756e63680493a470726f6791a32d2d78c3"),
+    (c.CODEC, c.Ok(), 5, "9402a26f6b0590"),
 ]
 
 
@@ -126,7 +128,7 @@ BROAD = [
     (c.CODEC, c.ProgramList([c.ProgramEntry("cd", ["a", "b"], 123)])),
     (c.CODEC, c.Launch("prog", [])),
     (c.CODEC, c.InstanceList(ENTRIES)),
-    (c.CODEC, c.ServerInfoReply(["m"], ["forward"], 16, 100, 50, "cpu", "fcfs", 2, 10.0)),
+    (c.CODEC, c.ServerInfoReply(["m"], ["forward"], 16, 100, 50, "cpu", "fcfs", 2, 10.0, "0123abcd", "alice")),
     (c.CODEC, c.StatsReply(1, 2, 3, 4, 1.5, 6, 7, 8)),
     (c.CODEC, c.InstanceEvent("i-1", "exit", "", 0)),
     (c.CODEC, c.InstanceEvent("i-1", "stdout", "hi")),

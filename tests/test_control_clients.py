@@ -11,8 +11,9 @@ import pytest
 import zmq
 
 from oven.control import server as server_module
-from oven.control.inference_process import private_endpoint
+from oven.proto.endpoints import private_endpoint
 from oven.control.outbox import ClientOutbox
+from oven.control.keyring import Keyring
 from oven.control.server import ControlServer
 from oven.proto import control as c
 
@@ -82,16 +83,16 @@ def test_frames_for_a_client_that_is_gone_are_discarded():
 
 
 @pytest.fixture
-def control_server(loop, monkeypatch):
+def control_server(loop, monkeypatch, tmp_path):
     monkeypatch.setattr(server_module, "DROP_FRAMES", 50)
     ctx = zmq.Context.instance()
     ctx.setsockopt(zmq.SNDHWM, 1)  # a new socket takes its HWM from the context: the server's pipes hold one frame
     try:
-        server = ControlServer(loop, f"inproc://test-control-{next(_endpoints)}")
+        server = ControlServer(f"inproc://test-control-{next(_endpoints)}", Keyring(tmp_path / "state"), loop)
     finally:
         ctx.setsockopt(zmq.SNDHWM, 1000)  # ZeroMQ's default, for every later socket
     yield server
-    server.sock.close(0)
+    server.close()
 
 
 def turn(server: ControlServer) -> None:

@@ -13,8 +13,7 @@ import pytest
 from oven.client.rpc import ControlRequestError, OvenClient
 from oven.client.commands import resolve_program
 from oven.client.generate import greedy_generate
-from oven.control.inference_client import InferenceClient
-from oven.control.inference_process import private_endpoint
+from oven.proto.endpoints import private_endpoint
 from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
 
@@ -23,9 +22,9 @@ LEASE_S = 2.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    control, inference = private_endpoint(), private_endpoint()
+    control = private_endpoint()
     cmd = [sys.executable, "-m", "oven.client.cli", "serve", "--model", "tiny", "--quiet",
-           "--control-endpoint", control, "--endpoint", inference, "--num-kv-pages", "128",
+           "--control-endpoint", control, "--num-kv-pages", "128",
            "--program-dir", str(tmp_path_factory.mktemp("programs")), "--lease-s", str(LEASE_S)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
@@ -34,7 +33,7 @@ def server(tmp_path_factory):
         while not client.reachable(timeout_s=1.0):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "oven serve did not come up"
-    yield control, inference, proc
+    yield control, proc
     proc.terminate()
     assert proc.wait(30) == 0
 
@@ -44,8 +43,10 @@ def oven(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
                           timeout=timeout_s, env=os.environ.copy())
 
 
-def direct_greedy(inference: str, prompt: str, max_new: int) -> list[int]:
-    with InferenceClient(inference) as client:
+def direct_greedy(inference, prompt: str, max_new: int) -> list[int]:
+    """Greedy tokens from a separate inference process on the same (seeded) tiny model: the server's
+    own admits its control process alone."""
+    with inference.client() as client:
         info = client.info()
         tok = Tokenizer(info.tokenizer)
         return greedy_generate(client, tok.encode(prompt), max_new, tok.stop_token_ids, info.page_size,
@@ -53,8 +54,8 @@ def direct_greedy(inference: str, prompt: str, max_new: int) -> list[int]:
 
 
 @pytest.mark.parametrize("program", ["hello-python", "hello-rust"])
-def test_oven_run_prints_the_greedy_tokens(server, program):
-    control, inference, _ = server
+def test_oven_run_prints_the_greedy_tokens(server, inference, program):
+    control, _ = server
     done = oven("run", "--server", control, program, "--", "Once upon a time", "8")
     assert done.returncode == 0, done.stderr
     expected = " ".join(map(str, direct_greedy(inference, "Once upon a time", 8)))
@@ -62,7 +63,7 @@ def test_oven_run_prints_the_greedy_tokens(server, program):
 
 
 def test_oven_run_exits_with_the_inferlet_status(server):
-    control, _, _ = server
+    control, _ = server
     done = oven("run", "--server", control, "hostile", "--", "trap")
     assert done.returncode == 1
     assert "RuntimeError: hostile inferlet gave up" in done.stderr
@@ -71,7 +72,7 @@ def test_oven_run_exits_with_the_inferlet_status(server):
 
 
 def test_ps_send_and_kill(server):
-    control, _, _ = server
+    control, _ = server
     started = oven("run", "--server", control, "--detach", "echo")
     assert started.returncode == 0, started.stderr
     instance_id = started.stdout.strip()
@@ -89,7 +90,7 @@ def test_ps_send_and_kill(server):
 
 
 def test_malformed_client_messages_get_errors(server):
-    control, _, _ = server
+    control, _ = server
     with OvenClient(control) as client:
         for payload in (b"\xc1", msgpack.packb([1, "launch", 4, ["x"]]), c.CODEC.encode(c.Ok(), 4)):
             client._sock.send(payload)
@@ -105,7 +106,7 @@ def test_malformed_client_messages_get_errors(server):
 
 def test_vanished_client_leaks_nothing(server):
     """A client that launches without --detach and disappears: its instance dies when the lease lapses."""
-    control, _, _ = server
+    control, _ = server
     with OvenClient(control) as client:
         full = client.stats()
         instance_id = client.launch(client.upload_file(*resolve_program("echo")), [])
@@ -124,7 +125,7 @@ def test_vanished_client_leaks_nothing(server):
 def test_a_slow_client_loses_nothing(server):
     """A client that reads nothing for a while, while its instance floods it: every line, message,
     reply and the exit come through, in order, and meanwhile the instance is held, not run ahead."""
-    control, _, _ = server
+    control, _ = server
     n = 3000  # 6001 frames: more than ZeroMQ's pipes hold (1000 each way), which used to drop the rest
     with OvenClient(control) as client, OvenClient(control) as probe:
         program = client.upload_file(*resolve_program("hostile"))
@@ -145,7 +146,7 @@ def test_a_slow_client_loses_nothing(server):
                 beat = time.monotonic()
             assert client._sock.poll(30_000), f"stalled after {len(messages)} messages"
             message = c.CODEC.decode(client._sock.recv()).message
-            heartbeats += isinstance(message, c.Ok)
+            heartbeats += isinstance(message, c.Alive)
             if isinstance(message, c.InstanceEvent) and message.kind == "message":
                 messages.append(message.text)
             elif isinstance(message, c.InstanceEvent) and message.kind == "stdout":
@@ -160,7 +161,7 @@ def test_a_slow_client_loses_nothing(server):
 
 def test_exports_are_listed_and_dropped(server):
     """A finished exporter's export outlives it; `oven exports` shows it and `--drop` gives its pages back."""
-    control, _, _ = server
+    control, _ = server
     with OvenClient(control) as client:
         full = client.stats().free_kv_pages
     done = oven("run", "--server", control, "prefix-cache", "--", "A system prompt worth caching. " * 4, "Hi", "2")
@@ -171,7 +172,7 @@ def test_exports_are_listed_and_dropped(server):
         assert client.stats().free_kv_pages == full - entry.num_pages
     listing = oven("exports", "--server", control)
     assert listing.returncode == 0 and listing.stdout.splitlines()[1].split() == [
-        entry.name, str(entry.num_pages), entry.exporter, "ended"]
+        entry.name, str(entry.num_pages), entry.exporter, "operator", "ended"]
     dropped = oven("exports", "--server", control, "--drop", entry.name)
     assert dropped.returncode == 0 and dropped.stdout.strip() == f"dropped {entry.name}"
     with OvenClient(control) as client:

@@ -11,7 +11,8 @@ import pytest
 from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig
 from oven.client.generate import greedy_generate
-from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.inference_process import start_inference_process
+from oven.proto.endpoints import private_endpoint
 from oven.control.runtime.instance import State
 from oven.control.runtime.loop import ControlLoop
 from oven.control.tokenizer import Tokenizer
@@ -129,7 +130,7 @@ def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expecte
     holder = loop.launch("hello-python", [PROMPT_A, str(NEW), "--pause"])
     assert loop.run_until(lambda: holder.io_idle, 30)
     handles = holder.resources.exclusive_device_handles()
-    loop.exports.export_kvpages(holder.resources, "held", handles)
+    loop.exports.export_kvpages(holder.resources, "held", handles, holder.owner)
     holder.resources.dealloc_kvpages(handles)  # the export alone holds the 3 pages; its exporter still runs
     waiter = loop.launch("hello-python", [PROMPT_B, str(NEW)])
     assert loop.run_until(lambda: getattr(waiter, "blocked_since", None) is not None, 30)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from oven.client.generate import greedy_generate
-from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.inference_process import start_inference_process
+from oven.proto.endpoints import private_endpoint
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
 from oven.inference.models import resolve_model

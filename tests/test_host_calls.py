@@ -10,7 +10,8 @@ from wasmtime import component
 
 from oven.client.commands import INFERLETS_DIR
 from oven.control.config import ControlConfig
-from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.inference_process import start_inference_process
+from oven.proto.endpoints import private_endpoint
 from oven.control.runtime import host
 from oven.control.runtime.loop import ControlLoop
 from oven.control.runtime.programs import ProgramStore

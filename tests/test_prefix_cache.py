@@ -69,7 +69,7 @@ def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
     # The exporter has exited; its export lives on with the pages of the prefix but its last token.
     ((name, num_pages),) = loop.exports.list_exports()
     assert name.startswith("prefix-cache/") and num_pages == -(-len(held) // page_size)
-    assert loop.exports.names_exported_by(first.instance_id) == [name]
+    assert [e.name for e in loop.exports.exported_by(first.instance_id)] == [name]
 
     later = run(loop, "prefix-cache", [[PREFIX, s, str(MAX_NEW)] for s in SUFFIXES] +
                 [[PREFIX, SUFFIXES[1], str(MAX_NEW), "--no-cache"]])
@@ -89,7 +89,7 @@ def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
     assert got_ids == want_ids
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
 
-    loop.exports.drop(name)
+    loop.drop_export(name)
     assert_pools_full(loop)
 
 

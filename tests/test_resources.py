@@ -435,12 +435,12 @@ def test_only_the_exporter_may_unexport_but_the_runtime_may_drop(pools):
     pools.exports.export_kvpages(other, "c", other.alloc_kvpages(1))
     with pytest.raises(ResourceError, match="only its exporter may release it"):
         pools.exports.unexport("a", other.instance_id)
-    assert pools.exports.names_exported_by(1) == ["a", "b"]
+    assert [e.name for e in pools.exports.exported_by(1)] == ["a", "b"]
     assert pools.exports.list_exports() == [("a", 1), ("b", 1), ("c", 1)]
     pools.exports.unexport("a", 1)
     owner.release_all()
     other.release_all()
-    for name in pools.exports.names_exported_by(1) + ["c"]:  # orphans, reclaimed by the runtime
+    for name in [e.name for e in pools.exports.exported_by(1)] + ["c"]:  # orphans, reclaimed by the runtime
         pools.exports.drop(name)
     assert len(pools.exports) == 0
     pools.assert_all_free()

@@ -102,7 +102,7 @@ def test_imports_of_an_export_equal_direct_runs(loop, inference, tokenizer):
                                   *[[*args, "--import", "story"] for args in sampled]])
     assert imported == [greedy, *completions(loop, sampled)]
     assert imported[1] != imported[2]
-    loop.exports.drop("story")
+    loop.drop_export("story")
     assert_pools_full(loop)
 
 

@@ -7,10 +7,12 @@ import pytest
 import zmq
 
 from oven.control.inference_client import InferenceError
-from oven.control.inference_process import private_endpoint, start_inference_process
+from oven.control.inference_process import start_inference_process
+from oven.proto.endpoints import private_endpoint
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
 from oven.proto import inference as p
+from oven.proto.auth import secure_client
 
 NUM_PAGES, NUM_EMBEDS, NUM_HOST = 32, 256, 8
 
@@ -116,6 +118,7 @@ def test_idle_notice_follows_the_last_reply(server):
     """Replies come in order, and once the queue runs dry an idle notice follows the last one."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, server.token)  # the server admits the key of the process that started it alone
     sock.connect(server.config.endpoint)
     for request_id in (1, 2, 3):
         sock.send(p.CODEC.encode(p.ForwardTextRequest([good_item()]), request_id))
@@ -139,6 +142,7 @@ def test_client_keeps_replies_while_waiting_for_idle(client):
 def test_req_socket_peer_and_health(server, client):
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client(sock, server.token)  # the server admits the key of the process that started it alone
     sock.connect(server.config.endpoint)
     sock.send(p.CODEC.encode(p.HealthRequest(), 9))
     assert sock.poll(30000)

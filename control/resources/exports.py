@@ -39,22 +39,28 @@ class Export:
     name: str
     owner_id: Hashable  # instance id of the exporter
     page_ids: tuple[int, ...]  # physical KvPage ids, in the exporter's order
+    namespace: str = ""  # the exporter's client: names are per client, and so is who may import them
 
 
 class ExportRegistry:
-    """Every live export over one KvPage pool, by name."""
+    """Every live export over one KvPage pool, by (namespace, name).
+
+    A namespace is a client of the server: an inferlet sees and imports only the exports of
+    inferlets of its own client, so one client's KV (its prompts) never reaches another's.
+    """
 
     def __init__(self, kv_pool: PhysicalPool):
         self.kv_pool = kv_pool
-        self._export_by_name: dict[str, Export] = {}
+        self._export_by_name: dict[tuple[str, str], Export] = {}
 
     def __len__(self) -> int:
         return len(self._export_by_name)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._export_by_name
+    def __contains__(self, key: object) -> bool:
+        """``(namespace, name)`` or a bare name of the default namespace."""
+        return (key if isinstance(key, tuple) else ("", key)) in self._export_by_name
 
-    def export_kvpages(self, owner: ResourceTable, name: str, handles: Iterable[int]) -> None:
+    def export_kvpages(self, owner: ResourceTable, name: str, handles: Iterable[int], namespace: str = "") -> None:
         """Publish the owner's device pages under ``name``; the owner keeps its handles.
 
         Raises ResourceError for a taken or malformed name, an unknown,
@@ -62,16 +68,16 @@ class ExportRegistry:
         """
         self._check_pool(owner)
         _check_name(name)
-        if name in self._export_by_name:
+        if (namespace, name) in self._export_by_name:
             raise ResourceError(f"export name {name!r} is taken")
         handles = list(handles)
         if len(set(handles)) != len(handles):
             raise ResourceError(f"export {name!r} names a kvpage handle twice")
         page_ids = owner.physical_pages(handles)
         self.kv_pool.retain(page_ids)
-        self._export_by_name[name] = Export(name, owner.instance_id, tuple(page_ids))
+        self._export_by_name[(namespace, name)] = Export(name, owner.instance_id, tuple(page_ids), namespace)
 
-    def import_kvpages(self, importer: ResourceTable, name: str) -> list[int]:
+    def import_kvpages(self, importer: ResourceTable, name: str, namespace: str = "") -> list[int]:
         """Fresh handles in the importer's space for the pages of ``name``, in export order.
 
         Raises ResourceError for an unknown name and QuotaExceeded past the
@@ -79,30 +85,30 @@ class ExportRegistry:
         handles onto the same pages.
         """
         self._check_pool(importer)
-        return importer.adopt_kvpages(self._get(name).page_ids)
+        return importer.adopt_kvpages(self._get(name, namespace).page_ids)
 
-    def unexport(self, name: str, instance_id: Hashable) -> list[int]:
+    def unexport(self, name: str, instance_id: Hashable, namespace: str = "") -> list[int]:
         """Release ``name`` on behalf of ``instance_id``, which must be its exporter; the pages freed.
 
         Pages still held by the exporter or importers stay; the others are freed.
         """
-        export = self._get(name)
+        export = self._get(name, namespace)
         if export.owner_id != instance_id:
             raise ResourceError(f"export {name!r} belongs to another inferlet; only its exporter may release it")
-        return self.drop(name)
+        return self.drop(name, namespace)
 
-    def drop(self, name: str) -> list[int]:
+    def drop(self, name: str, namespace: str = "") -> list[int]:
         """Release ``name`` whoever exported it (the runtime's own call, not an inferlet's); the pages freed."""
-        export = self._get(name)
-        del self._export_by_name[name]
+        export = self._get(name, namespace)
+        del self._export_by_name[(namespace, name)]
         return self.kv_pool.release(export.page_ids)
 
-    def get(self, name: str) -> Export:
-        return self._get(name)
+    def get(self, name: str, namespace: str = "") -> Export:
+        return self._get(name, namespace)
 
     def list_exports(self) -> list[tuple[str, int]]:
         """(name, number of pages) of every export, sorted by name."""
-        return sorted((name, len(export.page_ids)) for name, export in self._export_by_name.items())
+        return sorted((e.name, len(e.page_ids)) for e in self._export_by_name.values())
 
     def exports(self) -> list[Export]:
         """Every export, oldest first."""
@@ -123,7 +129,7 @@ class ExportRegistry:
             if freed >= needed:
                 break
             if freeable.intersection(export.page_ids):  # (a page two orphans share frees with the second)
-                freed += len(self.drop(export.name))
+                freed += len(self.drop(export.name, export.namespace))
                 dropped.append(export)
         return dropped
 
@@ -136,11 +142,11 @@ class ExportRegistry:
                      for page in export.page_ids)
         return sum(1 for page, n in holds.items() if self.kv_pool.refcount(page) == n)
 
-    def names_exported_by(self, instance_id: Hashable) -> list[str]:
-        return sorted(name for name, export in self._export_by_name.items() if export.owner_id == instance_id)
+    def exported_by(self, instance_id: Hashable) -> list[Export]:
+        return [export for export in self._export_by_name.values() if export.owner_id == instance_id]
 
-    def _get(self, name: str) -> Export:
-        export = self._export_by_name.get(name) if isinstance(name, str) else None
+    def _get(self, name: str, namespace: str) -> Export:
+        export = self._export_by_name.get((namespace, name)) if isinstance(name, str) else None
         if export is None:
             raise ResourceError(f"no kvpage export named {name!r}")
         return export

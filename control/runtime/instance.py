@@ -38,6 +38,8 @@ class InstanceLimits:
     slice_ms: int = 2000  # epoch deadline of one start/resume slice
     max_kv_pages: int = 4096
     max_embeds: int = 4096
+    inbox_messages: int = 1024
+    inbox_bytes: int = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,33 +52,50 @@ class InstanceRecord:
     started_at: float
     exit_code: int | None
     error: str | None
+    owner: str
 
 
 class Inbox:
-    """Client messages for one instance: queued until a ``receive`` future takes them."""
+    """Client messages for one instance: queued until a ``receive`` future takes them.
 
-    def __init__(self):
+    Bounded in messages and bytes: an instance that never reads cannot make the
+    control process hold what its clients keep sending.
+    """
+
+    def __init__(self, max_messages: int = 1024, max_bytes: int = 16 << 20):
+        self.max_messages, self.max_bytes = max_messages, max_bytes
         self._messages: deque[str] = deque()
+        self._num_bytes = 0
         self._waiters: deque[Callable[[str], None]] = deque()
 
     def push(self, text: str) -> None:
+        """Deliver or queue ``text``; OverflowError when the inbox is full."""
         if self._waiters:
             self._waiters.popleft()(text)
-        else:
-            self._messages.append(text)
+            return
+        size = len(text.encode())
+        if len(self._messages) >= self.max_messages or self._num_bytes + size > self.max_bytes:
+            raise OverflowError(f"the instance's inbox is full ({len(self._messages)} messages, "
+                                f"{self._num_bytes >> 10} KiB unread; at most {self.max_messages} and "
+                                f"{self.max_bytes >> 20} MiB)")
+        self._messages.append(text)
+        self._num_bytes += size
 
     def wait(self, deliver: Callable[[str], None]) -> None:
         if self._messages:
-            deliver(self._messages.popleft())
+            text = self._messages.popleft()
+            self._num_bytes -= len(text.encode())
+            deliver(text)
         else:
             self._waiters.append(deliver)
 
 
 class Instance:
-    def __init__(self, instance_id: str, program: str, args: list[str], loop, limits: InstanceLimits,
+    def __init__(self, instance_id: str, program: str, args: list[str], owner: str, loop, limits: InstanceLimits,
                  engine: wasmtime.Engine, linker: component.Linker, comp: component.Component, ticks_per_ms: float,
                  clock: WasmClock):
         self.instance_id, self.program, self.args, self.loop, self.limits = instance_id, program, args, loop, limits
+        self.owner = owner  # the client that launched it: its exports, topics and name are in that namespace
         self.state = State.READY
         self.exit_code: int | None = None
         self.error: str | None = None
@@ -90,7 +109,7 @@ class Instance:
         self.waiting_on: list[int] = []
         self.stderr_tail = ""
         self.futures = FutureTable(self._on_future_ready)
-        self.inbox = Inbox()
+        self.inbox = Inbox(limits.inbox_messages, limits.inbox_bytes)
         self.queues = {}  # virtual queue id -> QueueState, filled by the loop
         self.resources = None  # ResourceTable, set by the loop
         self._slice_ticks = max(1, int(limits.slice_ms * ticks_per_ms))
@@ -163,7 +182,8 @@ class Instance:
         return errors[-1] if errors else (lines[-1] if lines else "")
 
     def record(self) -> InstanceRecord:
-        return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error)
+        return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
+                              self.owner)
 
     @property
     def alive(self) -> bool:

@@ -12,6 +12,11 @@ Each turn of :meth:`ControlLoop.step`:
 The inference process answers in FIFO order, which is what makes it safe to
 free memory as soon as the calls that used it have been *sent*: anything that
 reuses it is sent later and so runs later.
+
+With a supervisor (``oven serve``), a dead or hung inference process is noticed
+within a turn or two: every instance that had state in it (pages, embeds, calls
+queued or in flight) ends with ``inference process died: ...``, the exports go,
+and a new process starts; the loop dispatches again once it answers.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
 from oven.control.scheduling import BatchScheduler, Command, DispatchPolicy
+from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
+from oven.proto.auth import OPERATOR
 
 from . import host
 from .allocator import Allocator
@@ -65,9 +72,12 @@ def make_policy(cfg: ControlConfig) -> DispatchPolicy:
 
 
 class ControlLoop:
-    def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink):
+    def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink,
+                 supervisor: InferenceSupervisor | None = None):
         self.client, self.config, self._on_event = client, config, on_event
+        self.supervisor = supervisor
         self.info: p.InfoReply = client.info()
+        self._info_request: int | None = None  # a restarted inference process: answers this when it serves
         self.tokenizer = Tokenizer(self.info.tokenizer)
         self.engine = wasmtime.Engine(engine_config())
         self.programs = ProgramStore(config.programs_path, self.engine)
@@ -94,23 +104,25 @@ class ControlLoop:
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self._commands: dict[int, tuple[Instance, Future]] = {}
-        self._in_flight: dict[int, object] = {}  # request id -> Batch
+        self._in_flight: dict[int, tuple[object, float]] = {}  # request id -> (Batch, when sent)
         self._ids = itertools.count(1)
         self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
-                                      config.max_kv_pages_per_instance, config.max_embeds_per_instance)
+                                      config.max_kv_pages_per_instance, config.max_embeds_per_instance,
+                                      config.inbox_messages, config.inbox_mib << 20)
         self._ticker = threading.Thread(target=self._tick_epochs, daemon=True, name="oven-epoch")
         self._stopping = False
         self._ticker.start()
 
     # -- lifecycle of instances ---------------------------------------------
 
-    def launch(self, program: str, args: list[str]) -> Instance:
-        """Instantiate a stored program; raises ProgramError / wasmtime errors for a bad one."""
+    def launch(self, program: str, args: list[str], owner: str = OPERATOR) -> Instance:
+        """Instantiate a stored program for client ``owner`` (it names it, or uploaded it); raises
+        ProgramError / wasmtime errors for a bad one."""
         if len(self.instances) >= self.config.max_instances:
             raise RuntimeError(f"the server runs its maximum of {self.config.max_instances} instances")
-        digest = self.programs.resolve(program)
+        digest = self.programs.resolve(program, owner)
         instance_id = f"{next(self._ids):x}-{digest[:8]}"
-        inst = Instance(instance_id, digest, list(args), self, self._limits, self.engine, self.linker,
+        inst = Instance(instance_id, digest, list(args), owner, self, self._limits, self.engine, self.linker,
                         self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S), self.wasm_clock)
         inst.started_at = time.monotonic()
         inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
@@ -132,8 +144,8 @@ class ControlLoop:
             inst.futures.fail(fut, "the instance ended")
         self.allocator.forget(inst)
         if inst.state is State.KILLED:  # its KV may be half written: no one should import it
-            for name in self.exports.names_exported_by(inst.instance_id):
-                self.exports.drop(name)
+            for export in self.exports.exported_by(inst.instance_id):
+                self.exports.drop(export.name, export.namespace)
         inst.resources.release_all()
         inst.release_store()
         self.topics.forget(inst.instance_id)
@@ -180,12 +192,14 @@ class ControlLoop:
     def set_queue_priority(self, inst: Instance, q: int, priority: int) -> None:
         self.scheduler.set_priority(inst.queue(q).scheduler_queue_id, priority)
 
-    def drop_export(self, name: str, by: Instance | None = None) -> None:
-        """Release an export: for its exporter ``by`` (``release-export``), or for an operator.
+    def drop_export(self, name: str, by: Instance | None = None, namespace: str = OPERATOR) -> None:
+        """Release an export: for its exporter ``by`` (``release-export``), or for a client of the
+        server, in ``namespace``.
 
         Raises ResourceError for an unknown name, or one ``by`` did not export.
         """
-        freed = self.exports.unexport(name, by.instance_id) if by else self.exports.drop(name)
+        freed = (self.exports.unexport(name, by.instance_id, by.owner) if by
+                 else self.exports.drop(name, namespace))
         if freed:  # a parked allocation may fit now
             self.allocator.retry_parked()
 
@@ -200,6 +214,8 @@ class ControlLoop:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
         self._run_ready_instances()
         self._dispatch()
+        if self.supervisor is not None:
+            self._watch_inference(time.monotonic())
         extra = extra or {}
         if self._extra_polled != extra.keys():  # the caller's sockets changed (say, a server closed its own)
             for sock in self._extra_polled - extra.keys():
@@ -263,6 +279,8 @@ class ControlLoop:
             self._dispatch()
 
     def _dispatch(self) -> None:
+        if self._info_request is not None:  # a new inference process is still loading
+            return
         while True:
             now = time.monotonic()
             if not self.policy.should_dispatch(now, self.scheduler.num_pending, self.scheduler.oldest_enqueued_at,
@@ -271,14 +289,60 @@ class ControlLoop:
             batch = self.scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
             if batch is None:
                 return
-            self._in_flight[self.client.send(batch.to_request())] = batch
+            self._in_flight[self.client.send(batch.to_request())] = (batch, now)
 
     def _drain_replies(self) -> None:
         while (message := self.client.try_recv()) is not None:
             request_id, reply = message
-            batch = self._in_flight.pop(request_id, None)
+            if request_id == self._info_request:
+                self._inference_back(reply)
+                continue
+            batch, _ = self._in_flight.pop(request_id, (None, 0.0))
             if batch is not None:
                 self._complete(batch, reply)
+
+    # -- a dead or hung inference process -------------------------------------------------------
+
+    def _watch_inference(self, now: float) -> None:
+        if self._in_flight and self._info_request is None:
+            _, oldest = next(iter(self._in_flight.values()))  # dicts keep the order batches were sent
+            if now - oldest > self.config.inference_timeout_s:
+                self.supervisor.kill(f"no reply to a batch in {self.config.inference_timeout_s:.0f} s (hung; "
+                                     "oven serve --inference-timeout-s)")
+        reason = self.supervisor.check(now)
+        if reason is not None:
+            self._inference_lost(reason, now)
+
+    def _inference_lost(self, reason: str, now: float) -> None:
+        """End every instance with state in the dead process, forget its exports, start a new one."""
+        log.error("the inference process is gone: %s", reason)
+        message = f"inference process died: {reason}"
+        in_flight = {command.command_id for batch, _ in self._in_flight.values() for command in batch.commands}
+        self._in_flight.clear()
+        for inst in list(self.instances.values()):
+            table = inst.resources
+            if (table.num_kvpages or table.num_embeds or inst.swapping
+                    or any(owner is inst for owner, _ in self._commands.values())):
+                self.kill(inst, message)
+        for command_id in in_flight:  # of instances that survived (none hold state): fail the calls alone
+            inst, fut = self._commands.pop(command_id, (None, None))
+            if inst is not None:
+                inst.futures.fail(fut, message)
+        for export in self.exports.exports():  # their pages were in the dead process
+            self.exports.drop(export.name, export.namespace)
+        self._poller.unregister(self.client.socket)
+        self.client.close()
+        self.client = self.supervisor.restart(now)  # InferenceUnavailable past the restart budget
+        self._poller.register(self.client.socket, zmq.POLLIN)
+        self._info_request = self.client.send(p.InfoRequest())
+
+    def _inference_back(self, reply) -> None:
+        self._info_request = None
+        same = ("model_name", "page_size", "num_kv_pages", "num_embeds", "num_host_pages")
+        if isinstance(reply, p.InfoReply) and all(getattr(reply, f) == getattr(self.info, f) for f in same):
+            log.warning("the new inference process serves; dispatching again")
+            return
+        self.supervisor.kill(f"the new inference process does not match the old one: {reply}")
 
     def _complete(self, batch, reply) -> None:
         for i, command in enumerate(batch.commands):

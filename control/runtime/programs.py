@@ -2,27 +2,47 @@
 
 A program is a WebAssembly component identified by the SHA-256 of its bytes.
 Compiling a Python component takes seconds, so the compiled form
-(``Component.serialize``) is kept next to the ``.wasm`` under a key that also
-names the wasmtime version and the engine settings; a warm launch only
+(``Component.serialize``) is kept beside the ``.wasm``; a warm launch only
 deserializes it (tens of milliseconds, once per process) and then reuses the
 in-memory component.
+
+A compiled file is native code that wasmtime maps and runs without checks, so
+the store loads only what it wrote itself: each ``.cwasm`` carries an HMAC,
+under a key that never leaves the store's private (0700) directory, of the
+program's digest, the wasmtime version, the engine settings and the code.
+A file that fails the check is ignored and the program compiled again.
+
+Programs are addressed by digest (64 hex digits) or by a name; a name is never
+a path. Names belong to the client that gave them: each client has its own
+namespace, and the shared library (``LIBRARY``), which only an operator writes,
+is visible to all. A client may launch a digest it uploaded or one the library
+names. Nothing is written for an upload that fails to compile.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib.metadata
 import json
 import logging
 import os
+import re
+import secrets
 from pathlib import Path
 
 import wasmtime
 from wasmtime import component
 
+from oven.proto.auth import OPERATOR, private_dir, write_private_file
+
 log = logging.getLogger(__name__)
 
 WASM_MAGIC = b"\x00asm"
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+PROGRAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LIBRARY = ""  # the namespace of shared programs
+_CWASM_MAGIC = b"oven-cwasm-1\n"
 
 
 class ProgramError(ValueError):
@@ -41,72 +61,170 @@ ENGINE_SETTINGS = "epoch+speed"
 WASMTIME_VERSION = importlib.metadata.version("wasmtime")
 
 
+def check_name(name: str) -> None:
+    if not PROGRAM_NAME.match(name) or DIGEST.match(name):
+        raise ProgramError(f"a program name is 1-64 of A-Z a-z 0-9 . _ - (not starting with . _ -, and not 64 hex "
+                           f"digits); not {name!r}")
+
+
 class ProgramStore:
-    """Uploaded programs under ``root``: ``<hash>.wasm``, ``<hash>.<wasmtime>-<settings>.cwasm``, names."""
+    """Uploaded programs under ``root``: ``<hash>.wasm``, ``<hash>.cwasm``, ``names.json``, ``code.key``."""
 
     def __init__(self, root: Path, engine: wasmtime.Engine):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = private_dir(Path(root))
         self.engine = engine
         self._components: dict[str, component.Component] = {}
+        self._key = self._code_key()
         self._names_file = self.root / "names.json"
-        self._names: dict[str, str] = json.loads(self._names_file.read_text()) if self._names_file.exists() else {}
+        self._names: dict[str, dict[str, str]] = {}  # namespace -> name -> digest
+        self._uploaders: dict[str, list[str]] = {}  # digest -> clients that uploaded it
+        if self._names_file.exists():
+            self._load_names(json.loads(self._names_file.read_text()))
 
-    def add(self, wasm: bytes, name: str | None = None) -> str:
-        """Store a component; return its hash. Compiles now, so a bad upload fails here, not at launch."""
+    def _code_key(self) -> bytes:
+        path = self.root / "code.key"
+        if not path.exists():
+            write_private_file(path, secrets.token_hex(32))
+        return bytes.fromhex(path.read_text().strip())
+
+    def _load_names(self, saved: dict) -> None:
+        if "namespaces" not in saved:  # the format before namespaces, written by anyone: the operator's now
+            saved = {"namespaces": {OPERATOR: saved}, "uploaders": {d: [OPERATOR] for d in saved.values()}}
+        self._names = {ns: dict(names) for ns, names in saved["namespaces"].items()}
+        self._uploaders = {d: list(who) for d, who in saved["uploaders"].items()}
+
+    def _save_names(self) -> None:
+        write_private_file(self._names_file, json.dumps({"namespaces": self._names, "uploaders": self._uploaders},
+                                                        indent=1, sort_keys=True))
+
+    # -- adding ---------------------------------------------------------------------------------
+
+    def add(self, wasm: bytes, name: str | None = None, *, uploader: str = OPERATOR,
+            namespace: str | None = None) -> str:
+        """Store a component for ``uploader``; return its hash. Compiles first, so a bad upload fails
+        here, leaving nothing on disk, not at launch. ``name`` goes in ``namespace`` (default: the
+        uploader's own)."""
+        if name:
+            check_name(name)
         if not wasm.startswith(WASM_MAGIC):
             raise ProgramError("not a WebAssembly binary (bad magic number)")
         digest = hashlib.sha256(wasm).hexdigest()
-        path = self.root / f"{digest}.wasm"
-        if not path.exists():
-            _atomic_write(path, wasm)
-        self.component(digest)
+        if not self.has(digest):  # only a program that compiled is ever written
+            try:
+                comp = component.Component(self.engine, wasm)
+            except wasmtime.WasmtimeError as exc:
+                raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
+            self._write_compiled(digest, comp.serialize())
+            _atomic_write(self.root / f"{digest}.wasm", wasm)
+            self._components[digest] = comp
+        self.record_upload(digest, name, uploader=uploader, namespace=namespace)
+        return digest
+
+    def record_upload(self, digest: str, name: str | None = None, *, uploader: str = OPERATOR,
+                      namespace: str | None = None) -> None:
+        """``uploader`` has the bytes of stored program ``digest`` (it sent them): it may launch it,
+        and ``name`` names it in ``namespace``."""
         if name:
-            self.set_name(name, digest)
-        return digest
+            check_name(name)
+        changed = False
+        if uploader not in self._uploaders.setdefault(digest, []):
+            self._uploaders[digest].append(uploader)
+            changed = True
+        names = self._names.setdefault(uploader if namespace is None else namespace, {})
+        if name and names.get(name) != digest:
+            names[name] = digest
+            changed = True
+        if changed:
+            self._save_names()
 
-    def set_name(self, name: str, digest: str) -> None:
-        """Launch ``digest`` by ``name`` from now on (names persist across restarts)."""
-        if self._names.get(name) != digest:
-            self._names[name] = digest
-            _atomic_write(self._names_file, json.dumps(self._names, indent=1).encode())
+    # -- finding --------------------------------------------------------------------------------
 
-    def resolve(self, name_or_hash: str) -> str:
-        digest = self._names.get(name_or_hash, name_or_hash)
-        if not (self.root / f"{digest}.wasm").exists():
-            raise ProgramError(f"no program named or hashed {name_or_hash!r}")
-        return digest
+    def resolve(self, ref: str, client: str = OPERATOR) -> str:
+        """The digest ``client`` means by ``ref``: one of its names, a library name, or a digest it may run."""
+        if DIGEST.match(ref):
+            if self.has(ref) and (client == OPERATOR or self.may_run(ref, client)):
+                return ref
+        elif PROGRAM_NAME.match(ref):
+            digest = self._names.get(client, {}).get(ref) or self._names.get(LIBRARY, {}).get(ref)
+            if digest is not None and self.has(digest):
+                return digest
+        else:
+            raise ProgramError(f"{ref[:80]!r} is not a program name or a SHA-256 (a name is never a path)")
+        raise ProgramError(f"no program named or hashed {ref!r}")
+
+    def may_run(self, digest: str, client: str) -> bool:
+        return client in self._uploaders.get(digest, ()) or digest in self._names.get(LIBRARY, {}).values()
 
     def has(self, digest: str) -> bool:
-        return (self.root / f"{digest}.wasm").exists()
+        return bool(DIGEST.match(digest)) and (self.root / f"{digest}.wasm").exists()
 
-    def entries(self) -> list[tuple[str, list[str], int]]:
-        """(hash, names, size in bytes) of every stored program."""
+    def entries(self, client: str = OPERATOR) -> list[tuple[str, list[str], int]]:
+        """(hash, names, size in bytes) of every program ``client`` may run, with its own and library names
+        (library names marked ``library:``); an operator sees every program and every name."""
+        operator = client == OPERATOR
         names: dict[str, list[str]] = {}
-        for name, digest in sorted(self._names.items()):
-            names.setdefault(digest, []).append(name)
-        return sorted((p.stem, names.get(p.stem, []), p.stat().st_size) for p in self.root.glob("*.wasm"))
+        for namespace, table in sorted(self._names.items()):
+            if operator or namespace in (client, LIBRARY):
+                prefix = "library:" if namespace == LIBRARY else (f"{namespace}:" if operator else "")
+                for name, digest in sorted(table.items()):
+                    names.setdefault(digest, []).append(prefix + name)
+        return sorted((p.stem, names.get(p.stem, []), p.stat().st_size) for p in self.root.glob("*.wasm")
+                      if DIGEST.match(p.stem) and (operator or self.may_run(p.stem, client)))
 
     def component(self, digest: str) -> component.Component:
-        """The compiled component: from memory, else from the on-disk cache, else compiled now."""
+        """The compiled component: from memory, else from the store's own compiled file, else compiled now."""
         cached = self._components.get(digest)
         if cached is not None:
             return cached
-        compiled = self.root / f"{digest}.{WASMTIME_VERSION}-{ENGINE_SETTINGS}.cwasm"
-        comp = None
-        if compiled.exists():
-            try:
-                comp = component.Component.deserialize(self.engine, compiled.read_bytes())
-            except wasmtime.WasmtimeError as exc:  # stale or corrupt cache: recompile
-                log.warning("recompiling %s: cached code unusable (%s)", digest[:12], exc)
+        if not self.has(digest):
+            raise ProgramError(f"no program hashed {digest!r}")
+        comp = self._read_compiled(digest)
         if comp is None:
             try:
                 comp = component.Component(self.engine, (self.root / f"{digest}.wasm").read_bytes())
             except wasmtime.WasmtimeError as exc:
-                raise ProgramError(f"not a valid component: {exc}") from None
-            _atomic_write(compiled, comp.serialize())
+                raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
+            self._write_compiled(digest, comp.serialize())
         self._components[digest] = comp
         return comp
+
+    # -- compiled code --------------------------------------------------------------------------
+
+    def _compiled_path(self, digest: str) -> Path:
+        return self.root / f"{digest}.{WASMTIME_VERSION}-{ENGINE_SETTINGS}.cwasm"
+
+    def _tag(self, digest: str, code: bytes) -> bytes:
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in (digest.encode(), WASMTIME_VERSION.encode(), ENGINE_SETTINGS.encode()):
+            mac.update(len(part).to_bytes(4, "little") + part)
+        mac.update(code)
+        return mac.digest()
+
+    def _write_compiled(self, digest: str, code: bytes) -> None:
+        _atomic_write(self._compiled_path(digest), _CWASM_MAGIC + self._tag(digest, code) + code)
+
+    def _read_compiled(self, digest: str) -> component.Component | None:
+        """The component from its compiled file if this store wrote it (the HMAC checks), else None."""
+        path = self._compiled_path(digest)
+        if not path.exists():
+            return None
+        blob = path.read_bytes()
+        header = len(_CWASM_MAGIC) + 32
+        if not blob.startswith(_CWASM_MAGIC) or not hmac.compare_digest(blob[len(_CWASM_MAGIC):header],
+                                                                        self._tag(digest, blob[header:])):
+            log.warning("ignoring %s: not compiled by this store (its HMAC does not check); compiling again",
+                        path.name)
+            return None
+        try:
+            return component.Component.deserialize(self.engine, blob[header:])
+        except wasmtime.WasmtimeError as exc:  # written by another wasmtime build: compile again
+            log.warning("recompiling %s: cached code unusable (%s)", digest[:12], _first_line(exc))
+            return None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

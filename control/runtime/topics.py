@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from typing import Callable
 
 
 class Topics:
     def __init__(self):
-        self._waiters: dict[str, list[tuple[str, Callable[[str], None]]]] = defaultdict(list)
+        self._waiters: dict[Hashable, list[tuple[str, Callable[[str], None]]]] = defaultdict(list)
 
-    def wait(self, instance_id: str, topic: str, deliver: Callable[[str], None]) -> None:
+    def wait(self, instance_id: str, topic: Hashable, deliver: Callable[[str], None]) -> None:
         self._waiters[topic].append((instance_id, deliver))
 
-    def publish(self, topic: str, message: str) -> int:
+    def publish(self, topic: Hashable, message: str) -> int:
         """Deliver to every instance waiting on ``topic``; return how many got it."""
         waiters = self._waiters.pop(topic, [])
         for _, deliver in waiters:

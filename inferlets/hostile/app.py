@@ -12,6 +12,7 @@ Argument: one of
   export-trap     export two KvPages by name, then raise (a killed exporter's exports go with it)
   flood N         send N messages "m<i>" and print N lines "line <i>", waiting 0 ms after each:
                   output faster than a slow client reads (the server holds it back, losing nothing)
+  deaf            sleep for an hour, never reading what clients send (its inbox must stay bounded)
 Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
@@ -44,6 +45,9 @@ def main():
             messaging.send(f"m{i}")
             print(f"line {i}", flush=True)
             yield from wait_all([runtime.sleep(0)])
+        return
+    if mode == "deaf":
+        yield from wait_all([runtime.sleep(3_600_000)])
         return
     if mode == "quota":
         f = kvpages.alloc_kvpages(0, 1 << 20)

@@ -35,8 +35,10 @@ FUNCS = {
     "mask-kvpage": mask_kvpage,
     "offload-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "offload"),
     "restore-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "restore"),
+    # Export names are per client: an inferlet imports only what its own client's inferlets exported.
     "export-kvpages": lambda inst, pages, name: resource_call(
-        lambda: inst.loop.exports.export_kvpages(inst.resources, name, pages)),
-    "import-kvpages": lambda inst, name: resource_call(lambda: inst.loop.exports.import_kvpages(inst.resources, name)),
+        lambda: inst.loop.exports.export_kvpages(inst.resources, name, pages, inst.owner)),
+    "import-kvpages": lambda inst, name: resource_call(
+        lambda: inst.loop.exports.import_kvpages(inst.resources, name, inst.owner)),
     "release-export": lambda inst, name: resource_call(lambda: inst.loop.drop_export(name, by=inst)),
 }

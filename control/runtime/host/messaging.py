@@ -15,13 +15,14 @@ def receive(inst) -> int:
     return fut.handle
 
 
+# Topics are per client, like export names: one client's inferlets never hear another's.
 def broadcast(inst, topic: str, message: str) -> None:
-    inst.loop.topics.publish(topic, message)
+    inst.loop.topics.publish((inst.owner, topic), message)
 
 
 def subscribe(inst, topic: str) -> int:
     fut = inst.futures.create(f.TEXT, io=True)
-    inst.loop.topics.wait(inst.instance_id, topic, lambda text: inst.futures.complete(fut, text))
+    inst.loop.topics.wait(inst.instance_id, (inst.owner, topic), lambda text: inst.futures.complete(fut, text))
     return fut.handle
 
 

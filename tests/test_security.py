@@ -1,0 +1,396 @@
+"""oven as a shared service: each exploit found by probing `oven serve` as another client, another
+local user, or by killing its processes, turned into a test (issue 12). Real `oven serve` processes
+over ZeroMQ with CurveZMQ, two client identities, the tiny model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import wasmtime
+import zmq
+
+from harness import built
+from oven.client.generate import greedy_generate
+from oven.client.rpc import ControlRequestError, OvenClient, ServerRestarted
+from oven.control.runtime.programs import ProgramError, ProgramStore, engine_config
+from oven.control.tokenizer import Tokenizer
+from oven.proto import control as c
+from oven.proto.auth import AuthError, Keypair, Token
+from oven.proto.endpoints import private_endpoint
+
+OVEN = [sys.executable, "-m", "oven.client.cli"]
+
+
+class Server:
+    """An `oven serve` on the tiny model with its own state directory (keys, tokens) and program store."""
+
+    def __init__(self, root: Path, *flags: str, endpoint: str | None = None):
+        self.root = root
+        self.state = root / "state"
+        self.endpoint = endpoint or f"ipc://{root / 'control.sock'}"
+        self.proc = subprocess.Popen(
+            [*OVEN, "serve", "--model", "tiny", "--quiet", "--control-endpoint", self.endpoint, "--state-dir",
+             str(self.state), "--program-dir", str(root / "programs"), "--num-kv-pages", "256", *flags],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (self.state / "operator.token").exists() or not self.reachable():
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert time.monotonic() < deadline, "oven serve did not come up"
+            time.sleep(0.1)
+
+    @property
+    def operator_token(self) -> str:
+        return (self.state / "operator.token").read_text().strip()
+
+    def reachable(self) -> bool:
+        with OvenClient(self.endpoint, token=self.operator_token) as client:
+            return client.reachable()
+
+    def client(self, token: str | None = None, timeout_s: float = 60) -> OvenClient:
+        return OvenClient(self.endpoint, timeout_s, token=token or self.operator_token)
+
+    def children(self) -> list[int]:
+        return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("shared"), "--max-instances-per-client", "2", "--inbox-messages", "8")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def alice(server):
+    with server.client() as operator:
+        return operator.add_client("alice")
+
+
+@pytest.fixture(scope="module")
+def bob(server):
+    with server.client() as operator:
+        return operator.add_client("bob")
+
+
+def oven(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*OVEN, *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def wait_exit(client: OvenClient, instance_id: str, timeout_s: float = 60) -> c.InstanceEvent:
+    deadline = time.monotonic() + timeout_s
+    for event in client.events(poll_s=0.2):
+        assert time.monotonic() < deadline, f"{instance_id} did not exit"
+        if event is not None and event.instance_id == instance_id and event.kind == "exit":
+            return event
+
+
+# -- the program store: names are never paths; only code the store compiled is loaded ------------------
+
+@pytest.fixture
+def store(tmp_path):
+    return ProgramStore(tmp_path / "programs", wasmtime.Engine(engine_config()))
+
+
+@pytest.mark.parametrize("ref", ["/tmp/planted/x", "../../../tmp/planted/hello-rust", "a/b", ".hidden", "",
+                                 "x" * 65, "echo\x00"])
+def test_a_program_name_is_never_a_path(store, ref):
+    with pytest.raises(ProgramError, match="not a program name or a SHA-256|no program named"):
+        store.resolve(ref, "alice")
+
+
+def test_only_code_the_store_compiled_is_loaded(store, tmp_path, caplog):
+    """A .cwasm planted in the store (another program's code, or junk filled with int3) is never
+    deserialized: its HMAC does not check, so the program is compiled again from its .wasm."""
+    echo, hostile = built("echo"), built("hostile")
+    digest = store.add(echo, "echo")
+    other = store.add(hostile, "hostile")
+    compiled = store._compiled_path(digest)
+    for planted in (store._compiled_path(other).read_bytes(), b"\xcc" * 65536):
+        compiled.write_bytes(planted)
+        fresh = ProgramStore(store.root, store.engine)  # a restarted server: nothing in memory
+        with caplog.at_level("WARNING"):
+            fresh.component(digest)
+        assert "its HMAC does not check" in caplog.text
+        assert compiled.read_bytes() != planted  # replaced by what this store compiled
+        caplog.clear()
+    assert (store.root.stat().st_mode & 0o777) == 0o700 and ((store.root / "code.key").stat().st_mode & 0o777) == 0o600
+
+
+def test_a_rejected_upload_leaves_nothing(store):
+    before = sorted(p.name for p in store.root.iterdir())
+    core_module = b"\x00asm\x01\x00\x00\x00"  # a valid, empty core module: not a component
+    for junk, reason in ((b"not wasm at all", "bad magic number"), (core_module, "not a valid component"),
+                         (b"\x00asm" + os.urandom(1 << 20), "not a valid component")):
+        for _ in range(2):  # the same bytes again fail the same way: nothing half-stored says "known"
+            with pytest.raises(ProgramError, match=reason):
+                store.add(junk, "junk")
+    assert sorted(p.name for p in store.root.iterdir()) == before
+    assert store.entries() == []
+
+
+def test_names_belong_to_their_client(store):
+    echo = store.add(built("echo"), "echo", uploader="alice")
+    hostile = store.add(built("hostile"), "echo", uploader="mallory")  # mallory's own "echo"
+    assert store.resolve("echo", "alice") == echo and store.resolve("echo", "mallory") == hostile
+    with pytest.raises(ProgramError, match="no program named or hashed 'echo'"):
+        store.resolve("echo", "bob")
+    with pytest.raises(ProgramError, match="no program named or hashed"):
+        store.resolve(echo, "bob")  # a digest bob never uploaded
+    store.add(built("echo"), "echo", namespace="")  # the operator publishes it in the library
+    assert store.resolve("echo", "bob") == echo and store.resolve("echo", "mallory") == hostile
+    restarted = ProgramStore(store.root, store.engine)  # names persist per client
+    assert restarted.resolve("echo", "alice") == echo and restarted.resolve("echo", "mallory") == hostile
+
+
+# -- authentication -------------------------------------------------------------------------------------
+
+def test_a_client_without_a_known_key_gets_nothing(server):
+    plain = zmq.Context.instance().socket(zmq.DEALER)  # no CURVE at all: the handshake cannot even start
+    plain.setsockopt(zmq.LINGER, 0)
+    plain.connect(server.endpoint)
+    plain.send(c.CODEC.encode(c.Launch("echo", []), 1))
+    assert not plain.poll(1000)
+    plain.close()
+    stranger = Token(Token.parse(server.operator_token).server_public, Keypair.generate())
+    with OvenClient(server.endpoint, token=stranger) as client:
+        with pytest.raises(AuthError, match="refused this client's token"):
+            client.info(timeout_s=10)
+    forged = Token(Keypair.generate().public, Token.parse(server.operator_token).client)
+    with OvenClient(server.endpoint, token=forged) as client:  # the right key, sent to the wrong server
+        with pytest.raises(AuthError, match="not the server this token was made for"):
+            client.info(timeout_s=10)
+    done = oven("ps", "--server", server.endpoint, "--token", str(stranger))
+    assert done.returncode == 1 and done.stderr.strip() == (
+        f"oven: the server at {server.endpoint} refused this client's token")
+
+
+def test_only_the_operator_manages_clients(server, alice):
+    with server.client(alice) as client:
+        assert client.info().client == "alice"
+        with pytest.raises(ControlRequestError, match="forbidden: only the operator may manage clients"):
+            client.add_client("eve")
+    with server.client() as operator:
+        assert {"alice", "operator"} <= set(operator.clients())
+        with pytest.raises(ControlRequestError, match="bad_client: a client named 'alice' exists"):
+            operator.add_client("alice")
+        with pytest.raises(ControlRequestError, match="bad_client: a client name is"):
+            operator.add_client("../x")
+        token = operator.add_client("carol")
+        operator.remove_client("carol")
+    with OvenClient(server.endpoint, token=token) as client, pytest.raises(AuthError, match="refused"):
+        client.info(timeout_s=10)
+
+
+def test_the_state_directory_is_private(server):
+    assert (server.state.stat().st_mode & 0o777) == 0o700
+    for name in ("server.key", "clients.json", "operator.token"):
+        assert ((server.state / name).stat().st_mode & 0o777) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to act as a "
+                                                                                "second, unprivileged local user")
+def test_another_local_user_reaches_neither_socket_nor_token(server):
+    probe = ("import socket, sys\n"
+             "for path in sys.argv[1:]:\n"
+             "    try:\n"
+             "        open(path).read() if path.endswith('.token') else socket.socket(socket.AF_UNIX).connect(path)\n"
+             "        print('reached', path)\n"
+             "    except OSError as exc:\n"
+             "        print(type(exc).__name__)\n")
+    done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3",
+                           "-c", probe, server.endpoint.removeprefix("ipc://"), str(server.state / "operator.token")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.split() == ["PermissionError", "PermissionError"], done.stderr
+
+
+# -- ownership --------------------------------------------------------------------------------------------
+
+def test_one_client_cannot_touch_another_clients_instances(server, alice, bob):
+    with server.client(alice) as a, server.client(bob) as b, server.client() as operator:
+        echo = a.upload(built("echo"), "echo")
+        instance_id = a.launch(echo, [], detach=True)
+        for act in (lambda: b.attach(instance_id), lambda: b.send(instance_id, "hi"),
+                    lambda: b.terminate(instance_id)):
+            with pytest.raises(ControlRequestError, match=f"forbidden: instance {instance_id} belongs to another"):
+                act()
+        assert instance_id not in [i.instance_id for i in b.instances()]
+        assert [i.owner for i in a.instances() if i.instance_id == instance_id] == ["alice"]
+        with pytest.raises(ControlRequestError, match="unknown_program: no program named or hashed 'echo'"):
+            b.launch("echo", [])  # alice's name means nothing to bob
+        digest = b.upload(built("hostile"), "echo")  # bob's own "echo" ...
+        a.attach(instance_id)
+        a.send(instance_id, "still mine?")  # ... leaves alice's untouched
+        event = next(e for e in a.events() if e is not None and e.kind == "message")
+        assert event.text == "echo: still mine?"
+        assert a.launch("echo", [], detach=True).endswith(echo[:8])
+        assert [p.sha256 for p in a.programs()] == [echo] and digest != echo
+        operator.terminate(instance_id)  # the operator may
+        assert wait_exit(a, instance_id).exit_code == 143
+        for i in a.instances():
+            if i.state in ("ready", "waiting"):
+                a.terminate(i.instance_id)
+
+
+def test_exports_are_per_client(server, alice, bob):
+    """bob's prefix-cache does not find alice's cached prefix (her KV holds her prompt): it builds its own."""
+    prefix = "A confidential system prompt worth caching. " * 4
+    for token in (alice, bob):
+        done = oven("run", "--server", server.endpoint, "--token", token, "prefix-cache", "--", prefix, "Hi", "2")
+        assert done.returncode == 0, done.stderr
+    with server.client(alice) as a, server.client(bob) as b, server.client() as operator:
+        (mine,), (his,) = a.exports(), b.exports()
+        assert (mine.name, mine.owner, his.owner) == (his.name, "alice", "bob")
+        with pytest.raises(ControlRequestError, match="forbidden: export .* of 'alice' belongs to another client"):
+            b.drop_export(mine.name, owner="alice")
+        b.drop_export(his.name)
+        assert b.exports() == [] and [e.owner for e in operator.exports()] == ["alice"]
+        operator.drop_export(mine.name, owner="alice")
+        assert a.exports() == []
+
+
+def test_per_client_caps(server, bob):
+    """--max-instances-per-client 2 and --inbox-messages 8 (the server fixture's)."""
+    with server.client(bob) as b:
+        program = b.upload(built("hostile"))
+        deaf = [b.launch(program, ["deaf"], detach=True) for _ in range(2)]
+        with pytest.raises(ControlRequestError, match="too_many_instances: this client runs 2 instances"):
+            b.launch(program, ["deaf"])
+        for i in range(8):
+            b.send(deaf[0], f"message {i}")
+        with pytest.raises(ControlRequestError, match=r"inbox_full: the instance's inbox is full \(8 messages"):
+            b.send(deaf[0], "one too many")
+        for instance_id in deaf:
+            b.terminate(instance_id)
+
+
+def test_uploads_and_launches_name_no_paths(server, alice):
+    with server.client() as client:
+        for digest in ("../../../tmp/x", "A" * 64, "0" * 63):
+            with pytest.raises(ControlRequestError, match="bad_upload: sha256 must be 64 lowercase hex digits"):
+                client.request(c.UploadChunk("x", digest, 4, 0, b"\x00asm"))
+        with pytest.raises(ControlRequestError, match="unknown_program: '/tmp/planted/x' is not a program name"):
+            client.launch("/tmp/planted/x", [])
+    with server.client(alice) as a:
+        with pytest.raises(ControlRequestError, match="forbidden: only the operator may publish"):
+            a.upload(built("echo"), "echo", shared=True)
+
+
+# -- endpoints nobody else can take -----------------------------------------------------------------------
+
+def test_serve_refuses_an_endpoint_another_user_could_take_or_that_is_taken(tmp_path):
+    serve = [*OVEN, "serve", "--model", "tiny", "--state-dir", str(tmp_path / "state"), "--program-dir",
+             str(tmp_path / "programs")]
+    done = subprocess.run([*serve, "--control-endpoint", "ipc:///tmp/oven-squat-test.sock"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr.strip() == (
+        "oven: cannot serve on ipc:///tmp/oven-squat-test.sock: /tmp is writable by other users, who could bind it "
+        "first; use a path in a directory only you may write")
+    squat = private_endpoint()
+    squatter = socket.socket(socket.AF_UNIX)  # something already listens there
+    squatter.bind(squat.removeprefix("ipc://"))
+    squatter.listen()
+    taken = f"cannot serve on {squat}: another server is listening there"
+    try:
+        done = subprocess.run([*serve, "--control-endpoint", squat], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and done.stderr.strip() == f"oven: {taken}"  # at once: no model loaded
+        done = subprocess.run([*serve, "--control-endpoint", private_endpoint(), "--endpoint", squat],
+                              capture_output=True, text=True, timeout=120)  # the inference child's endpoint
+        assert done.returncode == 1 and f"oven inference: {taken}" in done.stderr
+    finally:
+        squatter.close()
+
+
+def test_a_squatter_on_the_inference_endpoint_hears_nothing(tmp_path):
+    """The control process speaks CURVE to its child with the child's key: something else bound at that
+    endpoint gets no request from it (and cannot answer one)."""
+    from oven.control.inference_client import InferenceClient
+    from oven.proto import inference as p
+
+    endpoint = private_endpoint()
+    squatter = zmq.Context.instance().socket(zmq.ROUTER)
+    squatter.setsockopt(zmq.LINGER, 0)
+    squatter.curve_server, squatter.curve_secretkey = True, Keypair.generate().secret  # another key
+    squatter.bind(endpoint)
+    token = Token(Keypair.generate().public, Keypair.generate())  # what a control process holds for its child
+    with InferenceClient(endpoint, timeout_s=1.0, token=token) as client:
+        client.send(p.InfoRequest())
+        assert not squatter.poll(1000)
+        with pytest.raises(TimeoutError, match="no message from the inference server"):
+            client.recv()
+    squatter.close()
+
+
+# -- process faults ---------------------------------------------------------------------------------------
+
+def test_a_killed_inference_process_is_replaced(tmp_path, inference):
+    srv = Server(tmp_path)
+    try:
+        with srv.client() as client:
+            program = client.upload(built("text-completion"), "text-completion")
+            instance_id = client.launch(program, ["Once upon a time", "100000"])
+            deadline = time.monotonic() + 30
+            while not any(i.instance_id == instance_id and i.age_s > 1.0 for i in client.instances()):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            (child,) = srv.children()
+            os.kill(child, signal.SIGKILL)
+            event = wait_exit(client, instance_id, timeout_s=30)
+            assert event.exit_code == 1 and event.text.startswith(
+                "inference process died: killed by signal 9"), event.text
+        done = oven("run", "--server", srv.endpoint, "--token", srv.operator_token, "hello-python", "--",
+                    "Once upon a time", "8")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == " ".join(map(str, greedy(inference, "Once upon a time", 8)))
+        assert srv.children() != [child]
+    finally:
+        srv.stop()
+    log = srv.proc.stderr.read()
+    assert "the inference process is gone: killed by signal 9" in log and "restarting the inference process" in log
+
+
+def greedy(inference, prompt: str, max_new: int) -> list[int]:
+    """Greedy tokens from a separate inference process on the same (seeded) tiny model."""
+    with inference.client() as client:
+        info = client.info()
+        tok = Tokenizer(info.tokenizer)
+        return greedy_generate(client, tok.encode(prompt), max_new, tok.stop_token_ids, info.page_size,
+                               info.num_kv_pages).token_ids
+
+
+def test_the_inference_child_dies_with_its_control_process(tmp_path):
+    srv = Server(tmp_path)
+    (child,) = srv.children()
+    srv.proc.kill()
+    srv.proc.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the inference process outlived its control process"
+        time.sleep(0.05)
+
+
+def test_a_client_of_a_server_that_restarted_is_told(tmp_path):
+    first = Server(tmp_path)
+    with first.client() as client:
+        instance_id = client.launch(client.upload(built("echo")), [])
+        first.proc.kill()
+        first.proc.wait()
+        second = Server(tmp_path, endpoint=first.endpoint)  # same endpoint, same keys: the client reconnects
+        try:
+            with pytest.raises(ServerRestarted, match="restarted: what this client launched there is gone"):
+                wait_exit(client, instance_id)
+        finally:
+            second.stop()
