@@ -187,8 +187,8 @@ class ControlServer:
         key = (caller.route, req.sha256)
         mine = sum(len(b) for (route, _), b in self._uploads.items() if route == caller.route)
         if mine + len(req.data) > MAX_UPLOAD_BYTES:
-            raise RequestFailed("upload_busy", f"this client has {mine >> 20} MiB of unfinished uploads; finish "
-                                               f"them first (at most {MAX_UPLOAD_BYTES >> 20} MiB at once)")
+            raise RequestFailed("upload_busy", f"this client has {mine / 2**20:.1f} MiB of unfinished uploads; "
+                                               f"finish them first (at most {MAX_UPLOAD_BYTES >> 20} MiB at once)")
         if sum(map(len, self._uploads.values())) + len(req.data) > MAX_BUFFERED_UPLOAD_BYTES:
             raise RequestFailed("upload_busy", f"{MAX_BUFFERED_UPLOAD_BYTES >> 20} MiB of unfinished uploads are "
                                                "buffered already: try again when they finish")

@@ -142,3 +142,19 @@ def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server,
     assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
     first.close(0)
     second.close(0)
+
+
+def test_one_client_cannot_take_the_whole_upload_buffer(control_server, monkeypatch):
+    """Each client may have at most one program's worth (MAX_UPLOAD_BYTES) half uploaded: holding that
+    much, it gets upload_busy, and another client's upload still goes through."""
+    monkeypatch.setattr(server_module, "MAX_UPLOAD_BYTES", 8)
+    hog, other = (dealer_at(control_server.endpoint, identity) for identity in (b"hog", b"other"))
+    reply = request(control_server, hog, c.UploadChunk("a", "a" * 64, 6, 0, b"12345"), 1)
+    assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
+    reply = request(control_server, hog, c.UploadChunk("b", "b" * 64, 6, 0, b"12345"), 2)
+    assert isinstance(reply, c.ControlError) and reply.code == "upload_busy" and reply.message.startswith(
+        "this client has 0.0 MiB of unfinished uploads")
+    reply = request(control_server, other, c.UploadChunk("b", "b" * 64, 6, 0, b"12345"), 1)
+    assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
+    hog.close(0)
+    other.close(0)

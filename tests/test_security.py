@@ -371,6 +371,28 @@ def greedy(inference, prompt: str, max_new: int) -> list[int]:
                                info.num_kv_pages).token_ids
 
 
+def test_a_hung_inference_process_is_replaced(tmp_path):
+    """A stopped (SIGSTOP) inference process answers nothing: past --inference-timeout-s it is killed and
+    replaced like a dead one."""
+    srv = Server(tmp_path, "--inference-timeout-s", "2")
+    try:
+        with srv.client() as client:
+            instance_id = client.launch(client.upload(built("text-completion")), ["Once upon a time", "100000"])
+            deadline = time.monotonic() + 30
+            while not any(i.instance_id == instance_id and i.age_s > 1.0 for i in client.instances()):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            (child,) = srv.children()
+            os.kill(child, signal.SIGSTOP)
+            event = wait_exit(client, instance_id, timeout_s=30)
+            assert event.text == ("inference process died: no reply to a batch in 2 s (hung; oven serve "
+                                  "--inference-timeout-s)")
+            echo = client.launch(client.upload(built("hello-python")), ["Once upon a time", "4"])
+            assert wait_exit(client, echo).exit_code == 0  # served by the new process
+    finally:
+        srv.stop()
+
+
 def test_the_inference_child_dies_with_its_control_process(tmp_path):
     srv = Server(tmp_path)
     (child,) = srv.children()
