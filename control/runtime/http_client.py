@@ -194,6 +194,7 @@ class HttpClient:
             if len(data) > self._max_body_bytes:
                 raise _FetchFailed(f"the response body exceeds {self._max_body_bytes} bytes "
                                    "(oven serve --http-max-body-mib)")
+            job.raise_if_cut()  # a cut socket reads as the end of the message: what came is not all of it
             return response.status, data
         finally:
             conn.close()
