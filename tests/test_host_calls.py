@@ -127,8 +127,8 @@ def test_a_killed_instance_fetches_no_more(loop, tool_server):
     loop.kill(inst, "test over")
     _Handler.release.set()
     survivor = loop.launch("echo", [])  # the killed instance's share of workers is back
-    fetch = call(survivor, "http", "fetch", "POST", f"http://127.0.0.1:{tool_server.server_port}/", ["X-Tool: after"],
-                 b"kill")
+    url = f"http://127.0.0.1:{tool_server.server_port}/"
+    fetch = call(survivor, "http", "fetch", "POST", url, ["X-Tool: after"], b"kill")
     response = take(loop, survivor, fetch, "take-http")
     assert bytes(response.body) == b"got kill after"
     assert len(_Handler.held) == 2 and inst.futures.ready(handles) == []  # and none of its fetches called back

@@ -1,4 +1,4 @@
-"""The http allow-list: host:port entries, and the one strict parse of a URL into what is checked and connected to."""
+"""The http allow-list: host:port entries, and the one strict parse of a URL into the target checked and used."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def test_the_host_checked_is_the_host_connected_to():
         ALLOW.check("http://evil.example?@api.example/")
 
 
-@pytest.mark.parametrize("entry", ["http://api.example", "api.example:0", "::1", "[::1]:x", "[fe80::1::2]", "a b", "*.example"])
+@pytest.mark.parametrize("entry", ["http://api.example", "api.example:0", "::1", "[::1]:x", "[fe80::1::2]", "a b",
+                                   "*.example"])
 def test_a_bad_entry_fails_the_config_naming_it(entry):
     with pytest.raises(ValueError, match=r"http_allow: .* (is not|outside)"):
         ControlConfig(http_allow=f"api.example, {entry}")

@@ -43,7 +43,9 @@ class AllowList:
 
     @classmethod
     def parse(cls, text: str) -> "AllowList":
-        """Comma-separated ``host``, ``host:port``, ``[v6addr]`` or ``[v6addr]:port``; ValueError names a bad entry."""
+        """Comma-separated ``host``, ``host:port``, ``[v6addr]`` or ``[v6addr]:port``.
+
+        Raises ValueError naming the first bad entry."""
         ports_by_host: dict[str, set[int | None]] = {}
         for entry in (e.strip() for e in text.split(",")):
             if entry:

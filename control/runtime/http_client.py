@@ -123,10 +123,11 @@ class HttpClient:
 
     def fetch(self, owner: str, method: str, url: str, headers: list[str], body: bytes,
               on_done: Callable[[int, bytes], None], on_error: Callable[[str], None]) -> None:
-        """Start (or queue) a fetch for instance ``owner``; exactly one of the callbacks runs, on the loop
-        thread — at once for a request refused here, else through ``post`` — unless ``owner`` is forgotten first."""
+        """Start (or queue) a fetch for instance ``owner``. Exactly one callback runs, on the loop thread (at
+        once for a request refused here, else through ``post``), unless ``owner`` is forgotten first."""
         try:
-            job = _Fetch(owner, self.allow.check(url), _method(method), _header_map(headers), body, on_done, on_error)
+            job = _Fetch(owner, self.allow.check(url), _method(method), _header_map(headers), body,
+                         on_done, on_error)
         except HttpRefused as exc:
             on_error(str(exc))
             return
