@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -20,8 +21,9 @@ class Server(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, host: str = "127.0.0.1"):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, 0), Handler)
         self.paths: list[str] = []
         self.release = threading.Event()  # /hold answers once this is set
         self.holding = self.max_holding = 0
@@ -159,6 +161,17 @@ def test_only_the_listed_port_is_reachable(server):
     with client_for(f"127.0.0.1:{server.port}") as client:
         assert Outcome(client, f"http://127.0.0.1:{server.port}/ok").wait() == (200, b"secret of /ok")
     assert server.paths == ["/ok"]
+
+
+def test_an_ipv6_target_is_named_in_brackets():
+    try:
+        server = Server("::1")
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with running(server), client_for(f"[::1]:{server.port}") as client:
+        assert Outcome(client, f"http://[0:0::1]:{server.port}/six").wait() == (200, b"secret of /six")
+        assert Outcome(client, f"http://[::1]:{server.port + 1}/").wait().startswith(f"port {server.port + 1} of '[::1]'")
+    assert server.paths == ["/six"]
 
 
 def test_userinfo_odd_urls_and_bad_headers_are_refused_before_any_connection(server):

@@ -17,6 +17,7 @@ Results are handed back through ``post`` so futures are only ever completed on t
 
 from __future__ import annotations
 
+import functools
 import http.client
 import re
 import socket
@@ -134,18 +135,17 @@ class HttpClient:
         with self._lock:
             running = self._running_by_owner.setdefault(owner, set())
             queued = self._queued_by_owner.setdefault(owner, deque())
-            if len(running) < self._per_instance:
+            starts = len(running) < self._per_instance
+            fits = starts or len(queued) < self._queue_per_instance
+            if starts:
                 running.add(job)
-            elif len(queued) < self._queue_per_instance:
+            elif fits:
                 queued.append(job)
-                return
-            else:
-                job = None
-        if job is None:
+        if starts:
+            self._pool.submit(self._run, job)
+        elif not fits:
             on_error(f"too many http fetches: this instance has {self._per_instance} in flight and "
                      f"{self._queue_per_instance} queued (oven serve --http-queue-per-instance)")
-        else:
-            self._pool.submit(self._run, job)
 
     def forget(self, owner: str) -> None:
         """An instance ended: drop its queued fetches and cut its running ones; none of them calls back."""
@@ -170,10 +170,10 @@ class HttpClient:
         self._watchdog.watch(job)
         try:
             status, data = self._exchange(job)
-            outcome = lambda: job.on_done(status, data)  # noqa: E731
+            outcome = functools.partial(job.on_done, status, data)
         except Exception as exc:  # DNS, refused, reset, cut: the inferlet sees the reason
             message = job.cut_reason or _describe(exc, self._timeout_reason)
-            outcome = lambda: job.on_error(message)  # noqa: E731
+            outcome = functools.partial(job.on_error, message)
         finally:
             self._watchdog.unwatch(job)
         if self._finish(job):
