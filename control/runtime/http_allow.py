@@ -56,12 +56,9 @@ class AllowList:
                 ports_by_host.setdefault(host, set()).add(port)
         return cls({host: frozenset(ports) for host, ports in ports_by_host.items()})
 
-    def __bool__(self) -> bool:
-        return bool(self._ports_by_host)
-
     def check(self, url: str) -> Target:
         """The target of ``url`` if the allow-list admits it; HttpRefused (saying why) if not."""
-        target = parse_url(url)
+        target = _parse_url(url)
         ports = self._ports_by_host.get(target.host, frozenset())
         if target.port in ports or (None in ports and target.port == DEFAULT_PORT_BY_SCHEME[target.scheme]):
             return target
@@ -72,7 +69,7 @@ class AllowList:
                           "(entries are host:port; a bare host admits 80 for http and 443 for https)")
 
 
-def parse_url(url: str) -> Target:
+def _parse_url(url: str) -> Target:
     """``url`` split strictly into a Target; HttpRefused for anything the split would have to guess at."""
     if not url.isascii() or any(c <= " " or c in "\x7f\\" for c in url):
         raise HttpRefused(f"URL {url!r} holds spaces, control characters, backslashes or non-ASCII "
