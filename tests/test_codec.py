@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import msgpack
 import pytest
 
@@ -51,9 +53,8 @@ def raw(*parts) -> bytes:
     (raw(1, "forward", 1, [{"items": []}]), "ForwardRequest.items: expected a list, got dict"),
 ])
 def test_malformed_messages_name_the_problem(payload, fragment):
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(ProtocolError, match=re.escape(fragment)):
         p.CODEC.decode(payload)
-    assert fragment in str(info.value)
 
 
 def test_peek_request_id_of_a_bad_message():
@@ -81,7 +82,7 @@ def test_peek_list_length_leaves_a_malformed_head_to_decode(payload):
 
 
 def test_unregistered_message_cannot_be_encoded():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="ForwardItem is not a registered message"):
         p.CODEC.encode(p.ForwardItem([1], 1, [1], [], []))
 
 
