@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from oven.control.runtime.http_allow import AllowList
 from oven.proto.auth import default_cache_dir, default_state_dir
 
 DISPATCH_POLICIES = ("adaptive", "eager", "k", "t")
@@ -32,7 +33,12 @@ class ControlConfig:
     slice_ms: int = 2000  # longest a guest may run between two waits
     max_kv_pages_per_instance: int = 4096
     max_embeds_per_instance: int = 4096
-    http_allow: str = ""  # comma-separated host names inferlets may fetch from
+    http_allow: str = ""  # comma-separated host:port (a bare host: 80 for http, 443 for https; [v6addr]:port)
+    http_timeout_s: float = 30.0  # one fetch, connect to last body byte
+    http_fetches_per_instance: int = 2  # in flight at once; an instance's further fetches wait in its queue
+    http_queue_per_instance: int = 64  # fetches waiting behind those; one more fails at once
+    http_workers: int = 8  # threads shared by every instance's fetches
+    http_max_body_mib: int = 16  # a larger response fails the fetch
     lease_s: float = 10.0  # a client silent this long loses its non-detached instances
     inference_timeout_s: float = 120.0  # a batch unanswered this long: the inference process is hung
     inference_restarts: int = 5  # restarts of a dead inference process within 10 minutes before giving up
@@ -43,13 +49,15 @@ class ControlConfig:
         if self.exhaustion_policy not in EXHAUSTION_POLICIES:
             raise ValueError(f"exhaustion_policy must be one of {EXHAUSTION_POLICIES}")
         for field in ("dispatch_k", "max_instances", "max_instances_per_client", "inbox_messages", "inbox_mib",
-                      "instance_memory_mib", "slice_ms", "max_kv_pages_per_instance", "max_embeds_per_instance"):
+                      "instance_memory_mib", "slice_ms", "max_kv_pages_per_instance", "max_embeds_per_instance",
+                      "http_fetches_per_instance", "http_workers", "http_max_body_mib"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive")
-        if self.dispatch_t_ms <= 0 or self.lease_s <= 0 or self.inference_timeout_s <= 0:
-            raise ValueError("dispatch_t_ms, lease_s and inference_timeout_s must be positive")
-        if self.inference_restarts < 0:
-            raise ValueError("inference_restarts must be 0 or more")
+        if min(self.dispatch_t_ms, self.lease_s, self.http_timeout_s, self.inference_timeout_s) <= 0:
+            raise ValueError("dispatch_t_ms, lease_s, http_timeout_s and inference_timeout_s must be positive")
+        if self.http_queue_per_instance < 0 or self.inference_restarts < 0:
+            raise ValueError("http_queue_per_instance and inference_restarts must not be negative")
+        AllowList.parse(self.http_allow)  # a bad entry fails here, at start, naming the entry
 
     @property
     def programs_path(self) -> Path:
@@ -65,5 +73,5 @@ class ControlConfig:
         return self.control_endpoint or f"ipc://{self.state_path / 'control.sock'}"
 
     @property
-    def http_allowed_hosts(self) -> tuple[str, ...]:
-        return tuple(h.strip() for h in self.http_allow.split(",") if h.strip())
+    def http_allow_list(self) -> AllowList:
+        return AllowList.parse(self.http_allow)

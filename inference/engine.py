@@ -94,7 +94,10 @@ class Engine:
         return max(1, min(num_pages, DEFAULT_HOST_TIER_BYTES // page_bytes))
 
     def handle(self, request):
-        """Dispatch a decoded request to its handler (KeyError for a type with none)."""
+        """Dispatch a decoded request to its handler (KeyError for a type with none; BatchTooLarge for a
+        batch past the limits, refused before any item is validated)."""
+        if isinstance(request, p.BATCH_REQUESTS):
+            self.check_batch_size(len(request.items), request)
         reply = self.handlers[type(request)](request)
         if isinstance(request, p.BATCH_REQUESTS):
             self.num_batches += 1
@@ -114,7 +117,6 @@ class Engine:
         errors, good = self._validate(req.items, check)
         if good:
             items = [req.items[i] for i in good]
-            self._check_batch(sum(len(it.token_ids) for it in items), len(items))
             tokens = self._long([t for it in items for t in it.token_ids])
             self.embed_pool.store([e for it in items for e in it.embed_ids],
                                   self.model.embed(tokens),
@@ -136,7 +138,6 @@ class Engine:
         errors, good = self._validate(req.items, check)
         if good:
             items = [req.items[i] for i in good]
-            self._check_batch(sum(len(it.input_embed_ids) for it in items), len(items))
             input_ids = self._long([e for it in items for e in it.input_embed_ids])
             hidden = self.embed_pool.embeds[input_ids]
             positions = self.embed_pool.positions[input_ids]
@@ -158,7 +159,6 @@ class Engine:
         errors, good = self._validate(req.items, check)
         dists: list[p.TopKDist | None] = [None] * len(req.items)
         if good:
-            self._check_batch(len(good), len(good))
             hidden = self.embed_pool.embeds[self._long([req.items[i].embed_id for i in good])]
             for i, dist in zip(good, self._top_k(hidden, [req.items[i].top_k for i in good])):
                 dists[i] = dist
@@ -178,7 +178,6 @@ class Engine:
         dists: list[list[p.TopKDist] | None] = [None] * len(req.items)
         if good:
             items = [req.items[i] for i in good]
-            self._check_batch(sum(len(it.token_ids) for it in items), len(items))
             hidden = self.model.embed(self._long([t for it in items for t in it.token_ids]))
             positions = self._long([q for it in items for q in it.positions])
             layout = BatchLayout.build(self.cfg.page_size, [
@@ -268,10 +267,16 @@ class Engine:
                 errors[i] = failure.error
         return errors, good
 
-    def _check_batch(self, num_tokens: int, num_items: int) -> None:
-        if num_tokens > self.cfg.max_batch_tokens or num_items > self.cfg.max_batch_items:
-            raise BatchTooLarge(f"batch of {num_items} items / {num_tokens} tokens exceeds the limits "
-                                f"({self.cfg.max_batch_items} items / {self.cfg.max_batch_tokens} tokens)")
+    def check_batch_size(self, num_items: int, request=None) -> None:
+        """BatchTooLarge if ``num_items`` (and, given the decoded ``request``, its tokens) exceed the
+        limits. Tokens are counted only once the items are within theirs, so refusing a huge batch
+        costs nothing; the server calls this with the count alone, before decoding the items."""
+        if num_items > self.cfg.max_batch_items:
+            raise BatchTooLarge(f"batch of {num_items} items exceeds the limit of {self.cfg.max_batch_items} "
+                                "(max_batch_items)")
+        if request is not None and (num_tokens := p.num_batch_tokens(request)) > self.cfg.max_batch_tokens:
+            raise BatchTooLarge(f"batch of {num_tokens} tokens exceeds the limit of {self.cfg.max_batch_tokens} "
+                                "(max_batch_tokens)")
 
     @torch.inference_mode()
     def _run(self, hidden: torch.Tensor, positions: torch.Tensor, layout: BatchLayout) -> torch.Tensor:

@@ -83,6 +83,12 @@ class InferenceServer:
     def handle_payload(self, payload: bytes) -> bytes:
         """Decode, run and encode one request; never raises."""
         codec = p.CODEC
+        head = codec.peek_list_length(payload, "items")  # (request_id, class, number of items)
+        if head is not None and head[1] in p.BATCH_REQUESTS:
+            try:
+                self.engine.check_batch_size(head[2])
+            except BatchTooLarge as exc:  # refused before a single item is decoded
+                return codec.encode(p.ErrorReply("batch_too_large", str(exc)), head[0])
         try:
             envelope = codec.decode(payload)
         except ProtocolError as exc:

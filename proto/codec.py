@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import io
 import operator
 import types
 import typing
@@ -110,6 +111,31 @@ class Codec:
         except _Reject:
             message = self._from_wire(body, cls, cls.__name__)
         return Envelope(request_id, message)
+
+    def peek_list_length(self, payload: bytes, field: str) -> tuple[int, type, int] | None:
+        """(request_id, message class, length of its list field ``field``), read from the head of
+        ``payload`` without decoding the rest; None when the head is not a well-formed envelope of a
+        class with that field (:meth:`decode` then says what is wrong). A server can refuse an oversize
+        batch this way before paying for its items (2M items take seconds to decode)."""
+        try:
+            # From a stream, the unpacker reads only as far as asked (16 KiB at a time), not the body.
+            unpacker = msgpack.Unpacker(io.BytesIO(payload), raw=False, strict_map_key=False)
+            if unpacker.read_array_header() != 4:
+                return None
+            version, tag, request_id = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
+            cls = self._class_by_tag.get(tag) if isinstance(tag, str) else None
+            if version != self.version or cls is None or type(request_id) is not int:
+                return None
+            if not 0 <= request_id <= _MAX_U64:
+                return None
+            names = [name for name, _ in self._hints[cls]]
+            if field not in names or unpacker.read_array_header() != len(names):
+                return None
+            for _ in range(names.index(field)):
+                unpacker.skip()
+            return request_id, cls, unpacker.read_array_header()
+        except Exception:  # msgpack raises several unrelated types; decode names the fault
+            return None
 
     def peek_request_id(self, payload: bytes) -> int:
         """Best-effort request id of a message that failed to decode (0 if none)."""

@@ -207,6 +207,18 @@ BATCH_REQUESTS = (
 )
 
 
+def num_batch_tokens(request) -> int:
+    """What a batch request costs against ``InfoReply.max_batch_tokens``: the input tokens of its
+    ``embed_text``, ``forward`` and ``forward_text`` items, 1 for any other item. A request with more
+    than ``max_batch_items`` items or more tokens than that is refused whole (``batch_too_large``)
+    before any of its items is looked at."""
+    if isinstance(request, (EmbedTextRequest, ForwardTextRequest)):
+        return sum(len(item.token_ids) for item in request.items)
+    if isinstance(request, ForwardRequest):
+        return sum(len(item.input_embed_ids) for item in request.items)
+    return len(request.items)
+
+
 # -- replies ----------------------------------------------------------------
 
 

@@ -57,10 +57,16 @@ def inference():
 
 
 @pytest.fixture(scope="module")
-def loop(inference, request):
-    """A ControlLoop over ``inference`` holding the module's ``PROGRAMS`` (``LOOP_CONFIG``: setting overrides)."""
+def loop_config(request) -> dict:
+    """Setting overrides for the module's ``loop``: its ``LOOP_CONFIG``, or a module's own ``loop_config``
+    fixture where they depend on other fixtures (a tool server's port, say)."""
+    return getattr(request.module, "LOOP_CONFIG", {})
+
+
+@pytest.fixture(scope="module")
+def loop(inference, loop_config, request):
+    """A ControlLoop over ``inference`` holding the module's ``PROGRAMS``."""
     from harness import control_loop
 
-    with control_loop(inference, None, getattr(request.module, "PROGRAMS", []),
-                      **getattr(request.module, "LOOP_CONFIG", {})) as control:
+    with control_loop(inference, None, getattr(request.module, "PROGRAMS", []), **loop_config) as control:
         yield control

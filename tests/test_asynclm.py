@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from harness import NUM_PAGES, assert_pools_full, messages
@@ -20,7 +20,35 @@ PARALLEL = [["quick(1)"], ["slow(2)"], ["medium(3)"]]
 
 
 PROGRAMS = ["asynclm"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
-LOOP_CONFIG = dict(http_allow="127.0.0.1")
+
+
+class Tool(BaseHTTPRequestHandler):
+    """A tool behind HTTP: answers a call with what it was asked."""
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        reply = f"http says {body['call']}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tool_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Tool)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def loop_config(tool_server) -> dict:
+    return dict(http_allow=f"127.0.0.1:{tool_server.server_port}")  # the allow-list names the port
 
 
 class Client:
@@ -160,28 +188,11 @@ def test_bad_client_messages_are_reported_and_plain_text_is_a_user_interrupt(loo
     assert done["interrupts"] == 2
 
 
-def test_calls_over_http(loop):
-    class Tool(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            reply = f"http says {body['call']}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Tool)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        client = Client(loop, {"mode": "async", "plan": PARALLEL[:2], "kv": "keep",
-                               "http_url": f"http://127.0.0.1:{server.server_port}/call"},
-                        answer=lambda c, e: pytest.fail("a call went over messages"))
-        done = client.run()
-    finally:
-        server.shutdown()
+def test_calls_over_http(loop, tool_server):
+    client = Client(loop, {"mode": "async", "plan": PARALLEL[:2], "kv": "keep",
+                           "http_url": f"http://127.0.0.1:{tool_server.server_port}/call"},
+                    answer=lambda c, e: pytest.fail("a call went over messages"))
+    done = client.run()
     assert all(e.get("via") == "http" for e in client.trace if e["type"] == "call")
     assert sorted(e["value"] for e in client.trace if e["type"] == "intr") == ["http says quick(1)",
                                                                                "http says slow(2)"]

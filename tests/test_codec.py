@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import msgpack
 import pytest
 
@@ -51,9 +53,8 @@ def raw(*parts) -> bytes:
     (raw(1, "forward", 1, [{"items": []}]), "ForwardRequest.items: expected a list, got dict"),
 ])
 def test_malformed_messages_name_the_problem(payload, fragment):
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(ProtocolError, match=re.escape(fragment)):
         p.CODEC.decode(payload)
-    assert fragment in str(info.value)
 
 
 def test_peek_request_id_of_a_bad_message():
@@ -61,8 +62,27 @@ def test_peek_request_id_of_a_bad_message():
     assert p.CODEC.peek_request_id(b"\xc1") == 0
 
 
+def test_peek_list_length_reads_only_the_head():
+    items = [p.NextDistItem(i) for i in range(1000)]
+    payload = p.CODEC.encode(p.NextDistRequest(items), 42)
+    assert p.CODEC.peek_list_length(payload, "items") == (42, p.NextDistRequest, 1000)
+    truncated = payload[:len(payload) // 2]  # the items are never read: a cut-off body still has its head
+    assert p.CODEC.peek_list_length(truncated, "items") == (42, p.NextDistRequest, 1000)
+    assert p.CODEC.peek_list_length(p.CODEC.encode(p.NextDistReply([None], [None]), 1), "dists") == (
+        1, p.NextDistReply, 1)  # a field after others: those are skipped, not decoded
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1garbage", raw(1, "forward"), raw(99, "forward", 1, [[]]), raw(1, "launch_missiles", 1, [[]]),
+    raw(1, "forward", -1, [[]]), raw(1, "forward", 1, {"items": []}), raw(1, "forward", 1, [{"items": []}]),
+    raw(1, "forward", 1, [[], []]), raw(1, "info", 1, []),
+])
+def test_peek_list_length_leaves_a_malformed_head_to_decode(payload):
+    assert p.CODEC.peek_list_length(payload, "items") is None
+
+
 def test_unregistered_message_cannot_be_encoded():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="ForwardItem is not a registered message"):
         p.CODEC.encode(p.ForwardItem([1], 1, [1], [], []))
 
 

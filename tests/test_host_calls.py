@@ -19,7 +19,20 @@ from oven.inference.config import InferenceConfig
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    held: list[str] = []  # /hold requests seen; each answers once ``release`` is set
+    lock, release = threading.Condition(), threading.Event()
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        if self.path != "/hold":
+            return self.send_error(501)
+        with self.lock:
+            self.held.append(self.path)
+            self.lock.notify_all()
+        self.release.wait(30)
+        self.send_response(200)
+        self.end_headers()
+
+    def do_POST(self):  # noqa: N802
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(201)
         self.end_headers()
@@ -30,12 +43,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def tool_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory, tool_server):
     config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=32, num_embeds=64,
                              torch_threads=1)
     with start_inference_process(config, timeout_s=120) as process:
-        control = ControlLoop(process.client(), ControlConfig(program_dir=str(tmp_path_factory.mktemp("p")),
-                                                              http_allow="127.0.0.1"), lambda *a: None)
+        control = ControlLoop(process.client(),
+                              ControlConfig(program_dir=str(tmp_path_factory.mktemp("p")),
+                                            http_allow=f"127.0.0.1:{tool_server.server_port}"), lambda *a: None)
         control.programs.add((INFERLETS_DIR / "echo" / "echo.wasm").read_bytes(), "echo")
         yield control
         control.close()
@@ -79,21 +102,38 @@ def test_broadcast_reaches_subscribers_only(loop):
         loop.kill(inst, "test over")
 
 
-def test_http_fetch_allow_list(loop):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def test_http_fetch_allow_list(loop, tool_server):
     inst = loop.launch("echo", [])
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/tool"
-        response = take(loop, inst, call(inst, "http", "fetch", "POST", url, ["X-Tool: clock"], b"now"), "take-http")
-        assert (response.status, bytes(response.body)) == (201, b"got now clock")
-        unsupported = take(loop, inst, call(inst, "http", "fetch", "GET", url, [], b""), "take-http")
-        assert unsupported.status == 501  # an error status is a response, not a failure
-        denied = take(loop, inst, call(inst, "http", "fetch", "GET", "http://example.com/", [], b""), "take-http")
-        assert "allow-list" in denied
-    finally:
-        server.shutdown()
-        loop.kill(inst, "test over")
+    url = f"http://127.0.0.1:{tool_server.server_port}/tool"
+    response = take(loop, inst, call(inst, "http", "fetch", "POST", url, ["X-Tool: clock"], b"now"), "take-http")
+    assert (response.status, bytes(response.body)) == (201, b"got now clock")
+    unsupported = take(loop, inst, call(inst, "http", "fetch", "GET", url, [], b""), "take-http")
+    assert unsupported.status == 501  # an error status is a response, not a failure
+    denied = take(loop, inst, call(inst, "http", "fetch", "GET", "http://example.com/", [], b""), "take-http")
+    assert denied == "host 'example.com' is not on the server's http allow-list (oven serve --http-allow)"
+    other_port = f"http://127.0.0.1:{tool_server.server_port + 1}/tool"
+    denied = take(loop, inst, call(inst, "http", "fetch", "GET", other_port, [], b""), "take-http")
+    assert denied.startswith(f"port {tool_server.server_port + 1} of '127.0.0.1' is not on")
+    loop.kill(inst, "test over")
+
+
+def test_a_killed_instance_fetches_no_more(loop, tool_server):
+    """Its queued fetches are dropped: only the two in flight (the default share) ever reach the server."""
+    _Handler.held.clear()
+    inst = loop.launch("echo", [])
+    url = f"http://127.0.0.1:{tool_server.server_port}/hold"
+    handles = [call(inst, "http", "fetch", "GET", url, [], b"") for _ in range(5)]
+    with _Handler.lock:
+        assert _Handler.lock.wait_for(lambda: len(_Handler.held) == 2, 30)
+    loop.kill(inst, "test over")
+    _Handler.release.set()
+    survivor = loop.launch("echo", [])  # the killed instance's share of workers is back
+    url = f"http://127.0.0.1:{tool_server.server_port}/"
+    fetch = call(survivor, "http", "fetch", "POST", url, ["X-Tool: after"], b"kill")
+    response = take(loop, survivor, fetch, "take-http")
+    assert bytes(response.body) == b"got kill after"
+    assert len(_Handler.held) == 2 and inst.futures.ready(handles) == []  # and none of its fetches called back
+    loop.kill(survivor, "test over")
 
 
 def test_warm_program_load_never_recompiles(loop, monkeypatch):

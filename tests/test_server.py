@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 import zmq
@@ -108,10 +110,31 @@ def test_malformed_messages_get_error_replies(client, payload, code):
 
 def test_oversized_batch_is_rejected_whole(client):
     item = p.ForwardTextItem(list(range(200)), list(range(200)), list(range(13)), 8, [199])
-    with pytest.raises(InferenceError) as info:
+    too_many_tokens = r"batch of 400 tokens exceeds the limit of 256 \(max_batch_tokens\)"
+    with pytest.raises(InferenceError, match=too_many_tokens) as info:
         client.call(p.ForwardTextRequest([item, item]))
     assert info.value.code == "batch_too_large"
     assert client.call(p.ForwardTextRequest([item])).errors == [None]
+
+
+def test_every_batch_type_has_the_item_limit(client):
+    """Page management, too: 513 copies were run before, with no limit at all."""
+    with pytest.raises(InferenceError, match=r"batch of 513 items exceeds the limit of 512 \(max_batch_items\)"):
+        client.call(p.CopyKvPageRequest([p.CopyKvPageItem(0, 1, 0, 0, 1)] * 513))
+
+
+def test_a_huge_batch_is_refused_before_its_items_are_decoded(client):
+    """2M items are refused from the message's head (decoding them alone takes seconds, validating them more),
+    and the server answers the next request."""
+    item = [[10], [0], [0], 1, [0], 0, None]  # a ForwardTextItem on the wire
+    payload = msgpack.packb([p.PROTOCOL_VERSION, "forward_text", 9, [[item] * 2_000_000]])
+    started = time.perf_counter()
+    client.send_raw(payload)
+    request_id, reply = client.recv()
+    print(f"2M items ({len(payload) >> 20} MiB) refused in {time.perf_counter() - started:.3f} s")
+    assert (request_id, reply) == (9, p.ErrorReply("batch_too_large", "batch of 2000000 items exceeds the limit of "
+                                                                      "512 (max_batch_items)"))
+    assert client.call(p.ForwardTextRequest([good_item()])).errors == [None]
 
 
 def test_idle_notice_follows_the_last_reply(server):

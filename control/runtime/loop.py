@@ -100,7 +100,10 @@ class ControlLoop:
         for sock in (client.socket, self._wake_r):
             self._poller.register(sock, zmq.POLLIN)
         self._extra_polled: set[zmq.Socket] = set()  # the sockets of step()'s last ``extra``
-        self.http = HttpClient(config.http_allowed_hosts, post=self.post)
+        self.http = HttpClient(config.http_allow_list, post=self.post, timeout_s=config.http_timeout_s,
+                               per_instance=config.http_fetches_per_instance,
+                               queue_per_instance=config.http_queue_per_instance, workers=config.http_workers,
+                               max_body_bytes=config.http_max_body_mib << 20)
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self._commands: dict[int, tuple[Instance, Future]] = {}
@@ -143,6 +146,7 @@ class ControlLoop:
             _, fut = self._commands.pop(command.command_id)
             inst.futures.fail(fut, "the instance ended")
         self.allocator.forget(inst)
+        self.http.forget(inst.instance_id)
         if inst.state is State.KILLED:  # its KV may be half written: no one should import it
             for export in self.exports.exported_by(inst.instance_id):
                 self.exports.drop(export.name, export.namespace)
