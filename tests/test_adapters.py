@@ -348,3 +348,41 @@ def test_base_batches_never_touch_the_lora_executor(tiny_engine, tmp_path, unloa
     reply = engine.handle(p.ForwardTextRequest([p.ForwardTextItem([10, 11], [0, 1], [40], 2, [1], 3)]))
     assert reply.errors == [None]
 
+
+
+# -- over a real inference process -----------------------------------------------------------
+
+
+def test_server_refuses_bad_adapters_and_keeps_serving(tmp_path):
+    """ZeroMQ requests to a real process: refusals are typed error replies, the server goes on, and a
+    batch mixing base, adapter and unknown-adapter items answers each alone."""
+    from oven.control.inference_client import InferenceError
+    from oven.control.inference_process import private_endpoint, start_inference_process
+    from oven.inference.config import InferenceConfig
+    from oven.inference.models import resolve_model
+
+    engine_cfg = resolve_model("tiny").config
+    write_adapter(tmp_path / "foreign", dataclasses.replace(engine_cfg, hidden_size=32))
+    write_adapter(tmp_path / "good", engine_cfg, targets=ALL)
+    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=8, num_embeds=32, torch_threads=1)
+    with start_inference_process(config, timeout_s=120) as server, server.client() as client:
+        client.timeout_s = 60
+        with pytest.raises(InferenceError, match=r"bad_adapter: .*foreign: lora_A of layers\.0\.self_attn\.q_proj "
+                                                 r"is \[4, 32\], expected \[4, 64\]"):
+            client.call(p.LoadAdapterRequest("foreign", str(tmp_path / "foreign")))
+        with pytest.raises(InferenceError, match=r"bad_adapter: .*missing: not a folder"):
+            client.call(p.LoadAdapterRequest("missing", str(tmp_path / "missing")))
+        adapter = client.call(p.LoadAdapterRequest("good", str(tmp_path / "good"))).adapter
+        assert (adapter.adapter_id, adapter.name, adapter.rank, adapter.target_modules) == (1, "good", 4, ALL)
+        assert client.call(p.InfoRequest()).adapters == [adapter]
+
+        def item(page: int, adapter_id: int) -> p.ForwardTextItem:
+            return p.ForwardTextItem([10, 11, 12], [0, 1, 2], [page], 3, [2], 5, None, adapter_id)
+
+        reply = client.call(p.ForwardTextRequest([item(0, 0), item(1, 7), item(2, 1)]))
+        assert reply.errors[1] == p.ItemError(p.ERR_BAD_ADAPTER, "adapter 7 is not loaded")
+        assert reply.errors[0] is None and reply.errors[2] is None and reply.dists[0] != reply.dists[2]
+        assert client.call(p.ForwardTextRequest([item(3, 1)])).dists == [reply.dists[2]]
+        assert client.call(p.UnloadAdapterRequest("good")).adapter == adapter
+        assert client.call(p.ForwardTextRequest([item(3, 1)])).errors[0].code == p.ERR_BAD_ADAPTER
+        assert client.call(p.HealthRequest()).ok

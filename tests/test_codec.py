@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 
@@ -17,6 +19,8 @@ def roundtrip(message, request_id=7):
 @pytest.mark.parametrize("message", [
     p.ForwardRequest([p.ForwardItem([1, 2], 3, [4, 5], [1], [9]), p.ForwardItem([0], 1, [2], [], [], [b"\x80"])]),
     p.ForwardTextRequest([p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], top_k=4)]),
+    p.ForwardTextRequest([p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], top_k=4, adapter_id=3)]),
+    p.LoadAdapterRequest("cml", "/adapters/cml"),
     p.MaskKvPageRequest([p.MaskKvPageItem(3, [True, False])]),
     p.NextDistReply([None, p.ItemError("bad_embed", "no")], [p.TopKDist(b"\x01\x00\x00\x00", b"\x00\x00\x80?"), None]),
     p.ForwardTextReply([None], [[p.TopKDist(b"", b"")]]),
@@ -43,8 +47,9 @@ def raw(*parts) -> bytes:
     (raw(1, "launch_missiles", 1, []), "unknown message tag"),
     (raw(1, "forward", -1, [[]]), "request_id"),
     (raw(1, "forward", 1, [[["x"], 1, [], [], []]]), "ForwardRequest.items[0]: expected ForwardItem"),
-    (raw(1, "forward", 1, [[[["x"], 1, [], [], [], None]]]), "ForwardRequest.items[0].kv_page_ids"),
-    (raw(1, "forward", 1, [[[[1], True, [], [], [], None]]]), "kv_last_page_len: expected int, got bool"),
+    (raw(1, "forward", 1, [[[["x"], 1, [], [], [], None, 0]]]), "ForwardRequest.items[0].kv_page_ids"),
+    (raw(1, "forward", 1, [[[[1], True, [], [], [], None, 0]]]), "kv_last_page_len: expected int, got bool"),
+    (raw(1, "forward", 1, [[[[1], 1, [], [], [], None, "lora"]]]), "adapter_id: expected int, got str"),
     (raw(1, "mask_kvpage", 1, [[[1, [1, 0]]]]), "masked[0]: expected bool"),
     (raw(1, "next_dist", 1, [[[1, "5"]]]), "top_k: expected int, got str"),
     (raw(1, "forward", 1, {"items": []}), "expected ForwardRequest"),
@@ -72,13 +77,15 @@ ERR = p.ItemError(p.ERR_BAD_PAGE, "no")
 DIST = p.TopKDist(b"\x01\x00\x00\x00", b"\x00\x00\x80?")
 TOKENIZER = p.TokenizerSpec("{}", "", "<s>", "</s>", [2])
 INFO = p.InfoReply("m", "llama", 10, 8, 2, 64, "cpu", "float32", "sdpa", 16, 4, 4, 0, 8, 64, 20, ["forward"], TOKENIZER)
+ADAPTER = p.AdapterInfo(1, "cml", 8, 16.0, 2.0, ["q_proj", "v_proj"], 1024)
 ENTRIES = [c.InstanceEntry("i-1", "prog", "ready", 1.25, None, ""), c.InstanceEntry("i-2", "prog", "finished", 3.0, 0, "boom")]
 
-# Captured from the codec before it compiled its hints: the wire format must not move.
+# Captured from the codec before it compiled its hints: the wire format must not move. (Since then
+# ForwardTextItem gained adapter_id and InfoReply max_adapters and adapters: the trailing fields.)
 GOLDEN = [
     (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], [1, 2, 3, 4, 5, 6, 7], 12, [0], top_k=4),
                                     p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], 0, [b"\xff"])]), 7,
-     "9401ac666f72776172645f74657874079192979105916497010203040506070c910004c09792050692000191030291010091c401ff"),
+     "9401ac666f72776172645f74657874079192989105916497010203040506070c910004c0009892050692000191030291010091c401ff00"),
     (p.CODEC, p.ForwardTextReply([None, ERR], [[DIST, DIST], None]), 8,
      ("9401b2666f72776172645f746578745f7265706c79089292c092a86261645f70616765a26e6f929292c40401000000c404000080"
       "3f92c40401000000c4040000803fc0")),
@@ -88,8 +95,8 @@ GOLDEN = [
      "9401a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
     (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9401ac6865616c74685f7265706c790095c302000100"),
     (p.CODEC, INFO, 1,
-     ("9401aa696e666f5f7265706c7901dc0012a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
-      "401491a7666f727761726495a27b7da0a33c733ea43c2f733e9102")),
+     ("9401aa696e666f5f7265706c7901dc0014a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
+      "401491a7666f727761726495a27b7da0a33c733ea43c2f733e91020090")),
     # A dataclass where an int belongs: the walker always sent it as a nested array.
     (p.CODEC, p.IdleNotice(DIST), 0, "9401a469646c65009192c40401000000c4040000803f"),
     (c.CODEC, c.InstanceList(ENTRIES), 3,
@@ -109,7 +116,7 @@ BROAD = [
     (p.CODEC, p.EmbedTextRequest([p.EmbedTextItem([1, 2], [0, 1], [7, 8])])),
     (p.CODEC, p.ForwardRequest([p.ForwardItem([1, 2], 3, [4, 5], [1], [9]), p.ForwardItem([0], 1, [2], [], [], [b""])])),
     (p.CODEC, p.NextDistRequest([p.NextDistItem(3), p.NextDistItem(4, 50)])),
-    (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], list(range(7)), 7, [0], 20, [b"\xff"])])),
+    (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], list(range(7)), 7, [0], 20, [b"\xff"], 2)])),
     (p.CODEC, p.CopyKvPageRequest([p.CopyKvPageItem(1, 2, 0, 3, 4)])),
     (p.CODEC, p.MaskKvPageRequest([p.MaskKvPageItem(3, [True, False]), p.MaskKvPageItem(4, [])])),
     (p.CODEC, p.OffloadRequest([p.OffloadItem(1, 2)])),
@@ -119,6 +126,10 @@ BROAD = [
     (p.CODEC, p.NextDistReply([None, ERR], [DIST, None])),
     (p.CODEC, p.ForwardTextReply([None, ERR, None], [[DIST, DIST], None, []])),
     (p.CODEC, INFO),
+    (p.CODEC, p.InfoReply(*dataclasses.astuple(INFO)[:16], ["forward"], TOKENIZER, 4, [ADAPTER])),
+    (p.CODEC, p.LoadAdapterRequest("cml", "/adapters/cml")),
+    (p.CODEC, p.UnloadAdapterRequest("cml")),
+    (p.CODEC, p.AdapterReply(ADAPTER)),
     (p.CODEC, p.HealthReply(False, 0.25, 1, 2, 3)),
     (p.CODEC, p.ErrorReply("malformed", "bad")),
     (c.CODEC, c.UploadChunk("prog", "ab" * 32, 10, 0, b"\x00asm")),
