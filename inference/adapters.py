@@ -144,6 +144,8 @@ def load_adapter(folder: Path, cfg: ModelConfig, limits: AdapterLimits, dtype: t
                 raise AdapterError(
                     f"{folder}: {what} of {where} is {list(got)}, expected {list(want)} for rank {rank} "
                     f"on {cfg.name} (hidden size {cfg.hidden_size}): trained for another model?")
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise AdapterError(f"{folder}: {where} holds NaN or infinite weights")
         weights[(layer, proj)] = (a, b)
     _check_coverage(folder, config, cfg, targets, weights)
     return LoraAdapter(adapter_id, name, rank, alpha, scale, _grouped(weights, rank, scale, dtype, device))

@@ -259,9 +259,10 @@ class Engine:
             log.warning("adapter %r refused: %s", req.name, exc)
             return p.ErrorReply(p.ERR_BAD_ADAPTER, str(exc))
         self.lora.adapters_changed(list(self.adapters.by_id.values()))
-        log.info("adapter %r loaded as id %d (rank %d, %s)", adapter.name, adapter.adapter_id, adapter.rank,
-                 ", ".join(adapter.info().target_modules))
-        return p.AdapterReply(adapter.info())
+        info = adapter.info()
+        log.info("adapter %r loaded as id %d (rank %d, %s)", info.name, info.adapter_id, info.rank,
+                 ", ".join(info.target_modules))
+        return p.AdapterReply(info)
 
     def unload_adapter(self, req: p.UnloadAdapterRequest) -> p.AdapterReply | p.ErrorReply:
         try:

@@ -291,6 +291,10 @@ def _bad_cases():
     def ia3(folder, cfg):
         write_adapter(folder, cfg, config={"peft_type": "IA3"})
 
+    def nan(folder, cfg):
+        write_adapter(folder, cfg, extra={
+            "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight": torch.full((32, 4), float("nan"))})
+
     return [
         (wrong_hidden, r"lora_A of layers\.0\.self_attn\.q_proj is \[4, 32\], expected \[4, 64\] for rank 4 on tiny "
                        r"\(hidden size 64\): trained for another model\?"),
@@ -308,6 +312,7 @@ def _bad_cases():
         (dora_tensor, r"DoRA weights \(base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_magnitude_vector\)"),
         (not_safetensors, r"adapter_model\.safetensors is not a valid safetensors file"),
         (ia3, r"peft_type 'IA3' is not supported \(LoRA only\)"),
+        (nan, r"layers\.1\.self_attn\.v_proj holds NaN or infinite weights"),
     ]
 
 
