@@ -324,8 +324,9 @@ class Engine:
     def _run(self, hidden: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, items: list) -> torch.Tensor:
         """``items`` in layout order, as :meth:`_by_adapter` put them."""
         self.backend.plan(layout)
-        segments = [Segment(self.adapters.by_id[it.adapter_id], int(layout.qo_indptr[b]), int(layout.qo_indptr[b + 1]))
-                    for b, it in enumerate(items) if it.adapter_id != p.BASE_MODEL]
+        bounds = layout.qo_indptr.tolist()
+        segments = [Segment(self.adapters.by_id[it.adapter_id], bounds[b], bounds[b + 1])
+                    for b, it in enumerate(items) if it.adapter_id != p.BASE_MODEL and bounds[b + 1] > bounds[b]]
         if not segments:
             return self.model(hidden, positions, self.backend)
         self.lora.plan(_merge_runs(segments))
