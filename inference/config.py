@@ -65,6 +65,9 @@ class InferenceConfig:
     default_top_k: int = 256
     torch_threads: int | None = None  # None: every core but one on CPU (the control process needs one)
     cpu_packed_weights: bool = True  # oneDNN-packed linear weights on CPU (batched decode ~ single)
+    max_adapters: int = 8  # LoRA adapters loaded at once
+    max_adapter_rank: int = 256
+    max_adapter_bytes: int = 64 << 20  # size of an adapter's adapter_model.safetensors
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -80,7 +83,8 @@ class InferenceConfig:
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ValueError(f"{field} must be positive")
-        for field in ("num_embeds", "max_batch_items", "max_batch_tokens", "default_top_k"):
+        for field in ("num_embeds", "max_batch_items", "max_batch_tokens", "default_top_k", "max_adapters",
+                      "max_adapter_rank", "max_adapter_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive")
 

@@ -18,10 +18,12 @@ import torch
 
 from oven.proto import inference as p
 
+from .adapters import AdapterError, AdapterLimits, AdapterRegistry, projection_shapes
 from .attention import make_backend
 from .attention.base import BatchLayout
 from .config import InferenceConfig
 from .llama import PagedLlama, build_model
+from .lora import Segment, make_lora_executor
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
@@ -30,7 +32,7 @@ from .validate import (ItemFailure, Limits, check_context, check_ids, check_leng
 log = logging.getLogger(__name__)
 
 TRAITS = [p.TRAIT_INPUT_TEXT, p.TRAIT_TOKENIZE, p.TRAIT_OUTPUT_TEXT, p.TRAIT_FORWARD,
-          p.TRAIT_FORWARD_TEXT, p.TRAIT_KVPAGE_HOST_TIER]
+          p.TRAIT_FORWARD_TEXT, p.TRAIT_KVPAGE_HOST_TIER, p.TRAIT_LORA_ADAPTERS]
 
 
 DEFAULT_HOST_TIER_BYTES = 4 << 30
@@ -61,6 +63,10 @@ class Engine:
         self.embed_pool = EmbedPool(cfg.num_embeds, mc.hidden_size, self.dtype, self.device)
         self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or self._default_host_pages(num_pages))
         self.backend = make_backend(cfg.attention_backend, self.kv_pool, mc.num_q_heads)
+        self.adapters = AdapterRegistry(mc, AdapterLimits(cfg.max_adapters, cfg.max_adapter_rank,
+                                                          cfg.max_adapter_bytes), self.dtype, self.device)
+        self.lora = make_lora_executor(self.device, self.dtype, self.backend.name,
+                                       [n for shape in projection_shapes(mc).values() for n in shape])
         self.limits = Limits(num_pages, cfg.page_size, cfg.num_embeds, self.host_tier.num_slots,
                              mc.vocab_size, mc.max_position)
         self.started = time.monotonic()
@@ -74,6 +80,8 @@ class Engine:
             p.MaskKvPageRequest: self.mask_kvpage,
             p.OffloadRequest: self.offload,
             p.RestoreRequest: self.restore,
+            p.LoadAdapterRequest: self.load_adapter,
+            p.UnloadAdapterRequest: self.unload_adapter,
             p.InfoRequest: self.info,
             p.HealthRequest: self.health,
         }
@@ -133,19 +141,21 @@ class Engine:
                 raise ItemFailure(p.ERR_BAD_EMBED, f"input embed {item.input_embed_ids[unwritten[0]]} was never written")
             check_lengths(output_indices=item.output_indices, output_embed_ids=item.output_embed_ids)
             check_outputs(item.output_indices, num_inputs)
+            self._check_adapter(item.adapter_id)
             return unpack_mask(item.attention_mask, num_inputs, kv_len)
 
         errors, good = self._validate(req.items, check)
         if good:
-            items = [req.items[i] for i in good]
+            order = self._by_adapter(req.items, good)
+            items = [req.items[i] for i in order]
             input_ids = self._long([e for it in items for e in it.input_embed_ids])
             hidden = self.embed_pool.embeds[input_ids]
             positions = self.embed_pool.positions[input_ids]
             layout = BatchLayout.build(self.cfg.page_size, [
-                (it.kv_page_ids, it.kv_last_page_len, len(it.input_embed_ids), good[i]) for i, it in zip(good, items)])
-            out = self._run(hidden, positions, layout)
-            rows = self._output_rows(layout, [it.output_indices for it in items])
-            self.embed_pool.store([e for it in items for e in it.output_embed_ids],
+                (it.kv_page_ids, it.kv_last_page_len, len(it.input_embed_ids), good[i]) for i, it in zip(order, items)])
+            out = self._run(hidden, positions, layout, items)
+            rows = self._output_rows(layout, order, {i: req.items[i].output_indices for i in good})
+            self.embed_pool.store([e for i in good for e in req.items[i].output_embed_ids],
                                   out[rows], positions[rows])
         return p.AckReply(errors)
 
@@ -172,22 +182,24 @@ class Engine:
             check_positions(self.limits, item.positions)
             check_outputs(item.output_indices, num_inputs)
             check_top_k(item.top_k, self.limits.vocab_size)
+            self._check_adapter(item.adapter_id)
             return unpack_mask(item.attention_mask, num_inputs, kv_len)
 
         errors, good = self._validate(req.items, check)
         dists: list[list[p.TopKDist] | None] = [None] * len(req.items)
         if good:
-            items = [req.items[i] for i in good]
+            order = self._by_adapter(req.items, good)
+            items = [req.items[i] for i in order]
             hidden = self.model.embed(self._long([t for it in items for t in it.token_ids]))
             positions = self._long([q for it in items for q in it.positions])
             layout = BatchLayout.build(self.cfg.page_size, [
-                (it.kv_page_ids, it.kv_last_page_len, len(it.token_ids), good[i]) for i, it in zip(good, items)])
-            out = self._run(hidden, positions, layout)
-            rows = self._output_rows(layout, [it.output_indices for it in items])
-            top_ks = [it.top_k for it in items for _ in it.output_indices]
+                (it.kv_page_ids, it.kv_last_page_len, len(it.token_ids), good[i]) for i, it in zip(order, items)])
+            out = self._run(hidden, positions, layout, items)
+            rows = self._output_rows(layout, order, {i: req.items[i].output_indices for i in good})
+            top_ks = [req.items[i].top_k for i in good for _ in req.items[i].output_indices]
             flat = iter(self._top_k(out[rows], top_ks))
-            for i, it in zip(good, items):
-                dists[i] = [next(flat) for _ in it.output_indices]
+            for i in good:
+                dists[i] = [next(flat) for _ in req.items[i].output_indices]
         return p.ForwardTextReply(errors, dists)
 
     # -- KvPage management --------------------------------------------------
@@ -237,6 +249,28 @@ class Engine:
             self.host_tier.restore([req.items[i].host_slot_id for i in good], [req.items[i].page_id for i in good])
         return p.AckReply(errors)
 
+    # -- adapters -------------------------------------------------------------
+
+    def load_adapter(self, req: p.LoadAdapterRequest) -> p.AdapterReply | p.ErrorReply:
+        try:
+            adapter = self.adapters.load(req.name, req.path)
+        except AdapterError as exc:
+            log.warning("adapter %r refused: %s", req.name, exc)
+            return p.ErrorReply(p.ERR_BAD_ADAPTER, str(exc))
+        self.lora.adapters_changed(list(self.adapters.by_id.values()))
+        info = adapter.info()
+        log.info("adapter %r loaded as id %d (rank %d, %s)", info.name, info.adapter_id, info.rank,
+                 ", ".join(info.target_modules))
+        return p.AdapterReply(info)
+
+    def unload_adapter(self, req: p.UnloadAdapterRequest) -> p.AdapterReply | p.ErrorReply:
+        try:
+            adapter = self.adapters.unload(req.name)
+        except AdapterError as exc:
+            return p.ErrorReply(p.ERR_BAD_ADAPTER, str(exc))
+        self.lora.adapters_changed(list(self.adapters.by_id.values()))
+        return p.AdapterReply(adapter.info())
+
     # -- info -----------------------------------------------------------------
 
     def info(self, _req: p.InfoRequest) -> p.InfoReply:
@@ -248,7 +282,8 @@ class Engine:
             page_size=self.cfg.page_size, num_kv_pages=self.kv_pool.num_pages, num_embeds=self.cfg.num_embeds,
             num_host_pages=self.host_tier.num_slots, max_batch_items=self.cfg.max_batch_items,
             max_batch_tokens=self.cfg.max_batch_tokens, default_top_k=self.cfg.default_top_k,
-            traits=list(TRAITS), tokenizer=self.source.tokenizer)
+            traits=list(TRAITS), tokenizer=self.source.tokenizer, max_adapters=self.cfg.max_adapters,
+            adapters=[a.info() for a in self.adapters.by_id.values()])
 
     def health(self, _req: p.HealthRequest) -> p.HealthReply:
         return p.HealthReply(True, time.monotonic() - self.started, self.num_batches, self.num_items,
@@ -278,13 +313,35 @@ class Engine:
             raise BatchTooLarge(f"batch of {num_tokens} tokens exceeds the limit of {self.cfg.max_batch_tokens} "
                                 "(max_batch_tokens)")
 
-    @torch.inference_mode()
-    def _run(self, hidden: torch.Tensor, positions: torch.Tensor, layout: BatchLayout) -> torch.Tensor:
-        self.backend.plan(layout)
-        return self.model(hidden, positions, self.backend)
+    def _check_adapter(self, adapter_id: int) -> None:
+        if adapter_id != p.BASE_MODEL and adapter_id not in self.adapters.by_id:
+            raise ItemFailure(p.ERR_BAD_ADAPTER, f"adapter {adapter_id} is not loaded")
 
-    def _output_rows(self, layout: BatchLayout, output_indices: list[list[int]]) -> torch.Tensor:
-        rows = [layout.qo_indptr[b] + j for b, idx in enumerate(output_indices) for j in idx]
+    @staticmethod
+    def _by_adapter(items: list, good: dict[int, object]) -> list[int]:
+        """The good items' indices in batch order: as they came, or, when some name an adapter, base items
+        first and then grouped by adapter (stable), so each adapter's tokens are one run of rows."""
+        if all(items[i].adapter_id == p.BASE_MODEL for i in good):
+            return list(good)
+        return sorted(good, key=lambda i: items[i].adapter_id)
+
+    @torch.inference_mode()
+    def _run(self, hidden: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, items: list) -> torch.Tensor:
+        """``items`` in layout order, as :meth:`_by_adapter` put them."""
+        self.backend.plan(layout)
+        bounds = layout.qo_indptr.tolist()
+        segments = [Segment(self.adapters.by_id[it.adapter_id], bounds[b], bounds[b + 1])
+                    for b, it in enumerate(items) if it.adapter_id != p.BASE_MODEL and bounds[b + 1] > bounds[b]]
+        if not segments:
+            return self.model(hidden, positions, self.backend)
+        self.lora.plan(_merge_runs(segments))
+        return self.model(hidden, positions, self.backend, self.lora)
+
+    def _output_rows(self, layout: BatchLayout, order: list[int], output_indices: dict[int, list[int]]) -> torch.Tensor:
+        """Rows of the outputs of each item, in the items' request order (``output_indices`` is keyed by
+        request index; ``order`` is where each sits in the layout)."""
+        position = {i: b for b, i in enumerate(order)}
+        rows = [layout.qo_indptr[position[i]] + j for i, idx in output_indices.items() for j in idx]
         return self._long(rows)
 
     @torch.inference_mode()
@@ -302,6 +359,18 @@ class Engine:
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
+
+
+def _merge_runs(segments: list[Segment]) -> list[Segment]:
+    """Adjacent segments of one adapter (several items) as one segment: fewer, larger GEMMs."""
+    merged = [segments[0]]
+    for seg in segments[1:]:
+        last = merged[-1]
+        if seg.adapter is last.adapter and seg.start == last.end:
+            merged[-1] = Segment(last.adapter, last.start, seg.end)
+        else:
+            merged.append(seg)
+    return merged
 
 
 def resolve_device(name: str) -> torch.device:

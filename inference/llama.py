@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .adapters import DOWN, GATE_UP, O, QKV
 from .attention.base import AttentionBackend
 from .config import ModelConfig
+from .lora import LoraExecutor
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +70,20 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_q_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, backend: AttentionBackend, layer_idx: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, backend: AttentionBackend, layer_idx: int,
+                lora: LoraExecutor | None = None) -> torch.Tensor:
         n = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(n, self.num_q_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        out = backend.run(layer_idx, q, k, v)
-        return self.o_proj(out.reshape(n, self.num_q_heads * self.head_dim))
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if lora is not None:
+            lora.apply(layer_idx, QKV, x, (q, k, v))
+        q = apply_rope(q.view(n, self.num_q_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        out = backend.run(layer_idx, q, k, v.view(n, self.num_kv_heads, self.head_dim))
+        out = out.reshape(n, self.num_q_heads * self.head_dim)
+        o = self.o_proj(out)
+        if lora is not None:
+            lora.apply(layer_idx, O, out, (o,))
+        return o
 
 
 class MLP(nn.Module):
@@ -84,8 +93,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, layer_idx: int, lora: LoraExecutor | None = None) -> torch.Tensor:
+        if lora is None:
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        lora.apply(layer_idx, GATE_UP, x, (gate, up))
+        h = nn.functional.silu(gate) * up
+        down = self.down_proj(h)
+        lora.apply(layer_idx, DOWN, h, (down,))
+        return down
 
 
 class DecoderLayer(nn.Module):
@@ -96,9 +112,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, cos, sin, backend, layer_idx):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, layer_idx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, h, cos, sin, backend, layer_idx, lora=None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, layer_idx, lora)
+        return h + self.mlp(self.post_attention_layernorm(h), layer_idx, lora)
 
 
 class Body(nn.Module):
@@ -136,15 +152,17 @@ class PagedLlama(nn.Module):
         """int64 [N] -> [N, H] in the model dtype."""
         return self.model.embed_tokens(token_ids)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                lora: LoraExecutor | None = None) -> torch.Tensor:
         """Input embeddings [N, H] at int64 ``positions`` [N] -> final normed hidden states [N, H].
 
         ``backend`` must have been planned for this batch; it writes every
-        layer's K/V of the N tokens into their pages before attending.
+        layer's K/V of the N tokens into their pages before attending. ``lora``,
+        when given, has been planned for the batch's adapter rows.
         """
         cos, sin = self.rope(positions, hidden.dtype)
         for i, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, backend, i)
+            hidden = layer(hidden, cos, sin, backend, i, lora)
         return self.model.norm(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

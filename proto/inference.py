@@ -19,15 +19,28 @@ Conventions shared by the forward calls:
   combined (AND) with causality and with the page mask set by ``MaskKvPage``.
 * Distributions are top-K, sorted by probability (descending); ``token_ids``
   is little-endian int32 bytes and ``probs`` little-endian float32 bytes.
+* ``adapter_id`` (``forward`` and ``forward_text`` items) picks the LoRA adapter
+  the item's tokens run through: 0 is the base model, any other value an id
+  that ``load_adapter`` returned. Items of one batch may name different
+  adapters. An id that is not loaded fails that item alone (``bad_adapter``).
+
+LoRA adapters (Pie's ``forward_with_adapter``): ``load_adapter`` reads a PEFT
+LoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``; never a
+pickle) that the control process names, checks it against the served model and
+answers an :class:`AdapterReply` with a fresh id, or an :class:`ErrorReply` of
+code ``bad_adapter`` whose message says what is wrong. Ids are never reused
+while the process lives, so an item sent with the id of an adapter unloaded
+meanwhile fails instead of running on another adapter. ``unload_adapter``
+frees one by name; ``info`` lists those loaded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .codec import Codec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters)
 
 # Traits (Pie §4.4) a model served by an inference process may implement.
 TRAIT_INPUT_TEXT = "input_text"
@@ -36,6 +49,9 @@ TRAIT_OUTPUT_TEXT = "output_text"
 TRAIT_FORWARD = "forward"
 TRAIT_FORWARD_TEXT = "forward_text"
 TRAIT_KVPAGE_HOST_TIER = "kvpage_host_tier"
+TRAIT_LORA_ADAPTERS = "lora_adapters"
+
+BASE_MODEL = 0  # the adapter_id of items that run on the base model
 
 
 # -- items ------------------------------------------------------------------
@@ -64,6 +80,7 @@ class ForwardItem:
     output_indices: list[int]
     output_embed_ids: list[int]
     attention_mask: list[bytes] | None = None
+    adapter_id: int = BASE_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +102,7 @@ class ForwardTextItem:
     output_indices: list[int]
     top_k: int = 0
     attention_mask: list[bytes] | None = None
+    adapter_id: int = BASE_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +157,7 @@ ERR_BAD_EMBED = "bad_embed"
 ERR_BAD_POSITION = "bad_position"
 ERR_BAD_TOKEN = "bad_token"
 ERR_BAD_ARGUMENT = "bad_argument"
+ERR_BAD_ADAPTER = "bad_adapter"  # an item's unknown adapter_id; also the ErrorReply code of a refused load
 ERR_INTERNAL = "internal"
 
 
@@ -183,6 +202,25 @@ class OffloadRequest:
 @dataclass(frozen=True, slots=True)
 class RestoreRequest:
     items: list[RestoreItem]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAdapterRequest:
+    """Load the PEFT LoRA folder at ``path`` (on the inference host) under ``name``.
+
+    Refused with ``ErrorReply(bad_adapter, ...)`` when ``name`` is taken, the
+    adapter slots are full, or the folder does not fit the served model.
+    """
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadAdapterRequest:
+    """Drop the adapter loaded as ``name``; items naming its id fail from now on."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +280,27 @@ class ForwardTextReply:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterInfo:
+    """A loaded LoRA adapter. ``scale`` is what the update ``B @ A`` is multiplied by:
+    ``lora_alpha / rank``, or ``lora_alpha / sqrt(rank)`` with rsLoRA."""
+
+    adapter_id: int
+    name: str
+    rank: int
+    lora_alpha: float
+    scale: float
+    target_modules: list[str]  # projection names, e.g. ["q_proj", "v_proj"]
+    num_params: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterReply:
+    """Reply to load_adapter (the adapter now loaded) and unload_adapter (the one dropped)."""
+
+    adapter: AdapterInfo
+
+
+@dataclass(frozen=True, slots=True)
 class TokenizerSpec:
     """Everything the control layer needs to tokenize without crossing processes."""
 
@@ -272,6 +331,8 @@ class InfoReply:
     default_top_k: int
     traits: list[str]
     tokenizer: TokenizerSpec
+    max_adapters: int = 0  # how many adapters may be loaded at once
+    adapters: list[AdapterInfo] = field(default_factory=list)  # loaded now, by id
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,11 +370,14 @@ CODEC = Codec(
         "mask_kvpage": MaskKvPageRequest,
         "offload": OffloadRequest,
         "restore": RestoreRequest,
+        "load_adapter": LoadAdapterRequest,
+        "unload_adapter": UnloadAdapterRequest,
         "info": InfoRequest,
         "health": HealthRequest,
         "ack": AckReply,
         "next_dist_reply": NextDistReply,
         "forward_text_reply": ForwardTextReply,
+        "adapter_reply": AdapterReply,
         "info_reply": InfoReply,
         "health_reply": HealthReply,
         "error": ErrorReply,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import msgpack
@@ -19,6 +20,8 @@ def roundtrip(message, request_id=7):
 @pytest.mark.parametrize("message", [
     p.ForwardRequest([p.ForwardItem([1, 2], 3, [4, 5], [1], [9]), p.ForwardItem([0], 1, [2], [], [], [b"\x80"])]),
     p.ForwardTextRequest([p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], top_k=4)]),
+    p.ForwardTextRequest([p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], top_k=4, adapter_id=3)]),
+    p.LoadAdapterRequest("cml", "/adapters/cml"),
     p.MaskKvPageRequest([p.MaskKvPageItem(3, [True, False])]),
     p.NextDistReply([None, p.ItemError("bad_embed", "no")], [p.TopKDist(b"\x01\x00\x00\x00", b"\x00\x00\x80?"), None]),
     p.ForwardTextReply([None], [[p.TopKDist(b"", b"")]]),
@@ -34,23 +37,27 @@ def test_float_fields_accept_ints():
     assert roundtrip(p.HealthReply(True, 2, 0, 0, 0)).uptime_s == 2.0
 
 
+V = p.PROTOCOL_VERSION
+
+
 def raw(*parts) -> bytes:
     return msgpack.packb(list(parts), use_bin_type=True)
 
 
 @pytest.mark.parametrize("payload, fragment", [
     (b"\xc1garbage", "not a msgpack message"),
-    (raw(1, "forward"), "envelope must be"),
+    (raw(V, "forward"), "envelope must be"),
     (raw(99, "forward", 1, [[]]), "protocol version 99"),
-    (raw(1, "launch_missiles", 1, []), "unknown message tag"),
-    (raw(1, "forward", -1, [[]]), "request_id"),
-    (raw(1, "forward", 1, [[["x"], 1, [], [], []]]), "ForwardRequest.items[0]: expected ForwardItem"),
-    (raw(1, "forward", 1, [[[["x"], 1, [], [], [], None]]]), "ForwardRequest.items[0].kv_page_ids"),
-    (raw(1, "forward", 1, [[[[1], True, [], [], [], None]]]), "kv_last_page_len: expected int, got bool"),
-    (raw(1, "mask_kvpage", 1, [[[1, [1, 0]]]]), "masked[0]: expected bool"),
-    (raw(1, "next_dist", 1, [[[1, "5"]]]), "top_k: expected int, got str"),
-    (raw(1, "forward", 1, {"items": []}), "expected ForwardRequest"),
-    (raw(1, "forward", 1, [{"items": []}]), "ForwardRequest.items: expected a list, got dict"),
+    (raw(V, "launch_missiles", 1, []), "unknown message tag"),
+    (raw(V, "forward", -1, [[]]), "request_id"),
+    (raw(V, "forward", 1, [[["x"], 1, [], [], []]]), "ForwardRequest.items[0]: expected ForwardItem"),
+    (raw(V, "forward", 1, [[[["x"], 1, [], [], [], None, 0]]]), "ForwardRequest.items[0].kv_page_ids"),
+    (raw(V, "forward", 1, [[[[1], True, [], [], [], None, 0]]]), "kv_last_page_len: expected int, got bool"),
+    (raw(V, "forward", 1, [[[[1], 1, [], [], [], None, "lora"]]]), "adapter_id: expected int, got str"),
+    (raw(V, "mask_kvpage", 1, [[[1, [1, 0]]]]), "masked[0]: expected bool"),
+    (raw(V, "next_dist", 1, [[[1, "5"]]]), "top_k: expected int, got str"),
+    (raw(V, "forward", 1, {"items": []}), "expected ForwardRequest"),
+    (raw(V, "forward", 1, [{"items": []}]), "ForwardRequest.items: expected a list, got dict"),
 ])
 def test_malformed_messages_name_the_problem(payload, fragment):
     with pytest.raises(ProtocolError, match=re.escape(fragment)):
@@ -58,7 +65,7 @@ def test_malformed_messages_name_the_problem(payload, fragment):
 
 
 def test_peek_request_id_of_a_bad_message():
-    assert p.CODEC.peek_request_id(raw(1, "nope", 42, [])) == 42
+    assert p.CODEC.peek_request_id(raw(V, "nope", 42, [])) == 42
     assert p.CODEC.peek_request_id(b"\xc1") == 0
 
 
@@ -73,9 +80,9 @@ def test_peek_list_length_reads_only_the_head():
 
 
 @pytest.mark.parametrize("payload", [
-    b"\xc1garbage", raw(1, "forward"), raw(99, "forward", 1, [[]]), raw(1, "launch_missiles", 1, [[]]),
-    raw(1, "forward", -1, [[]]), raw(1, "forward", 1, {"items": []}), raw(1, "forward", 1, [{"items": []}]),
-    raw(1, "forward", 1, [[], []]), raw(1, "info", 1, []),
+    b"\xc1garbage", raw(V, "forward"), raw(99, "forward", 1, [[]]), raw(V, "launch_missiles", 1, [[]]),
+    raw(V, "forward", -1, [[]]), raw(V, "forward", 1, {"items": []}), raw(V, "forward", 1, [{"items": []}]),
+    raw(V, "forward", 1, [[], []]), raw(V, "info", 1, []),
 ])
 def test_peek_list_length_leaves_a_malformed_head_to_decode(payload):
     assert p.CODEC.peek_list_length(payload, "items") is None
@@ -92,27 +99,29 @@ ERR = p.ItemError(p.ERR_BAD_PAGE, "no")
 DIST = p.TopKDist(b"\x01\x00\x00\x00", b"\x00\x00\x80?")
 TOKENIZER = p.TokenizerSpec("{}", "", "<s>", "</s>", [2])
 INFO = p.InfoReply("m", "llama", 10, 8, 2, 64, "cpu", "float32", "sdpa", 16, 4, 4, 0, 8, 64, 20, ["forward"], TOKENIZER)
+ADAPTER = p.AdapterInfo(1, "cml", 8, 16.0, 2.0, ["q_proj", "v_proj"], 1024)
 ENTRIES = [c.InstanceEntry("i-1", "prog", "ready", 1.25, None, "", "alice"),
            c.InstanceEntry("i-2", "prog", "finished", 3.0, 0, "boom", "operator")]
 
-# Captured from the codec before it compiled its hints: the wire format must not move.
+# Captured from the codec before it compiled its hints: the wire format must not move. (Since then
+# ForwardTextItem gained adapter_id and InfoReply max_adapters and adapters: the trailing fields.)
 GOLDEN = [
     (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], [1, 2, 3, 4, 5, 6, 7], 12, [0], top_k=4),
                                     p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], 0, [b"\xff"])]), 7,
-     "9401ac666f72776172645f74657874079192979105916497010203040506070c910004c09792050692000191030291010091c401ff"),
+     "9402ac666f72776172645f74657874079192989105916497010203040506070c910004c0009892050692000191030291010091c401ff00"),
     (p.CODEC, p.ForwardTextReply([None, ERR], [[DIST, DIST], None]), 8,
-     ("9401b2666f72776172645f746578745f7265706c79089292c092a86261645f70616765a26e6f929292c40401000000c404000080"
+     ("9402b2666f72776172645f746578745f7265706c79089292c092a86261645f70616765a26e6f929292c40401000000c404000080"
       "3f92c40401000000c4040000803fc0")),
     (p.CODEC, p.NextDistReply([ERR, None], [None, DIST]), 9,
-     "9401af6e6578745f646973745f7265706c7909929292a86261645f70616765a26e6fc092c092c40401000000c4040000803f"),
+     "9402af6e6578745f646973745f7265706c7909929292a86261645f70616765a26e6fc092c092c40401000000c4040000803f"),
     (p.CODEC, p.AckReply([None, ERR]), 2**64 - 1,
-     "9401a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
-    (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9401ac6865616c74685f7265706c790095c302000100"),
+     "9402a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
+    (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9402ac6865616c74685f7265706c790095c302000100"),
     (p.CODEC, INFO, 1,
-     ("9401aa696e666f5f7265706c7901dc0012a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
-      "401491a7666f727761726495a27b7da0a33c733ea43c2f733e9102")),
+     ("9402aa696e666f5f7265706c7901dc0014a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
+      "401491a7666f727761726495a27b7da0a33c733ea43c2f733e91020090")),
     # A dataclass where an int belongs: the walker always sent it as a nested array.
-    (p.CODEC, p.IdleNotice(DIST), 0, "9401a469646c65009192c40401000000c4040000803f"),
+    (p.CODEC, p.IdleNotice(DIST), 0, "9402a469646c65009192c40401000000c4040000803f"),
     # Control protocol 2 (authenticated clients; instances carry their owner).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
      ("9402ad696e7374616e63655f6c69737403919297a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c69636597"
@@ -131,7 +140,7 @@ BROAD = [
     (p.CODEC, p.EmbedTextRequest([p.EmbedTextItem([1, 2], [0, 1], [7, 8])])),
     (p.CODEC, p.ForwardRequest([p.ForwardItem([1, 2], 3, [4, 5], [1], [9]), p.ForwardItem([0], 1, [2], [], [], [b""])])),
     (p.CODEC, p.NextDistRequest([p.NextDistItem(3), p.NextDistItem(4, 50)])),
-    (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], list(range(7)), 7, [0], 20, [b"\xff"])])),
+    (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], list(range(7)), 7, [0], 20, [b"\xff"], 2)])),
     (p.CODEC, p.CopyKvPageRequest([p.CopyKvPageItem(1, 2, 0, 3, 4)])),
     (p.CODEC, p.MaskKvPageRequest([p.MaskKvPageItem(3, [True, False]), p.MaskKvPageItem(4, [])])),
     (p.CODEC, p.OffloadRequest([p.OffloadItem(1, 2)])),
@@ -141,6 +150,10 @@ BROAD = [
     (p.CODEC, p.NextDistReply([None, ERR], [DIST, None])),
     (p.CODEC, p.ForwardTextReply([None, ERR, None], [[DIST, DIST], None, []])),
     (p.CODEC, INFO),
+    (p.CODEC, p.InfoReply(*dataclasses.astuple(INFO)[:16], ["forward"], TOKENIZER, 4, [ADAPTER])),
+    (p.CODEC, p.LoadAdapterRequest("cml", "/adapters/cml")),
+    (p.CODEC, p.UnloadAdapterRequest("cml")),
+    (p.CODEC, p.AdapterReply(ADAPTER)),
     (p.CODEC, p.HealthReply(False, 0.25, 1, 2, 3)),
     (p.CODEC, p.ErrorReply("malformed", "bad")),
     (c.CODEC, c.UploadChunk("prog", "ab" * 32, 10, 0, b"\x00asm")),

@@ -92,7 +92,7 @@ def test_ps_send_and_kill(server):
 def test_malformed_client_messages_get_errors(server):
     control, _ = server
     with OvenClient(control) as client:
-        for payload in (b"\xc1", msgpack.packb([1, "launch", 4, ["x"]]), c.CODEC.encode(c.Ok(), 4)):
+        for payload in (b"\xc1", msgpack.packb([c.CONTROL_PROTOCOL_VERSION, "launch", 4, ["x"]]), c.CODEC.encode(c.Ok(), 4)):
             client._sock.send(payload)
             assert client._sock.poll(10000)
             reply = c.CODEC.decode(client._sock.recv()).message

@@ -95,9 +95,9 @@ def test_page_management_errors(client):
 
 @pytest.mark.parametrize("payload, code", [
     (b"\xc1 not msgpack", "malformed"),
-    (msgpack.packb([2, "forward", 5, [[]]]), "malformed"),
-    (msgpack.packb([1, "no_such_call", 5, []]), "malformed"),
-    (msgpack.packb([1, "forward", 5, [[[["x"], 1, [], [], [], None]]]]), "malformed"),
+    (msgpack.packb([p.PROTOCOL_VERSION + 1, "forward", 5, [[]]]), "malformed"),
+    (msgpack.packb([p.PROTOCOL_VERSION, "no_such_call", 5, []]), "malformed"),
+    (msgpack.packb([p.PROTOCOL_VERSION, "forward", 5, [[[["x"], 1, [], [], [], None]]]]), "malformed"),
     (p.CODEC.encode(p.IdleNotice(0), 5), "not_a_request"),
 ])
 def test_malformed_messages_get_error_replies(client, payload, code):
