@@ -17,7 +17,6 @@ import pytest
 import wasmtime
 import zmq
 
-from harness import built
 from oven.client.generate import greedy_generate
 from oven.client.rpc import ControlRequestError, OvenClient, ServerRestarted
 from oven.control.runtime.programs import ProgramError, ProgramStore, engine_config
@@ -25,6 +24,8 @@ from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
 from oven.proto.auth import AuthError, Keypair, Token
 from oven.proto.endpoints import private_endpoint
+
+from harness import built
 
 OVEN = [sys.executable, "-m", "oven.client.cli"]
 
