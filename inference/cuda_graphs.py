@@ -81,9 +81,12 @@ class DecodeGraphs:
         self.graphs: dict[int, _Graph] = {}
 
     def accepts(self, layout: BatchLayout) -> bool:
-        """A decode batch that fits a bucket and needs no custom mask (the batch's own write slots count
-        as visible, as every plan makes them)."""
+        """A decode batch that fits a bucket and the static page table (items that share pages list them
+        once each), and needs no custom mask (the batch's own write slots count as visible, as every plan
+        makes them)."""
         if layout.num_items > self.buckets[-1] or not bool((layout.q_lens == 1).all()):
+            return False
+        if len(layout.kv_page_ids) + self.buckets[-1] > self.max_pages:
             return False
         self.backend.clear_written_mask_bits(layout)
         return not self.backend.needs_custom_mask(layout)

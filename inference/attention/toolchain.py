@@ -47,7 +47,7 @@ class Toolchain:
         """None when FlashInfer can run its kernels here, else why it cannot (one line)."""
         if self.version is None:
             return "flashinfer-python is not installed (pip install 'oven[gpu]')"
-        if self.nvcc and self.ninja or self.jit_cache_matches:
+        if (self.nvcc and self.ninja) or self.jit_cache_matches:
             return None
         missing = " and ".join(what for what, found in (("nvcc (a CUDA toolkit)", self.nvcc), ("ninja", self.ninja))
                                if not found)
