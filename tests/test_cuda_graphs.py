@@ -52,8 +52,8 @@ def gpu(test):
 @pytest.fixture(scope="module")
 def hd64_model(tmp_path_factory):
     """A two-layer Llama with FlashInfer's head size (64) and 8 query heads on 2 KV heads (tensor-core
-    decode, as dummy:llama-3.2-1b), random weights with a scaled embedding so distributions are peaked,
-    saved as a Hugging Face folder with the donor model's tokenizer."""
+    decode, as dummy:llama-3.2-1b), random weights with a scaled (tied) embedding so distributions are
+    peaked, saved as a Hugging Face folder with the donor model's tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from oven.inference.models import _tokenizer_donor
@@ -67,7 +67,7 @@ def hd64_model(tmp_path_factory):
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(30)  # logits of std ~10: a wrong attention moves probabilities
+        model.model.embed_tokens.weight.mul_(10)  # logits of std ~4.5: top tokens of p 0.1-0.8, not a flat 2e-5
     model.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (donor.weights_dir / name).is_file():
@@ -139,7 +139,7 @@ def test_flashinfer_engine_matches_torch_engine_on_every_call_pattern(hd64_model
     assert (fi.backend.name, pt.backend.name) == ("flashinfer", "torch")
     for step, (a, b) in enumerate(zip(run_patterns(fi), run_patterns(pt))):
         assert (a - b).abs().max().item() <= 2e-2, f"step {step}"
-        assert a.max().item() > 0.1  # peaked: the comparison means something
+        assert a.max().item() > 0.05  # peaked: the comparison means something
     assert sorted(fi.decode_graphs.graphs) == [4]  # the unmasked decode step (3 items) replayed a graph
 
 
