@@ -13,15 +13,14 @@ __all__ = ["AttentionBackend", "BatchLayout", "TorchPagedAttention", "make_backe
 log = logging.getLogger(__name__)
 
 
-def make_backend(name: str, pool, num_q_heads: int, toolchain: Toolchain | None = None) -> AttentionBackend:
+def make_backend(name: str, pool, num_q_heads: int) -> AttentionBackend:
     """``name``: auto | torch | flashinfer; see :func:`~.toolchain.choose_backend` (ValueError when
     ``flashinfer`` cannot run here). ``auto`` logs why it fell back to PyTorch on CUDA.
 
     The CPU path never imports flashinfer: its kernels fail there.
     """
     cache = pool.kv_cache
-    if toolchain is None:
-        toolchain = probe_toolchain() if cache.is_cuda and name != "torch" else Toolchain(None, None, None, None)
+    toolchain = probe_toolchain() if cache.is_cuda and name != "torch" else Toolchain(None, None, None, None)
     chosen, reason = choose_backend(name, cache.device, cache.dtype, cache.shape[-1], toolchain)
     if chosen == "flashinfer":
         from .flashinfer_paged import FlashInferPagedAttention
