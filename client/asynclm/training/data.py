@@ -4,14 +4,15 @@ Every task is simulated once per variant it gets: ``async`` (LPT order, interrup
 land, traps, user follow-ups in some), ``sync-cml`` (the inferlet's sync mode: each call waits)
 and ``sync`` (chat turns without CML). A training task gets one variant, drawn with the
 ``--variants`` weights; an evaluation task gets all three (the columns of the paper's Table 1).
-Each simulation draws its own estimated execution times (1 ms-1 s, in the prompt) and time per
-output token (5-30 ms). Randomness comes from ``(seed, task id, variant)``, so the files are the
+Each simulation draws its own time per output token (5-30 ms) and estimated execution times (1 ms-1 s,
+in the prompt), except that training demo tasks share one table of times per ``group`` of them: their
+system prompts are then equal, and the trainer computes that prefix once per batch. Randomness comes from ``(seed, task id, variant)``, so the files are the
 same bytes for the same arguments.
 
 A record: ``id``, ``task_id``, ``source``, ``split``, ``variant``, ``question``, ``functions`` (the
 prompt's function list), ``estimates_ms``, ``tpot_ms``, ``calls`` (in the order written), ``facts``
-(strings the answer must contain), ``num_traps``, ``ids`` (token ids) and ``loss_spans`` ([start, end)
-ranges of ``ids`` the model wrote). ``data.json`` beside the files holds the arguments, the counts
+(strings the answer must contain), ``num_traps``, ``system_tokens`` (how many ids are the system turn),
+``ids`` (token ids) and ``loss_spans`` ([start, end) ranges of ``ids`` the model wrote). ``data.json`` beside the files holds the arguments, the counts
 and the SHA-256 of both files together.
 """
 
@@ -32,25 +33,26 @@ from .simulate import CmlSimulation, Timing, Transcript
 from .tasks import Task, random_estimates
 
 VARIANTS = ("async", "sync-cml", "sync")
-DEFAULT_WEIGHTS = {"async": 0.7, "sync-cml": 0.2, "sync": 0.1}
+DEFAULT_WEIGHTS = {"async": 0.8, "sync-cml": 0.2, "sync": 0.0}
 MIN_TPOT_MS, MAX_TPOT_MS = 5.0, 30.0
 
 
 @dataclass(frozen=True)
 class DataConfig:
     seed: int = 0
-    demo_train: int = 1200          # generated demo tasks for training
+    demo_train: int = 700           # generated demo tasks for training
     demo_eval: int = 50             # generated demo tasks with held-out entities
-    parallel_repeats: int = 2       # simulations per BFCL parallel / live-parallel training id
-    multi_turn_train: int = 49      # BFCL multi-turn first turns for training (of 49)
-    multi_step_train: int = 20      # multi-step-parallel compositions of training ids
+    parallel_repeats: int = 1       # simulations per BFCL parallel / live-parallel training id
+    multi_turn_train: int = 20      # BFCL multi-turn first turns for training (of 49)
+    multi_step_train: int = 6       # multi-step-parallel compositions of training ids
     multi_step_eval: int = 92       # the bench's compositions made of evaluation ids (all 92)
     weights: tuple[tuple[str, float], ...] = tuple(DEFAULT_WEIGHTS.items())
     max_tokens: int = 1536          # longer samples are left out (counted)
+    group: int = 24                 # training demo tasks that share one table of estimated times
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
-                     "multi_step_eval", "max_tokens"):
+                     "multi_step_eval", "max_tokens", "group"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         unknown = [v for v, _ in self.weights if v not in VARIANTS]
@@ -70,9 +72,12 @@ def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(weights)
 
 
-def simulate(task: Task, variant: str, encoder: Encoder, rng: random.Random) -> tuple[Transcript, Timing]:
-    """One simulated interaction of ``task`` in ``variant`` with fresh random times."""
-    timing = Timing(random_estimates(rng, task.registry()), round(rng.uniform(MIN_TPOT_MS, MAX_TPOT_MS), 1))
+def simulate(task: Task, variant: str, encoder: Encoder, rng: random.Random,
+             estimate_ms_by_name: dict[str, int] | None = None) -> tuple[Transcript, Timing]:
+    """One simulated interaction of ``task`` in ``variant``: random times per function (unless given)
+    and per output token."""
+    estimates = estimate_ms_by_name or random_estimates(rng, task.registry())
+    timing = Timing(estimates, round(rng.uniform(MIN_TPOT_MS, MAX_TPOT_MS), 1))
     if variant == "sync":
         return plain_sync(task, encoder, timing), timing
     if task.follow_up is not None:
@@ -89,7 +94,7 @@ def record(task: Task, split: str, variant: str, transcript: Transcript, timing:
             "follow_up": task.follow_up.text if task.follow_up else None, "follow_up_ms": timing.follow_up_ms,
             "functions": task.registry(timing.estimate_ms_by_name).describe(),
             "estimates_ms": timing.estimate_ms_by_name, "tpot_ms": timing.tpot_ms, "calls": transcript.calls,
-            "facts": transcript.facts, "num_traps": transcript.num_traps, "ids": ids, "loss_spans": spans}
+            "facts": transcript.facts, "num_traps": transcript.num_traps, "system_tokens": transcript.system_tokens, "ids": ids, "loss_spans": spans}
 
 
 def tasks_for(split: str, config: DataConfig) -> list[Task]:
@@ -113,6 +118,13 @@ def build(split: str, config: DataConfig, encoder: Encoder, exclude_questions: f
     """The split's records and what was left out, by reason."""
     records, dropped = [], {"tool error": 0, "too long": 0, "seen in eval": 0}
     tasks = tasks_for(split, config)
+
+    def shared_estimates(n: int, task: Task) -> dict[str, int] | None:
+        # Training demo tasks come in groups with one table of times, so their system prompts are
+        # equal and the trainer computes that prefix once per group (see batches.py).
+        if split != "train" or task.source != "demo" or config.group <= 1:
+            return None
+        return random_estimates(random.Random(f"{config.seed}:estimates:{n // config.group}"), task.registry())
     names, weights = zip(*config.weights)
     for n, task in enumerate(tasks):
         progress(n, len(tasks))
@@ -126,9 +138,9 @@ def build(split: str, config: DataConfig, encoder: Encoder, exclude_questions: f
             variants = VARIANTS if split == "eval" else (
                 ("async",) if task.follow_up else (pick.choices(names, weights)[0],))
             for variant in variants:
+                rng = random.Random(f"{config.seed}:{task_id}:{variant}")
                 try:
-                    transcript, timing = simulate(task, variant, encoder,
-                                                  random.Random(f"{config.seed}:{task_id}:{variant}"))
+                    transcript, timing = simulate(task, variant, encoder, rng, shared_estimates(n, task))
                 except ToolError:
                     dropped["tool error"] += 1
                     continue

@@ -51,7 +51,7 @@ def plain_sync(task: Task, encoder: Encoder, timing: Timing) -> Transcript:
         rendered = encoder.chat(messages)
         segments.append(Segment("turn", encoder.encode(rendered[len(turn_start):])))
     facts = [f for s, r in zip(task.subtasks, results) for f in s.facts(r)]
-    return Transcript(segments, calls, facts, now_ms)
+    return Transcript(segments, calls, facts, now_ms, encoder.system_length(system, segments[0].token_ids))
 
 
 def _assistant_turn(encoder: Encoder, messages: list[dict], content: str, segments: list[Segment]) -> int:

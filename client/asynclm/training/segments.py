@@ -71,6 +71,12 @@ class Encoder:
         return Segment("prompt", self.encode(self.chat([{"role": "system", "content": system},
                                                         {"role": "user", "content": user}])))
 
+    def system_length(self, system: str, prompt_ids: list[int]) -> int:
+        """How many of ``prompt_ids`` are the system turn (samples with equal system prompts share
+        them; the trainer forwards them once per batch), or 0 where they are no prefix of it."""
+        system_ids = self.encode(self.chat([{"role": "system", "content": system}], add_generation_prompt=False))
+        return len(system_ids) if prompt_ids[:len(system_ids)] == system_ids else 0
+
     @cached_property
     def end_of_turn_id(self) -> int:
         """The token the chat template closes an assistant turn with (``<|im_end|>``), a stop token."""

@@ -47,6 +47,7 @@ class Transcript:
     calls: list[str]                  # every call, in the order the model wrote them
     facts: list[str]                  # strings the answer must contain
     end_ms: float                     # when the model ended its turn
+    system_tokens: int                # the first ids that are the system turn
     num_traps: int = 0
 
 
@@ -119,7 +120,8 @@ class CmlSimulation:
                     and not self.encoder.decode(pending).strip():
                 pending = []
         facts = [f for subtask, chain in zip(self.subtasks, self.chains) for f in subtask.facts(chain.results)]
-        return Transcript(self.segments, self.calls, facts, self.now_ms, self.num_traps)
+        system_tokens = self.encoder.system_length(system, self.segments[0].token_ids)
+        return Transcript(self.segments, self.calls, facts, self.now_ms, system_tokens, self.num_traps)
 
     # -- the model --------------------------------------------------------------------------
     def _next_text(self) -> list[int] | None:
