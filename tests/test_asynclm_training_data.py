@@ -17,7 +17,7 @@ from oven.client.asynclm.training.plain import plain_sync
 from oven.client.asynclm.training.segments import Encoder, flatten, loss_mask
 from oven.client.asynclm.training.simulate import CmlSimulation, Timing
 from oven.client.asynclm.training.split import bfcl_ids, demo_pools
-from oven.client.asynclm.training.tasks import Subtask, Task, fixed_call
+from oven.client.asynclm.training.tasks import FollowUp, Subtask, Task, fixed_call
 from oven.control.tokenizer import Tokenizer
 from oven.inference.models import resolve_model
 
@@ -42,9 +42,10 @@ def demo_task(*subtasks: Subtask, question: str = "Do it.") -> Task:
 
 ESTIMATES = {"get_weather": 300, "get_stock_price": 200, "search_web": 800, "calculate": 100,
              "convert_currency": 250, "get_time": 150}
-PRICE_IN_EUR = Subtask((fixed_call('get_stock_price(symbol="AAPL")'),
-                        lambda r: f'convert_currency(amount={r[0]["price_usd"]}, from_currency="USD", to_currency="EUR")'),
-                       lambda r: f"AAPL is {r[1]['amount']} EUR.")
+PRICE_IN_EUR = Subtask(
+    (fixed_call('get_stock_price(symbol="AAPL")'),
+     lambda r: f'convert_currency(amount={r[0]["price_usd"]}, from_currency="USD", to_currency="EUR")'),
+    lambda r: f"AAPL is {r[1]['amount']} EUR.")
 
 
 def texts(encoder: Encoder, transcript) -> list[tuple[str, str]]:
@@ -56,7 +57,8 @@ def test_async_writes_longest_first_and_traps_when_every_ready_call_waits(encode
                             single('get_time(timezone="UTC")'))
     estimates = {**ESTIMATES, "get_weather": 600, "get_stock_price": 300, "get_time": 150}
     transcript = CmlSimulation(demo_task(time, weather, stock), encoder, Timing(estimates, 5.0), "async").run()
-    assert transcript.calls == ['get_weather(city="Oslo")', 'get_stock_price(symbol="AAPL")', 'get_time(timezone="UTC")']
+    assert transcript.calls == ['get_weather(city="Oslo")', 'get_stock_price(symbol="AAPL")',
+                                'get_time(timezone="UTC")']
     got = texts(encoder, transcript)
     model = "".join(t for role, t in got if role == "model")
     # calls of 17-19 tokens at 5 ms: written by 85, 180 and 265 ms, so none is back before the trap
@@ -64,7 +66,9 @@ def test_async_writes_longest_first_and_traps_when_every_ready_call_waits(encode
                             'symbol="AAPL") [END]\n[CALL] t3 [HEAD] get_time(timezone="UTC") [END]\n[TRAP][END]')
     intr_order = [t.split()[1] for role, t in got if role == "interrupt"]
     assert intr_order == ["t3", "t2", "t1"]  # back at 265+150, 180+300, 85+600 ms
-    assert transcript.num_traps >= 1 and model.endswith("<|im_end|>")
+    # one wait, for t3; the sentences for t3 and t2 are written while the others run, and they land in them
+    assert [role for role, _ in got] == ["model", "interrupt"] * 3 + ["model"]
+    assert transcript.num_traps == 1 and model.endswith("<|im_end|>")
 
 
 def test_dependent_chain_traps_then_calls_with_the_result(encoder):
@@ -104,8 +108,7 @@ def test_sync_cml_waits_after_every_call_in_task_order(encoder):
 
 def test_masks_cover_what_the_model_writes_and_nothing_else(encoder):
     follow = Task("hand", "demo", "Weather in Oslo?", (single('get_weather(city="Oslo")'),), demo_registry,
-                  follow_up=__import__("oven.client.asynclm.training.tasks", fromlist=["FollowUp"]).FollowUp(
-                      "Also, the time in UTC?", single('get_time(timezone="UTC")')))
+                  follow_up=FollowUp("Also, the time in UTC?", single('get_time(timezone="UTC")')))
     transcript = CmlSimulation(follow, encoder, Timing(ESTIMATES, 10.0, follow_up_ms=20.0), "async").run()
     ids, spans = flatten(transcript.segments)
     mask = loss_mask(len(ids), spans)

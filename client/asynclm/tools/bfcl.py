@@ -46,7 +46,8 @@ from .latency import PaperLatency, paper_latency
 from .registry import Tool, ToolRegistry
 from .schema import SchemaStub, schema_tool_text
 
-__all__ = ["KINDS", "NUM_MULTI_STEP_PARALLEL", "Scenario", "disjoint_samples", "first_turns", "load_scenarios", "paper_latency"]
+__all__ = ["KINDS", "NUM_MULTI_STEP_PARALLEL", "Scenario", "disjoint_samples", "first_turns", "load_scenarios",
+           "paper_latency"]
 
 KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel")
 NUM_MULTI_STEP_PARALLEL = 200  # as many as the paper's v3-multi-step-parallel

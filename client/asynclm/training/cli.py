@@ -63,7 +63,8 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default %(default)s)")
     train.add_argument("--warmup-steps", type=int, default=10, help="default %(default)s")
     train.add_argument("--batch-samples", type=int, default=8, help="samples per batch (default %(default)s)")
-    train.add_argument("--batch-tokens", type=int, default=6144, help="tokens forwarded per batch (default %(default)s)")
+    train.add_argument("--batch-tokens", type=int, default=3584,
+                       help="tokens forwarded per batch (default %(default)s)")
     train.add_argument("--rank", type=int, default=16, help="LoRA rank (default %(default)s)")
     train.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (default %(default)s)")
     train.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj", help="LoRA target modules "

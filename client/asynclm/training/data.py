@@ -4,16 +4,17 @@ Every task is simulated once per variant it gets: ``async`` (LPT order, interrup
 land, traps, user follow-ups in some), ``sync-cml`` (the inferlet's sync mode: each call waits)
 and ``sync`` (chat turns without CML). A training task gets one variant, drawn with the
 ``--variants`` weights; an evaluation task gets all three (the columns of the paper's Table 1).
-Each simulation draws its own time per output token (5-30 ms) and estimated execution times (1 ms-1 s,
-in the prompt), except that training demo tasks share one table of times per ``group`` of them: their
-system prompts are then equal, and the trainer computes that prefix once per batch. Randomness comes from ``(seed, task id, variant)``, so the files are the
-same bytes for the same arguments.
+Each simulation draws its own time per output token (5-30 ms) and estimated execution times
+(1 ms-1 s, in the prompt), except that training demo tasks share one table of times per
+``group`` of them: their system prompts are then equal, and the trainer forwards that prefix once
+per batch. Randomness comes from ``(seed, task id, variant)``: the same arguments give the same bytes.
 
-A record: ``id``, ``task_id``, ``source``, ``split``, ``variant``, ``question``, ``functions`` (the
-prompt's function list), ``estimates_ms``, ``tpot_ms``, ``calls`` (in the order written), ``facts``
-(strings the answer must contain), ``num_traps``, ``system_tokens`` (how many ids are the system turn),
-``ids`` (token ids) and ``loss_spans`` ([start, end) ranges of ``ids`` the model wrote). ``data.json`` beside the files holds the arguments, the counts
-and the SHA-256 of both files together.
+A record: ``id``, ``task_id``, ``source``, ``split``, ``variant``, ``question``, ``follow_up`` (the
+user's text, if any) and ``follow_up_ms``, ``functions`` (the prompt's function list),
+``estimates_ms``, ``tpot_ms``, ``calls`` (in the order written), ``facts`` (strings the answer must
+contain), ``num_traps``, ``system_tokens`` (how many ids are the system turn), ``ids`` (token ids)
+and ``loss_spans`` ([start, end) ranges of ``ids`` the model wrote). ``data.json`` beside the files
+holds the arguments, the counts and the SHA-256 of both files together.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def record(task: Task, split: str, variant: str, transcript: Transcript, timing:
             "follow_up": task.follow_up.text if task.follow_up else None, "follow_up_ms": timing.follow_up_ms,
             "functions": task.registry(timing.estimate_ms_by_name).describe(),
             "estimates_ms": timing.estimate_ms_by_name, "tpot_ms": timing.tpot_ms, "calls": transcript.calls,
-            "facts": transcript.facts, "num_traps": transcript.num_traps, "system_tokens": transcript.system_tokens, "ids": ids, "loss_spans": spans}
+            "facts": transcript.facts, "num_traps": transcript.num_traps, "system_tokens": transcript.system_tokens,
+            "ids": ids, "loss_spans": spans}
 
 
 def tasks_for(split: str, config: DataConfig) -> list[Task]:

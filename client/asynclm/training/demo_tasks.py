@@ -75,7 +75,8 @@ class DemoTaskMaker:
         text = clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
         prefix = self.rng.choice(_PREFIXES)
         text = prefix + (text if prefix else text[0].upper() + text[1:])
-        return text + ("?" if text.split()[0].lower().rstrip(":!") in ("what", "what's", "how", "is") or prefix else ".")
+        asks = text.split()[0].lower().rstrip(":!") in ("what", "what's", "how", "is")
+        return text + ("?" if asks or prefix else ".")
 
     def _merged(self, parts: list[_Part]) -> str:
         names = [p.entity for p in parts]

@@ -38,7 +38,7 @@ class TrainConfig:
     lr: float = 1e-3
     warmup_steps: int = 10
     batch_samples: int = 8
-    batch_tokens: int = 6144        # tokens forwarded per batch (prefix once, padded suffixes)
+    batch_tokens: int = 3584        # tokens forwarded per batch (prefix once, padded suffixes); ~6 GB peak
     lora: LoraSettings = field(default_factory=LoraSettings)
     variants: tuple[str, ...] = ()  # only these variants (all when empty)
     threads: int = os.cpu_count() or 1
