@@ -13,6 +13,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from .segments import loss_mask
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -39,12 +41,7 @@ def _batch(records: list[dict]) -> Batch:
     ids = [r["ids"] for r in records]
     first_loss = min(r["loss_spans"][0][0] for r in records)
     cut = max(0, min(min(_common_prefix_length(ids[0], other) for other in ids), first_loss - 1))
-    loss = []
-    for r in records:
-        mask = [False] * len(r["ids"])
-        for start, end in r["loss_spans"]:
-            mask[start:end] = [True] * (end - start)
-        loss.append(mask[cut:])
+    loss = [loss_mask(len(r["ids"]), r["loss_spans"])[cut:] for r in records]
     return Batch(ids[0][:cut], [i[cut:] for i in ids], loss)
 
 
