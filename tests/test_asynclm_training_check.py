@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from oven.client.asynclm.training.check import Loop
+from oven.client.asynclm.training.check import Loop, same_calls
 from oven.client.asynclm.training.data import DataConfig, build
 from oven.client.asynclm.training.segments import Encoder
 from oven.control.tokenizer import Tokenizer
@@ -38,3 +38,10 @@ def test_a_model_that_writes_the_sample_reproduces_it_and_passes():
         outcome = Loop(model, encoder, record, max_new_tokens=600).run()
         assert model.seen == record["ids"][:-1]  # everything but the end token, which stops the loop
         assert outcome.calls == record["calls"] and outcome.passed
+
+
+def test_calls_match_by_value_in_any_order_and_each_once():
+    assert same_calls(['convert_currency(amount=250, to_currency="EUR")', 'get_time(timezone="UTC")'],
+                      ['get_time(timezone="UTC")', "convert_currency(to_currency='EUR', amount=250.0)"])
+    assert not same_calls(['get_time(timezone="UTC")'], ['get_time(timezone="UTC")'] * 2)
+    assert not same_calls(['get_time(timezone="UTC"'], ['get_time(timezone="UTC")'])

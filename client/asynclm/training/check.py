@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,12 +42,17 @@ class Outcome:
         return self.calls_right and self.facts_stated
 
 
-def _call_key(call: str) -> str:
+def same_calls(made: list[str], expected: list[str]) -> bool:
+    """The same calls in any order: names and argument values equal (``amount=250`` is ``amount=250.0``)."""
     try:
-        parsed = parse_call(call)
+        left = [parse_call(call) for call in made]
     except ToolError:
-        return f"unparsable: {call}"
-    return repr((parsed.name, parsed.args, sorted(parsed.kwargs.items())))
+        return False
+    for call in map(parse_call, expected):
+        if call not in left:
+            return False
+        left.remove(call)
+    return not left
 
 
 class Loop:
@@ -84,8 +88,7 @@ class Loop:
                     pending += self._inject()
         for event in self.monitor.flush():
             self._on(event)
-        expected = Counter(_call_key(c) for c in self.record["calls"])
-        self.outcome.calls_right = Counter(_call_key(c) for c in self.outcome.calls) == expected
+        self.outcome.calls_right = same_calls(self.outcome.calls, self.record["calls"])
         self.outcome.facts_stated = all(fact in self.outcome.text for fact in self.record["facts"])
         return self.outcome
 
