@@ -22,7 +22,7 @@ from oven.inference.models import resolve_model
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
-    config = DataConfig(demo_train=12, multi_turn_train=0, multi_step_train=0, group=4)
+    config = DataConfig(demo_train=12, sources=("demo", "parallel"), group=4)
     records, _ = build("train", config, encoder)
     demo = [r for r in records if r["source"] == "demo"]
     out = tmp_path_factory.mktemp("data")

@@ -30,7 +30,7 @@ class Replay:
 
 def test_a_model_that_writes_the_sample_reproduces_it_and_passes():
     encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
-    records, _ = build("eval", DataConfig(demo_eval=6, multi_step_eval=0), encoder)
+    records, _ = build("eval", DataConfig(demo_eval=6, sources=("demo",)), encoder)
     demo = [r for r in records if r["source"] == "demo" and r["variant"] == "async"]
     assert len(demo) == 6
     for record in demo:

@@ -16,7 +16,7 @@ def _fail(verb: str, exc: Exception) -> int:
 
 
 def add_parsers(sub, default_model: str) -> None:
-    from .data import DEFAULT_WEIGHTS, DataConfig
+    from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
 
     defaults = DataConfig()
     data = sub.add_parser(
@@ -46,6 +46,7 @@ def add_parsers(sub, default_model: str) -> None:
                       "(default %(default)s)")
     data.add_argument("--group", type=int, default=defaults.group, help="training demo tasks sharing one table "
                       "of estimated times, so the trainer forwards their system prompt once (default %(default)s)")
+    data.add_argument("--sources", default=",".join(SOURCES), help="which tasks (default %(default)s)")
     data.add_argument("--model", default=default_model, help="whose tokenizer (default %(default)s)")
     data.set_defaults(func=cmd_data)
 
@@ -90,7 +91,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         config = DataConfig(seed=args.seed, demo_train=args.demo_train, demo_eval=args.demo_eval,
                             parallel_repeats=args.parallel_repeats, multi_turn_train=args.multi_turn_train,
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
-                            weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group)
+                            weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
+                            sources=tuple(s for s in args.sources.split(",") if s))
         encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
         evaluation, eval_dropped = build("eval", config, encoder)
         train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..tools import ToolError
-from .bfcl_tasks import bfcl_tasks
+from .bfcl_tasks import BFCL_KINDS, bfcl_tasks
 from .demo_tasks import FOLLOW_UP_PROBABILITY, DemoTaskMaker
 from .plain import plain_sync
 from .segments import Encoder, flatten
@@ -34,6 +34,7 @@ from .simulate import CmlSimulation, Timing, Transcript
 from .tasks import Task, random_estimates
 
 VARIANTS = ("async", "sync-cml", "sync")
+SOURCES = ("demo",) + BFCL_KINDS
 DEFAULT_WEIGHTS = {"async": 0.8, "sync-cml": 0.2, "sync": 0.0}
 MIN_TPOT_MS, MAX_TPOT_MS = 5.0, 30.0
 
@@ -50,12 +51,15 @@ class DataConfig:
     weights: tuple[tuple[str, float], ...] = tuple(DEFAULT_WEIGHTS.items())
     max_tokens: int = 1536          # longer samples are left out (counted)
     group: int = 24                 # training demo tasks that share one table of estimated times
+    sources: tuple[str, ...] = SOURCES
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
                      "multi_step_eval", "max_tokens", "group"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.sources or set(self.sources) - set(SOURCES):
+            raise ValueError(f"sources must be some of {', '.join(SOURCES)}, got {', '.join(self.sources)}")
         unknown = [v for v, _ in self.weights if v not in VARIANTS]
         if unknown or not self.weights or any(w < 0 for _, w in self.weights) or not sum(w for _, w in self.weights):
             raise ValueError(f"variant weights must name {', '.join(VARIANTS)} with weights >= 0, not all 0")
@@ -101,18 +105,22 @@ def record(task: Task, split: str, variant: str, transcript: Transcript, timing:
 
 def tasks_for(split: str, config: DataConfig) -> list[Task]:
     rng = random.Random(f"{config.seed}:{split}:tasks")
-    maker = DemoTaskMaker(split, rng)
-    num_demo = config.demo_train if split == "train" else config.demo_eval
-    demo = [maker.make(f"demo_{split}_{i}", follow_up=split == "train" and rng.random() < FOLLOW_UP_PROBABILITY)
-            for i in range(num_demo)]
-    bfcl = []
+    tasks = []
+    if "demo" in config.sources:
+        maker = DemoTaskMaker(split, rng)
+        for i in range(config.demo_train if split == "train" else config.demo_eval):
+            follow_up = split == "train" and rng.random() < FOLLOW_UP_PROBABILITY
+            tasks.append(maker.make(f"demo_{split}_{i}", follow_up))
     for kind in ("parallel", "live_parallel"):
-        bfcl += bfcl_tasks(kind, split, rng)
-    multi_turn = bfcl_tasks("multi_turn", split, rng)
-    bfcl += multi_turn[:config.multi_turn_train] if split == "train" else multi_turn
-    bfcl += bfcl_tasks("multi_step_parallel", split, rng,
-                       config.multi_step_train if split == "train" else config.multi_step_eval)
-    return demo + bfcl
+        if kind in config.sources:
+            tasks += bfcl_tasks(kind, split, rng)
+    if "multi_turn" in config.sources:
+        multi_turn = bfcl_tasks("multi_turn", split, rng)
+        tasks += multi_turn[:config.multi_turn_train] if split == "train" else multi_turn
+    if "multi_step_parallel" in config.sources:
+        tasks += bfcl_tasks("multi_step_parallel", split, rng,
+                            config.multi_step_train if split == "train" else config.multi_step_eval)
+    return tasks
 
 
 def build(split: str, config: DataConfig, encoder: Encoder, exclude_questions: frozenset[str] = frozenset(),
