@@ -79,8 +79,10 @@ def test_training_lowers_the_loss_and_writes_a_peft_folder_that_loads(data_file,
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(data_file, tmp_path):
     whole = train(config(data_file, tmp_path / "whole"), progress=False)
     stopped = train(config(data_file, tmp_path / "resumed", max_steps=3), progress=False)
-    assert stopped == {"stopped_at_step": 3, "total_steps": whole["steps"]}
+    assert (stopped["steps_done"], stopped["complete"], whole["complete"]) == (3, False, True)
+    assert stopped["loss_curve"] == whole["loss_curve"][:3]
     assert (tmp_path / "resumed" / CHECKPOINT).is_file()
+    assert (tmp_path / "resumed" / "adapter_model.safetensors").is_file()  # the adapter so far
     resumed = train(config(data_file, tmp_path / "resumed"), resume=True, progress=False)
     assert resumed["loss_curve"] == whole["loss_curve"]
     assert not (tmp_path / "resumed" / CHECKPOINT).exists()

@@ -74,7 +74,8 @@ def add_parsers(sub, default_model: str) -> None:
                        "(default: all in DATA)")
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     train.add_argument("--checkpoint-every", type=int, default=25, help="steps (default %(default)s)")
-    train.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (resumable)")
+    train.add_argument("--max-steps", type=int, default=None,
+                       help="stop after this many steps, writing the adapter so far (resumable)")
     train.add_argument("--resume", action="store_true", help="go on from OUT/checkpoint.pt")
     train.set_defaults(func=cmd_train)
 
@@ -136,11 +137,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             "asynclm-train"):]]) if "asynclm-train" in sys.argv else None)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _fail("asynclm-train", exc)
-    if "stopped_at_step" in summary:
-        print(f"stopped at step {summary['stopped_at_step']} of {summary['total_steps']}; "
-              f"--resume goes on from {args.out}/checkpoint.pt")
-        return 0
     print(f"wrote {args.out}/ (adapter_config.json, adapter_model.safetensors, training.json): "
-          f"{summary['steps']} steps on {summary['samples']} samples in {summary['train_seconds']:.0f} s, "
-          f"final loss {summary['final_loss']:.4f}")
+          f"{summary['steps_done']} of {summary['steps']} steps on {summary['samples']} samples in "
+          f"{summary['train_seconds']:.0f} s, final loss {summary['final_loss']:.4f}")
+    if not summary["complete"]:
+        print(f"stopped early: --resume goes on from {args.out}/checkpoint.pt")
     return 0

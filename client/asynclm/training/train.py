@@ -4,7 +4,8 @@ AdamW on the adapter only, linear warm-up then linear decay, batches of samples 
 prompt prefix (batches.py), in an order fixed by the seed. Every ``checkpoint_every`` steps the
 adapter, the optimizer, the schedule and the loss curve go to ``OUT/checkpoint.pt``; ``resume``
 continues from there with the same settings (the checkpoint is removed once the run completes).
-The result in ``OUT``: a PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``
+A run stopped by ``max_steps`` writes the adapter it has so far (``training.json``: ``complete``
+false, ``steps_done``). The result in ``OUT``: a PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``
 in bf16) and ``training.json`` (command, seed, data hashes, settings, loss curve, time); and
 ``loss.png`` where matplotlib is installed.
 """
@@ -83,7 +84,7 @@ def _learning_rate(config: TrainConfig, step: int, total: int) -> float:
 
 
 def train(config: TrainConfig, resume: bool = False, command: str | None = None, progress: bool = True) -> dict:
-    """Run (or resume) the fine-tuning; the summary written to ``training.json``."""
+    """Run (or resume) the fine-tuning, up to ``max_steps``; the summary written to ``training.json``."""
     import torch
     from tqdm import tqdm
 
@@ -126,10 +127,9 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
         if state["step"] % config.checkpoint_every == 0 or state["step"] == stop < total:
             _save_checkpoint(checkpoint, model, optimizer, config, data_sha, state)
     bar.close()
-    if state["step"] < total:
-        return {"stopped_at_step": state["step"], "total_steps": total}
     summary = _finish(model, config, state, total, len(records), data_sha, command)
-    checkpoint.unlink(missing_ok=True)
+    if summary["complete"]:
+        checkpoint.unlink(missing_ok=True)
     return summary
 
 
@@ -180,6 +180,8 @@ def _finish(model, config: TrainConfig, state: dict, total: int, num_samples: in
         "settings": json.loads(json.dumps(config.settings(), default=str)),
         "samples": num_samples,
         "steps": total,
+        "steps_done": state["step"],
+        "complete": state["step"] == total,
         "tokens_forwarded": state["tokens"],
         "train_seconds": round(state["elapsed_s"], 1),
         "threads": config.threads,
