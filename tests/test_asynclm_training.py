@@ -96,3 +96,17 @@ def test_resume_refuses_other_settings_and_a_missing_checkpoint(data_file, tmp_p
     train(config(data_file, tmp_path, max_steps=2), progress=False)
     with pytest.raises(ValueError, match="made with other settings"):
         train(config(data_file, tmp_path, lr=5e-3), resume=True, progress=False)
+
+
+def test_the_committed_adapter_is_a_small_bf16_peft_folder_with_its_recipe():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "client" / "asynclm" / "adapter"
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m-instruct" and config["peft_type"] == "LORA"
+    weights = folder / "adapter_model.safetensors"
+    assert weights.stat().st_size <= 4 * 2**20
+    assert all(t.dtype == torch.bfloat16 for t in load_file(weights).values())
+    recipe = json.loads((folder / "training.json").read_text())
+    assert recipe["command"].startswith("oven asynclm-train") and len(recipe["data_sha256"]) == 64
+    assert len(recipe["loss_curve"]) == recipe["steps_done"] and recipe["settings"]["lora"]["rank"] == config["r"]
