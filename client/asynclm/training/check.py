@@ -137,10 +137,15 @@ class Loop:
         return ids
 
 
-def check(model, encoder: Encoder, records: list[dict], max_new_tokens: int = 320, log=print) -> list[Outcome]:
+def token_budget(record: dict) -> int:
+    """Tokens the model may write: half again what the sample's ideal model wrote, and 32 more."""
+    return 32 + 3 * sum(end - start for start, end in record["loss_spans"]) // 2
+
+
+def check(model, encoder: Encoder, records: list[dict], log=print) -> list[Outcome]:
     outcomes = []
     for record in records:
-        outcome = Loop(model, encoder, record, max_new_tokens).run()
+        outcome = Loop(model, encoder, record, token_budget(record)).run()
         outcomes.append(outcome)
         log(f"{'PASS' if outcome.passed else 'fail'} {record['task_id']}: {record['question']}\n"
             f"     calls {'ok ' if outcome.calls_right else 'BAD'} {outcome.calls}\n"
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", help="a PEFT adapter folder (default: the base model alone)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="default %(default)s")
     parser.add_argument("--tasks", type=int, default=20, help="held-out demo tasks (default %(default)s)")
+    parser.add_argument("--start", type=int, default=0, help="skip this many tasks first (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     parser.add_argument("--json", help="write the outcomes here")
     args = parser.parse_args(argv)
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1
     model.eval()
-    outcomes = check(model, Encoder(Tokenizer(source.tokenizer)), records[:args.tasks])
+    outcomes = check(model, Encoder(Tokenizer(source.tokenizer)), records[args.start:args.start + args.tasks])
     passed = sum(o.passed for o in outcomes)
     print(f"{passed}/{len(outcomes)} passed: calls right {sum(o.calls_right for o in outcomes)}, "
           f"facts stated {sum(o.facts_stated for o in outcomes)} ({args.adapter or 'base model'})")
