@@ -4,7 +4,6 @@ determinism, the split, and token-exactness against the inferlet's own context."
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from harness import messages
