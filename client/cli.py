@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     alm.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
     alm.set_defaults(func=commands.cmd_asynclm)
 
+    from .asynclm.training.cli import add_parsers as add_asynclm_training_parsers
+    add_asynclm_training_parsers(sub, DEFAULT_MODEL)  # asynclm-data, asynclm-train
+
     upload = sub.add_parser("upload", help="upload a program")
     upload.add_argument("program", metavar="PROGRAM", help="an inferlet name from inferlets/, or a .wasm path")
     upload.add_argument("--name", help="name to launch it by (default: the file's stem)")

@@ -60,7 +60,8 @@ class Agent:
         self._anonymous = 0
 
         cheat_sheet = [c for chain in spec.get("plan") or [] for c in chain]
-        self.ctx.fill_chat([{"role": "system", "content": system_prompt(spec.get("functions", ""), cheat_sheet)},
+        system = system_prompt(spec.get("functions", ""), cheat_sheet, example=bool(spec.get("example")))
+        self.ctx.fill_chat([{"role": "system", "content": system},
                             {"role": "user", "content": spec["task"]}])
 
     # -- the loop -----------------------------------------------------------------------------
@@ -194,6 +195,8 @@ class Agent:
                 self.plan.answered(call_id)
             self.stats["interrupts"] += 1
             report({"type": "intr", "id": call_id, "value": value})
+        if self.forced and not inferlet.decode(self.forced).strip():
+            self.forced = []  # an interrupt ends its line: pinned text that only ended the line goes
 
     async def _listen(self) -> None:
         """Client messages: call results, and user messages, which become interrupts too (§6.6).

@@ -1,4 +1,6 @@
-"""The system prompt: CML's rules, worked examples, the functions and how long each takes."""
+"""The system prompt, CML's texts and the worked example: the one source for the inferlet and for the
+training data (``oven asynclm-data`` loads this file), so a fine-tuned model sees at run time exactly
+the tokens it was trained on."""
 
 from __future__ import annotations
 
@@ -8,8 +10,15 @@ RULES = """You call functions asynchronously with CML.
 - When a call finishes, its result appears as [INTR] id [HEAD] result [END].
 - Call the function that takes longest first.
 - When you cannot go on without a result, write [TRAP][END] and wait.
-- When every result you need is in, answer the user in plain text."""
+- Tell the user each result in plain text once it is in."""
 
+# Conventional synchronous function calling, without CML (the Sync column of the paper's Table 1).
+PLAIN_RULES = """You call functions.
+- To call functions, write each call on its own line as function(arguments), and nothing else.
+- Their results come back in the next message, one line per call.
+- Tell the user the results in plain text once they are in."""
+
+# A few-shot example for a model that was not fine-tuned on CML (spec "example": true).
 EXAMPLE = """Example.
 User: What is the weather in Oslo and the price of AAPL?
 Assistant: [CALL] w1 [HEAD] get_weather(city="Oslo") [END]
@@ -20,8 +29,10 @@ Assistant: [CALL] w1 [HEAD] get_weather(city="Oslo") [END]
 It is 4 degrees C and raining in Oslo, and AAPL trades at 191.2."""
 
 
-def system_prompt(functions: str, cheat_sheet: list[str] | None = None) -> str:
-    parts = [RULES, EXAMPLE, "Functions (estimated execution time in brackets):\n" + functions.strip()]
+def system_prompt(functions: str, cheat_sheet: list[str] | None = None, example: bool = False,
+                  rules: str = RULES) -> str:
+    parts = [rules] + ([EXAMPLE] if example else [])
+    parts.append("Functions (estimated execution time in parentheses):\n" + functions.strip())
     if cheat_sheet:  # the paper's "cheat sheet": the ground-truth calls, so every run makes the same calls
         parts.append("Cheat sheet, the calls to make:\n" + "\n".join(cheat_sheet))
     return "\n\n".join(parts)

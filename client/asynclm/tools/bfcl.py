@@ -46,7 +46,8 @@ from .latency import PaperLatency, paper_latency
 from .registry import Tool, ToolRegistry
 from .schema import SchemaStub, schema_tool_text
 
-__all__ = ["KINDS", "NUM_MULTI_STEP_PARALLEL", "Scenario", "load_scenarios", "paper_latency"]
+__all__ = ["KINDS", "NUM_MULTI_STEP_PARALLEL", "Scenario", "disjoint_samples", "first_turns", "load_scenarios",
+           "paper_latency"]
 
 KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel")
 NUM_MULTI_STEP_PARALLEL = 200  # as many as the paper's v3-multi-step-parallel
@@ -142,23 +143,31 @@ def _multi_step_parallel(count: int, seed: int, latency: PaperLatency) -> list[S
         if 1 <= len(truth_by_id[entry["id"]][0]) <= MAX_CHAIN_CALLS
     ]
     rng = random.Random(seed)
-    scenarios = []
-    for index in range(count):
-        samples = _disjoint_samples(rng, eligible)
-        question = "\n".join(
-            f"Task {number}: {question_text(sample['question'][0])}"
-            for number, sample in enumerate(samples, start=1)
-        )
-        scenarios.append(_scenario(
-            f"multi_step_parallel_{index}", "multi_step_parallel", question,
-            chains=[list(truth_by_id[sample["id"]][0]) for sample in samples],
-            source_ids=tuple(sample["id"] for sample in samples),
-            registry_factory=lambda samples=samples: _class_registry(samples, latency),
-        ))
-    return scenarios
+    return [
+        first_turns(f"multi_step_parallel_{index}", disjoint_samples(rng, eligible), truth_by_id, latency)
+        for index in range(count)
+    ]
 
 
-def _disjoint_samples(rng: random.Random, eligible: list[dict]) -> list[dict]:
+def first_turns(
+    scenario_id: str, samples: list[dict], truth_by_id: dict[str, list], latency: PaperLatency
+) -> Scenario:
+    """The first turns of multi-turn ``samples`` (whose tool classes must not overlap) as one
+    request: ``Task 1: ...`` lines when there are several, each sample's calls one chain."""
+    texts = [question_text(sample["question"][0]) for sample in samples]
+    question = texts[0] if len(texts) == 1 else "\n".join(
+        f"Task {number}: {text}" for number, text in enumerate(texts, start=1)
+    )
+    return _scenario(
+        scenario_id, "multi_step_parallel" if len(samples) > 1 else "multi_turn", question,
+        chains=[list(truth_by_id[sample["id"]][0]) for sample in samples],
+        source_ids=tuple(sample["id"] for sample in samples),
+        registry_factory=lambda: _class_registry(samples, latency),
+    )
+
+
+def disjoint_samples(rng: random.Random, eligible: list[dict]) -> list[dict]:
+    """Multi-turn samples for one multi-step-parallel request: none shares a tool class with another."""
     # Rejection sampling: about a third of random triples share no class, so a few tries do.
     while True:
         samples = rng.sample(eligible, TASKS_PER_MULTI_STEP_PARALLEL)

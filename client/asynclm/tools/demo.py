@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from .registry import Tool, ToolRegistry
 
-__all__ = ["demo_registry", "DEMO_LATENCY_MS_BY_TOOL"]
+__all__ = ["demo_registry", "DEMO_LATENCY_MS_BY_TOOL", "CURRENCIES", "TIME_ZONES"]
 
 DEMO_LATENCY_MS_BY_TOOL = {
     "get_weather": 300,
@@ -40,6 +40,8 @@ _USD_PER_UNIT = {
     "USD": 1.0, "EUR": 1.08, "GBP": 1.27, "JPY": 0.0067, "CNY": 0.14, "INR": 0.012,
     "CHF": 1.11, "CAD": 0.73, "AUD": 0.66,
 }
+CURRENCIES = tuple(_USD_PER_UNIT)  # what convert_currency knows
+TIME_ZONES = tuple(_UTC_OFFSET_HOURS_BY_ZONE)  # what get_time knows
 _CONDITIONS = ("sunny", "partly cloudy", "cloudy", "light rain", "rain", "windy", "fog")
 _SEARCH_RESULTS_BY_TOPIC = {
     "python": ["Python 3.13 release notes", "The Python Tutorial", "PEP 8 - Style Guide"],

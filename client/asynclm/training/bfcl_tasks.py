@@ -1,0 +1,80 @@
+"""Training and evaluation tasks from BFCL (AsyncLM §4.2: DAGs extracted from function-calling data).
+
+* ``parallel`` / ``live_parallel``: one question, independent calls (one chain each), executed by
+  the schema stubs; the answer names each call's result.
+* ``multi_turn``: a sample's first turn, one chain of dependent calls on the real tool classes.
+* ``multi_step_parallel``: three first turns of samples with disjoint tool classes in one request
+  (as ``load_scenarios`` composes them), three chains. Training composes its own from training ids.
+
+Multi-turn tool classes describe 20-30 functions each (2,000-5,500 prompt tokens), too many for
+a 135M model's training budget on a CPU, so these tasks list the called functions plus up to
+``NUM_DISTRACTORS`` others of the same classes. Ids come from the split's side only.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..tools import ToolRegistry, load_scenarios
+from ..tools.bfcl import MAX_CHAIN_CALLS, Scenario, disjoint_samples, first_turns
+from ..tools.bfcl_data import ground_truth_by_id, read_entries
+from ..tools.latency import paper_latency
+from ..tools.registry import result_text
+from .split import bfcl_ids
+from .tasks import Subtask, Task, fixed_call, function_name
+
+BFCL_KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel")
+NUM_DISTRACTORS = 4
+RESULT_CHARS = 100  # a longer result is cut in the answer
+_MULTI_TURN_FILE = "BFCL_v4_multi_turn_base.json"
+
+
+def summary(name: str, value) -> str:
+    """One line telling the user what a call returned: the stub's result id, or the value, cut short."""
+    if isinstance(value, dict) and "result_id" in value:
+        return f"{name} returned result {value['result_id']}."
+    text = result_text(value)
+    return f"{name} returned {text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + '...'}."
+
+
+def _subtask(chain: list[str]) -> Subtask:
+    names = [function_name(call) for call in chain]
+    return Subtask(tuple(fixed_call(call) for call in chain),
+                   lambda results: " ".join(summary(n, r) for n, r in zip(names, results)))
+
+
+def _task(scenario: Scenario, rng: random.Random, trim: bool) -> Task:
+    called = {function_name(call) for chain in scenario.chains for call in chain}
+    keep = set(called)
+    if trim:
+        others = [tool.name for tool in scenario.build_registry() if tool.name not in called]
+        keep |= set(rng.sample(others, min(NUM_DISTRACTORS, len(others))))
+
+    def registry() -> ToolRegistry:
+        return ToolRegistry([tool for tool in scenario.build_registry() if tool.name in keep])
+
+    return Task(scenario.id, scenario.kind, scenario.question, tuple(_subtask(c) for c in scenario.chains), registry)
+
+
+def bfcl_tasks(kind: str, split: str, rng: random.Random, count: int | None = None) -> list[Task]:
+    """The split's tasks of ``kind`` in BFCL's order; for multi-step-parallel, ``count`` compositions
+    (training: drawn from training samples; evaluation: ``load_scenarios``' own whose samples are all
+    evaluation samples)."""
+    if kind not in BFCL_KINDS:
+        raise ValueError(f"unknown BFCL kind {kind!r}; expected one of {', '.join(BFCL_KINDS)}")
+    latency = paper_latency(0)  # replaced by each simulation's random estimates
+    if kind in ("parallel", "live_parallel"):
+        ids = set(bfcl_ids(kind, split))
+        return [_task(s, rng, trim=False) for s in load_scenarios(kind) if s.id in ids]
+    ids = set(bfcl_ids("multi_turn", split))
+    truth_by_id = ground_truth_by_id(_MULTI_TURN_FILE)
+    entries = [e for e in read_entries(_MULTI_TURN_FILE)
+               if e["id"] in ids and 1 <= len(truth_by_id[e["id"]][0]) <= MAX_CHAIN_CALLS]
+    if kind == "multi_turn":
+        return [_task(first_turns(e["id"], [e], truth_by_id, latency), rng, trim=True) for e in entries]
+    if split == "eval":  # the bench's own compositions, those made of evaluation samples only
+        scenarios = [s for s in load_scenarios("multi_step_parallel") if set(s.source_ids) <= ids]
+        return [_task(s, rng, trim=True) for s in scenarios[:count]]
+    return [_task(first_turns(f"train_multi_step_parallel_{index}", disjoint_samples(rng, entries), truth_by_id,
+                              latency), rng, trim=True)
+            for index in range(count or 0)]

@@ -1,0 +1,145 @@
+"""The ``oven asynclm-data`` and ``oven asynclm-train`` verbs: their arguments and handlers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_DATA_DIR = "asynclm-data"
+DEFAULT_ADAPTER_DIR = "asynclm-adapter"
+
+
+def _fail(verb: str, exc: Exception) -> int:
+    print(f"oven {verb}: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def add_parsers(sub, default_model: str) -> None:
+    from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
+
+    defaults = DataConfig()
+    data = sub.add_parser(
+        "asynclm-data", help="write AsyncLM training and evaluation samples (JSONL)",
+        description="Simulate AsyncLM interactions (LPT call order, interrupts where the inferlet injects them, "
+                    "traps, user follow-ups) on demo-tool tasks and BFCL samples, and write them token-exact "
+                    "as the inferlet builds its context: OUT/train.jsonl, OUT/eval.jsonl and OUT/data.json "
+                    "(arguments, counts, SHA-256). Evaluation samples use held-out BFCL ids and demo entities.")
+    data.add_argument("--out", default=DEFAULT_DATA_DIR, help="output folder (default %(default)s)")
+    data.add_argument("--seed", type=int, default=defaults.seed, help="default %(default)s")
+    data.add_argument("--demo-train", type=int, default=defaults.demo_train, help="demo tasks for training "
+                      "(default %(default)s)")
+    data.add_argument("--demo-eval", type=int, default=defaults.demo_eval, help="held-out demo tasks "
+                      "(default %(default)s)")
+    data.add_argument("--parallel-repeats", type=int, default=defaults.parallel_repeats,
+                      help="simulations per BFCL parallel/live-parallel training sample (default %(default)s)")
+    data.add_argument("--multi-turn-train", type=int, default=defaults.multi_turn_train,
+                      help="BFCL multi-turn first turns for training (default %(default)s)")
+    data.add_argument("--multi-step-train", type=int, default=defaults.multi_step_train,
+                      help="multi-step-parallel compositions of training samples (default %(default)s)")
+    data.add_argument("--multi-step-eval", type=int, default=defaults.multi_step_eval,
+                      help="held-out multi-step-parallel samples (default %(default)s)")
+    data.add_argument("--variants", default=",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items()),
+                      help="weights of the variant a training task gets (evaluation tasks get all three) "
+                           "(default %(default)s)")
+    data.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="leave longer samples out "
+                      "(default %(default)s)")
+    data.add_argument("--group", type=int, default=defaults.group, help="training demo tasks sharing one table "
+                      "of estimated times, so the trainer forwards their system prompt once (default %(default)s)")
+    data.add_argument("--sources", default=",".join(SOURCES), help="which tasks (default %(default)s)")
+    data.add_argument("--model", default=default_model, help="whose tokenizer (default %(default)s)")
+    data.set_defaults(func=cmd_data)
+
+    train = sub.add_parser(
+        "asynclm-train", help="LoRA fine-tuning on AsyncLM samples",
+        description="Fine-tune LoRA adapters of the served model on DATA (a train.jsonl of `oven asynclm-data`) "
+                    "on the CPU and write a PEFT adapter folder (bf16) with training.json (command, seed, data "
+                    "hash, settings, loss curve). Checkpoints every --checkpoint-every steps; --resume goes on.")
+    train.add_argument("data", nargs="?", default=f"{DEFAULT_DATA_DIR}/train.jsonl", metavar="DATA",
+                       help="training samples (default %(default)s)")
+    train.add_argument("--out", default=DEFAULT_ADAPTER_DIR, help="adapter folder (default %(default)s)")
+    train.add_argument("--model", default=default_model, help="base model spec (default %(default)s)")
+    train.add_argument("--seed", type=int, default=0, help="default %(default)s")
+    train.add_argument("--epochs", type=int, default=1, help="default %(default)s")
+    train.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default %(default)s)")
+    train.add_argument("--warmup-steps", type=int, default=10, help="default %(default)s")
+    train.add_argument("--batch-samples", type=int, default=8, help="samples per batch (default %(default)s)")
+    train.add_argument("--batch-tokens", type=int, default=3584,
+                       help="tokens forwarded per batch (default %(default)s)")
+    train.add_argument("--rank", type=int, default=16, help="LoRA rank (default %(default)s)")
+    train.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (default %(default)s)")
+    train.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj", help="LoRA target modules "
+                       "(default %(default)s)")
+    train.add_argument("--variants", default="", help="train only on these variants, comma-separated "
+                       "(default: all in DATA)")
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
+    train.add_argument("--checkpoint-every", type=int, default=25, help="steps (default %(default)s)")
+    train.add_argument("--max-steps", type=int, default=None,
+                       help="stop after this many steps, writing the adapter so far (resumable)")
+    train.add_argument("--resume", action="store_true", help="go on from OUT/checkpoint.pt")
+    train.set_defaults(func=cmd_train)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from oven.control.tokenizer import Tokenizer
+    from oven.inference.models import resolve_model
+
+    from ..tools import ToolError
+    from .data import DataConfig, build, parse_weights, write
+    from .segments import Encoder
+
+    try:
+        config = DataConfig(seed=args.seed, demo_train=args.demo_train, demo_eval=args.demo_eval,
+                            parallel_repeats=args.parallel_repeats, multi_turn_train=args.multi_turn_train,
+                            multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
+                            weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
+                            sources=tuple(s for s in args.sources.split(",") if s))
+        encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
+        evaluation, eval_dropped = build("eval", config, encoder)
+        train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))
+    except (ValueError, FileNotFoundError, ModuleNotFoundError, ToolError) as exc:
+        return _fail("asynclm-data", exc)
+    counts = {}
+    for split, records in (("train", train), ("eval", evaluation)):
+        for r in records:
+            key = f"{split} {r['source']} {r['variant']}"
+            counts[key] = counts.get(key, 0) + 1
+    tokens = {split: sum(len(r["ids"]) for r in records) for split, records in (("train", train), ("eval", evaluation))}
+    meta = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "counts": counts, "tokens": tokens,
+            "dropped": {"train": train_dropped, "eval": eval_dropped}}
+    sha = write({"train": train, "eval": evaluation}, Path(args.out), meta)
+    for key, count in sorted(counts.items()):
+        print(f"{key:40} {count:6}")
+    print(f"train: {len(train)} samples, {tokens['train']} tokens; eval: {len(evaluation)} samples, "
+          f"{tokens['eval']} tokens; left out: train {train_dropped}, eval {eval_dropped}")
+    print(f"wrote {args.out}/train.jsonl, {args.out}/eval.jsonl, {args.out}/data.json; sha256 {sha}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import shlex
+
+    from .model import LoraSettings
+    from .train import TrainConfig, train
+
+    logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
+    try:
+        config = TrainConfig(
+            data=Path(args.data), out=Path(args.out), model=args.model, seed=args.seed, epochs=args.epochs,
+            lr=args.lr, warmup_steps=args.warmup_steps, batch_samples=args.batch_samples,
+            batch_tokens=args.batch_tokens,
+            lora=LoraSettings(args.rank, args.alpha, tuple(t for t in args.targets.split(",") if t)),
+            variants=tuple(v for v in args.variants.split(",") if v), threads=args.threads or os.cpu_count() or 1,
+            checkpoint_every=args.checkpoint_every, max_steps=args.max_steps)
+        summary = train(config, resume=args.resume, command=shlex.join(["oven", *sys.argv[sys.argv.index(
+            "asynclm-train"):]]) if "asynclm-train" in sys.argv else None)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        return _fail("asynclm-train", exc)
+    print(f"wrote {args.out}/ (adapter_config.json, adapter_model.safetensors, training.json): "
+          f"{summary['steps_done']} of {summary['steps']} steps on {summary['samples']} samples in "
+          f"{summary['train_seconds']:.0f} s, final loss {summary['final_loss']:.4f}")
+    if not summary["complete"]:
+        print(f"stopped early: --resume goes on from {args.out}/checkpoint.pt")
+    return 0

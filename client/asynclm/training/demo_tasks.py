@@ -1,0 +1,184 @@
+"""Generated tasks on the demo tools: varied requests of one to four independent chains.
+
+A chain is a single call (weather, stock price, currency conversion, local time, arithmetic, web
+search) or a dependent one (a price converted to another currency, a temperature in Fahrenheit,
+the cost of several shares). Requests are phrased in many ways, and same-kind requests may share
+a clause ("the weather in Paris and in Tokyo"). Entities come from the split's pools
+(:func:`~.split.demo_pools`), so evaluation tasks name cities, symbols, currencies and queries
+that no training task does.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+from ..tools import demo_registry
+from ..tools.demo import CURRENCIES, TIME_ZONES
+from .split import Pools, demo_pools
+from .tasks import FollowUp, Subtask, Task, fixed_call
+
+NUM_SUBTASKS_WEIGHTS = {1: 0.3, 2: 0.35, 3: 0.25, 4: 0.1}
+FOLLOW_UP_PROBABILITY = 0.15  # training tasks of 2+ chains whose last one the user adds mid-way (§6.6)
+_PLACE_BY_ZONE = {"UTC": "UTC", "Europe/London": "London", "Europe/Paris": "Paris", "Europe/Berlin": "Berlin",
+                  "America/New_York": "New York", "America/Chicago": "Chicago",
+                  "America/Los_Angeles": "Los Angeles", "Asia/Tokyo": "Tokyo", "Asia/Shanghai": "Shanghai",
+                  "Asia/Kolkata": "Kolkata", "Australia/Sydney": "Sydney"}
+_OPS = {"+": ("plus", "added to"), "-": ("minus",), "*": ("times", "multiplied by"), "/": ("divided by",)}
+_PREFIXES = ("", "", "", "Please tell me: ", "Quick question: ", "Hi! ", "Can you check: ", "I need to know: ")
+
+
+def _num(value) -> str:
+    """A number as the tools' JSON writes it (and so as the answer must repeat it)."""
+    return json.dumps(value)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A chain with the clause that asks for it; ``kind``/``entity`` let same-kind clauses merge."""
+
+    subtask: Subtask
+    clause: str
+    kind: str = ""
+    entity: str = ""
+
+
+class DemoTaskMaker:
+    def __init__(self, split: str, rng: random.Random):
+        self.split, self.rng = split, rng
+        self.pools: Pools = demo_pools(split, CURRENCIES)
+        self._makers = {self._weather: 3, self._stock: 2, self._convert: 2, self._time: 1.5, self._calculate: 1.5,
+                        self._search: 1, self._stock_in_currency: 1.5, self._fahrenheit: 1, self._shares: 1}
+
+    def make(self, task_id: str, follow_up: bool = False) -> Task:
+        count = self.rng.choices(list(NUM_SUBTASKS_WEIGHTS), weights=list(NUM_SUBTASKS_WEIGHTS.values()))[0]
+        parts: list[_Part] = []
+        while len(parts) < count:
+            maker = self.rng.choices(list(self._makers), weights=list(self._makers.values()))[0]
+            part = maker()
+            if all(part.clause != p.clause for p in parts):
+                parts.append(part)
+        late = parts.pop() if follow_up and len(parts) > 1 else None
+        return Task(task_id, "demo", self._question(parts), tuple(p.subtask for p in parts), demo_registry,
+                    FollowUp(f"Also, {late.clause}?", late.subtask) if late else None)
+
+    # -- phrasing ----------------------------------------------------------------------------
+    def _question(self, parts: list[_Part]) -> str:
+        clauses, i = [], 0
+        while i < len(parts):  # consecutive weather (or stock) requests share one clause
+            j = i + 1
+            while j < len(parts) and parts[i].kind in ("weather", "stock") and parts[j].kind == parts[i].kind:
+                j += 1
+            clauses.append(self._merged(parts[i:j]) if j - i > 1 else parts[i].clause)
+            i = j
+        text = clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
+        prefix = self.rng.choice(_PREFIXES)
+        text = prefix + (text if prefix else text[0].upper() + text[1:])
+        asks = text.split()[0].lower().rstrip(":!") in ("what", "what's", "how", "is")
+        return text + ("?" if asks or prefix else ".")
+
+    def _merged(self, parts: list[_Part]) -> str:
+        names = [p.entity for p in parts]
+        listed = ", ".join(names[:-1]) + " and " + names[-1]
+        if parts[0].kind == "weather":
+            return self.rng.choice(["what is the weather in " + listed.replace(" and ", " and in "),
+                                    "how is the weather in " + listed])
+        return self.rng.choice([f"what are {listed} trading at", f"the stock prices of {listed}"])
+
+    def _amount(self):
+        return self.rng.randint(1, 2000) if self.rng.random() < 0.7 else round(self.rng.uniform(1, 2000), 2)
+
+    def _currency_pair(self) -> tuple[str, str]:
+        while True:
+            pair = tuple(self.rng.sample(self.pools.currencies, 2))
+            if self.split == "train" or set(pair) & set(self.pools.held_out_currencies):
+                return pair
+
+    # -- chains ------------------------------------------------------------------------------
+    def _weather(self) -> _Part:
+        city = self.rng.choice(self.pools.cities)
+        clause = self.rng.choice([f"what is the weather in {city}", f"how is the weather in {city}",
+                                  f"what's the weather like in {city}", f"tell me the weather in {city}",
+                                  f"is it warm in {city} today", f"the current weather in {city}"])
+        return _Part(Subtask((fixed_call(f'get_weather(city="{city}")'),),
+                             lambda r: f"In {city} it is {_num(r[0]['temperature_c'])} °C and {r[0]['conditions']}.",
+                             lambda r: [_num(r[0]["temperature_c"]), r[0]["conditions"]]),
+                     clause, "weather", city)
+
+    def _stock(self) -> _Part:
+        symbol = self.rng.choice(self.pools.symbols)
+        clause = self.rng.choice([f"what is {symbol} trading at", f"the price of {symbol}",
+                                  f"how much is one {symbol} share", f"the {symbol} stock price",
+                                  f"look up the share price of {symbol}"])
+        return _Part(Subtask((fixed_call(f'get_stock_price(symbol="{symbol}")'),),
+                             lambda r: f"{symbol} trades at {_num(r[0]['price_usd'])} USD.",
+                             lambda r: [_num(r[0]["price_usd"])]),
+                     clause, "stock", symbol)
+
+    def _convert(self) -> _Part:
+        amount, (src, dst) = _num(self._amount()), self._currency_pair()
+        clause = self.rng.choice([f"what is {amount} {src} in {dst}", f"convert {amount} {src} to {dst}",
+                                  f"how much is {amount} {src} in {dst}", f"change {amount} {src} into {dst}"])
+        call = f'convert_currency(amount={amount}, from_currency="{src}", to_currency="{dst}")'
+        return _Part(Subtask((fixed_call(call),), lambda r: f"{amount} {src} is {_num(r[0]['amount'])} {dst}.",
+                             lambda r: [_num(r[0]["amount"])]), clause)
+
+    def _time(self) -> _Part:
+        zone = self.rng.choice(TIME_ZONES)
+        place = self.rng.choice([zone, _PLACE_BY_ZONE[zone]])
+        clause = self.rng.choice([f"what time is it in {place}", f"the local time in {place}",
+                                  f"what is the current time in {place}"])
+        return _Part(Subtask((fixed_call(f'get_time(timezone="{zone}")'),),
+                             lambda r: f"The time in {place} is {r[0]}.", lambda r: [r[0]]), clause)
+
+    def _calculate(self) -> _Part:
+        op = self.rng.choice(list(_OPS))
+        b = self.rng.randint(2, 99)
+        a = b * self.rng.randint(2, 60) if op == "/" and self.rng.random() < 0.7 else self.rng.randint(2, 999)
+        expression = f"{a} {op} {b}"
+        clause = self.rng.choice([f"what is {a} {self.rng.choice(_OPS[op])} {b}", f"calculate {expression}",
+                                  f"compute {expression}"])
+        return _Part(Subtask((fixed_call(f'calculate(expression="{expression}")'),),
+                             lambda r: f"{expression} = {_num(r[0])}.", lambda r: [_num(r[0])]), clause)
+
+    def _search(self) -> _Part:
+        query = self.rng.choice(self.pools.search_queries)
+        clause = self.rng.choice([f"search the web for {query}", f"look up {query} online",
+                                  f"find web pages about {query}"])
+        return _Part(Subtask((fixed_call(f'search_web(query="{query}")'),),
+                             lambda r: f"Top result for {query}: {r[0][0]['title']} ({r[0][0]['url']}).",
+                             lambda r: [r[0][0]["title"]]), clause)
+
+    def _stock_in_currency(self) -> _Part:
+        symbol = self.rng.choice(self.pools.symbols)
+        dst = self._currency_pair()[1] if self.split == "eval" else self.rng.choice(
+            [c for c in self.pools.currencies if c != "USD"])
+        clause = self.rng.choice([f"what is one {symbol} share worth in {dst}", f"the price of {symbol} in {dst}",
+                                  f"how much is {symbol} in {dst}"])
+        steps = (fixed_call(f'get_stock_price(symbol="{symbol}")'),
+                 lambda r: f'convert_currency(amount={_num(r[0]["price_usd"])}, from_currency="USD", '
+                           f'to_currency="{dst}")')
+        return _Part(Subtask(steps, lambda r: f"{symbol} trades at {_num(r[0]['price_usd'])} USD, "
+                                              f"which is {_num(r[1]['amount'])} {dst}.",
+                             lambda r: [_num(r[0]["price_usd"]), _num(r[1]["amount"])]), clause)
+
+    def _fahrenheit(self) -> _Part:
+        city = self.rng.choice(self.pools.cities)
+        clause = self.rng.choice([f"what is the temperature in {city} in Fahrenheit",
+                                  f"how warm is it in {city} in degrees Fahrenheit"])
+        steps = (fixed_call(f'get_weather(city="{city}")'),
+                 lambda r: f'calculate(expression="{_num(r[0]["temperature_c"])} * 9 / 5 + 32")')
+        return _Part(Subtask(steps, lambda r: f"In {city} it is {_num(r[0]['temperature_c'])} °C "
+                                              f"({_num(r[1])} °F) and {r[0]['conditions']}.",
+                             lambda r: [_num(r[0]["temperature_c"]), _num(r[1])]), clause)
+
+    def _shares(self) -> _Part:
+        symbol, count = self.rng.choice(self.pools.symbols), self.rng.randint(2, 50)
+        clause = self.rng.choice([f"how much do {count} shares of {symbol} cost",
+                                  f"what would {count} {symbol} shares cost"])
+        steps = (fixed_call(f'get_stock_price(symbol="{symbol}")'),
+                 lambda r: f'calculate(expression="{_num(r[0]["price_usd"])} * {count}")')
+        return _Part(Subtask(steps, lambda r: f"{count} shares of {symbol} cost {_num(r[1])} USD "
+                                              f"({_num(r[0]['price_usd'])} USD each).",
+                             lambda r: [_num(r[1])]), clause)

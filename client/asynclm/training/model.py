@@ -1,0 +1,85 @@
+"""The model to fine-tune, with LoRA adapters from PEFT, and the loss of one batch.
+
+The base model is the one oven serves (``oven.inference.models.resolve_model``): the embedded
+SmolLM2-135M-Instruct from its converted Hugging Face folder, or ``tiny`` (random weights from the
+seed) for tests. Computation is fp32; only the adapter is trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .batches import Batch
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
+        if not self.targets:
+            raise ValueError("LoRA needs at least one target module")
+
+
+def load_base(model_spec: str, seed: int):
+    """A ``LlamaForCausalLM`` in fp32 for ``model_spec`` (random weights from ``seed`` if it has none)."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    from oven.inference.models import resolve_model
+
+    source = resolve_model(model_spec)
+    if source.weights_dir is not None:
+        model = AutoModelForCausalLM.from_pretrained(source.weights_dir, dtype=torch.float32)
+    else:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(source.hf_config).to(torch.float32)
+    return model, source
+
+
+def with_lora(model, lora: LoraSettings):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=list(lora.targets),
+                        bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, int]:
+    """Summed cross-entropy over the batch's loss tokens, and their number.
+
+    The shared prefix is forwarded once (batch 1) and its KV cache repeated for the suffixes, which
+    are right-padded; a pad comes after every real token of its row, so causal attention keeps it
+    out of them. Logits are computed only where a loss token is predicted.
+    """
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    num_rows = len(batch.suffix_ids)
+    cache = None
+    if batch.prefix_ids:
+        cache = causal_lm.model(input_ids=torch.tensor([batch.prefix_ids]), use_cache=True).past_key_values
+        cache.batch_repeat_interleave(num_rows)
+    width = max(len(s) for s in batch.suffix_ids)
+    input_ids = torch.tensor([s + [0] * (width - len(s)) for s in batch.suffix_ids])
+    start = len(batch.prefix_ids)
+    position_ids = torch.arange(start, start + width).expand(num_rows, width)
+    hidden = causal_lm.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+                             use_cache=cache is not None).last_hidden_state
+    rows, cols = [], []
+    for b, mask in enumerate(batch.suffix_loss):
+        for j, has_loss in enumerate(mask):
+            if has_loss:
+                if j == 0:
+                    raise ValueError("a loss token at the start of a suffix: its prediction is in the prefix")
+                rows.append(b)
+                cols.append(j)
+    rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+    logits = causal_lm.lm_head(hidden[rows_t, cols_t - 1]).float()
+    loss = torch.nn.functional.cross_entropy(logits, input_ids[rows_t, cols_t], reduction="sum")
+    return loss, len(rows)

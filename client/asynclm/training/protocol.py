@@ -1,0 +1,42 @@
+"""The inferlet's own prompt and CML modules (``inferlets/asynclm/prompt.py`` and ``cml.py``), loaded
+from their files: training text and serving text come from one source.
+
+Both modules are standard-library Python (they run inside the inferlet's CPython in WebAssembly),
+so the client imports them as they are; they need an editable install, where ``inferlets/`` sits
+beside the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from functools import cache
+from types import ModuleType
+
+from ...commands import INFERLETS_DIR
+
+INFERLET_DIR = INFERLETS_DIR / "asynclm"
+
+
+@cache
+def _load(name: str) -> ModuleType:
+    path = INFERLET_DIR / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: AsyncLM training needs the repository's inferlets/ folder "
+                                "(an editable install, as setup.sh makes)")
+    spec = importlib.util.spec_from_file_location(f"oven_asynclm_inferlet_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def prompt() -> ModuleType:
+    """``inferlets/asynclm/prompt.py``: ``system_prompt``, ``RULES``, ``PLAIN_RULES``, ``call_text``,
+    ``interrupt_text``, ``TRAP_TEXT``."""
+    return _load("prompt")
+
+
+def cml() -> ModuleType:
+    """``inferlets/asynclm/cml.py``: the ``TokenMonitor`` that decides where interrupts may go."""
+    return _load("cml")

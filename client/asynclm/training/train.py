@@ -1,0 +1,226 @@
+"""``oven asynclm-train``: LoRA fine-tuning of the served model on ``oven asynclm-data`` samples.
+
+AdamW on the adapter only, linear warm-up then linear decay, batches of samples that share a
+prompt prefix (batches.py), in an order fixed by the seed. Every ``checkpoint_every`` steps the
+adapter, the optimizer, the schedule and the loss curve go to ``OUT/checkpoint.pt``; ``resume``
+continues from there with the same settings (the checkpoint is removed once the run completes).
+A run stopped by ``max_steps`` writes the adapter it has so far (``training.json``: ``complete``
+false, ``steps_done``). The result in ``OUT``: a PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``
+in bf16) and ``training.json`` (command, seed, data hashes, settings, loss curve, time); and
+``loss.png`` where matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .batches import epoch_order, make_batches
+from .data import read_records
+from .model import LoraSettings, batch_loss, load_base, with_lora
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: Path                      # a train.jsonl written by `oven asynclm-data`
+    out: Path
+    model: str = "smollm2-135m-instruct"
+    seed: int = 0
+    epochs: int = 1
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    batch_samples: int = 8
+    batch_tokens: int = 3584        # tokens forwarded per batch (prefix once, padded suffixes); ~6 GB peak
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    variants: tuple[str, ...] = ()  # only these variants (all when empty)
+    threads: int = os.cpu_count() or 1
+    checkpoint_every: int = 25
+    max_steps: int | None = None    # stop after this many steps (a checkpoint makes it resumable)
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_samples", "batch_tokens", "threads", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.warmup_steps < 0:
+            raise ValueError("lr must be > 0 and warmup_steps >= 0")
+
+    def settings(self) -> dict:
+        """What decides the result (not where it goes or how many threads compute it)."""
+        skip = {"data", "out", "threads", "checkpoint_every", "max_steps"}
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _load_records(config: TrainConfig) -> list[dict]:
+    if not config.data.is_file():
+        raise FileNotFoundError(f"{config.data}: no such file (write it with `oven asynclm-data`)")
+    records = [r for r in read_records(config.data) if not config.variants or r["variant"] in config.variants]
+    if not records:
+        raise ValueError(f"{config.data}: no training samples" + (f" of {config.variants}" if config.variants else ""))
+    return records
+
+
+def _learning_rate(config: TrainConfig, step: int, total: int) -> float:
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    remaining = max(1, total - config.warmup_steps)
+    return config.lr * max(0.1, 1 - (step - config.warmup_steps) / remaining)
+
+
+def train(config: TrainConfig, resume: bool = False, command: str | None = None, progress: bool = True) -> dict:
+    """Run (or resume) the fine-tuning, up to ``max_steps``; the summary written to ``training.json``."""
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(config.threads)
+    records = _load_records(config)
+    batches = make_batches(records, config.batch_samples, config.batch_tokens)
+    total = config.epochs * len(batches)
+    model, _ = load_base(config.model, config.seed)
+    torch.manual_seed(config.seed)
+    model = with_lora(model, config.lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    data_sha = file_sha256(config.data)
+    state = {"step": 0, "losses": [], "elapsed_s": 0.0, "tokens": 0}
+    checkpoint = config.out / CHECKPOINT
+    if resume:
+        state = _restore(checkpoint, model, optimizer, config, data_sha)
+    config.out.mkdir(parents=True, exist_ok=True)
+    stop = total if config.max_steps is None else min(total, config.max_steps)
+    bar = tqdm(total=total, initial=state["step"], desc="asynclm-train", unit="step", disable=not progress,
+               dynamic_ncols=True)
+    started = time.monotonic() - state["elapsed_s"]
+    model.train()
+    while state["step"] < stop:
+        step = state["step"]
+        batch = batches[epoch_order(len(batches), config.seed, step // len(batches))[step % len(batches)]]
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config, step, total)
+        loss_sum, num_loss_tokens = batch_loss(model, batch)
+        (loss_sum / num_loss_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["losses"].append(round(loss_sum.item() / num_loss_tokens, 5))
+        state["tokens"] += batch.num_tokens
+        state["step"] = step + 1
+        state["elapsed_s"] = time.monotonic() - started
+        recent = state["losses"][-10:]
+        bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}", tok_s=f"{state['tokens'] / state['elapsed_s']:.0f}")
+        bar.update(1)
+        if state["step"] % config.checkpoint_every == 0 or state["step"] == stop < total:
+            _save_checkpoint(checkpoint, model, optimizer, config, data_sha, state)
+    bar.close()
+    summary = _finish(model, config, state, total, len(records), data_sha, command)
+    if summary["complete"]:
+        checkpoint.unlink(missing_ok=True)
+    return summary
+
+
+def _trainable_state(model) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _save_checkpoint(path: Path, model, optimizer, config: TrainConfig, data_sha: str, state: dict) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save({"adapter": _trainable_state(model), "optimizer": optimizer.state_dict(), "state": state,
+                "settings": config.settings(), "data_sha256": data_sha}, tmp)
+    os.replace(tmp, path)
+
+
+def _restore(path: Path, model, optimizer, config: TrainConfig, data_sha: str) -> dict:
+    import torch
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no checkpoint to resume from")
+    saved = torch.load(path, weights_only=False)
+    if saved["settings"] != config.settings():
+        raise ValueError(f"{path} was made with other settings; run without --resume to start over")
+    if saved["data_sha256"] != data_sha:
+        raise ValueError(f"{path} was made on other data; run without --resume to start over")
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in saved["adapter"].items():
+            named[name].copy_(value)
+    optimizer.load_state_dict(saved["optimizer"])
+    log.info("resuming at step %d", saved["state"]["step"])
+    return saved["state"]
+
+
+def _finish(model, config: TrainConfig, state: dict, total: int, num_samples: int, data_sha: str,
+            command: str | None) -> dict:
+    save_adapter(model, config.out, config.model)
+    meta_path = config.data.parent / "data.json"
+    data_meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    losses = state["losses"]
+    summary = {
+        "command": command or " ".join(["oven", *sys.argv[1:]]),
+        "seed": config.seed,
+        "data_sha256": data_meta.get("sha256"),
+        "train_file_sha256": data_sha,
+        "data_args": data_meta.get("args"),
+        "settings": json.loads(json.dumps(config.settings(), default=str)),
+        "samples": num_samples,
+        "steps": total,
+        "steps_done": state["step"],
+        "complete": state["step"] == total,
+        "tokens_forwarded": state["tokens"],
+        "train_seconds": round(state["elapsed_s"], 1),
+        "threads": config.threads,
+        "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 5),
+        "loss_curve": losses,
+    }
+    (config.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    _plot(losses, config.out / "loss.png")
+    return summary
+
+
+def save_adapter(model, out: Path, model_spec: str) -> None:
+    """The PEFT folder, weights in bf16, naming the base by its oven model spec (not a local path)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model.save_pretrained(out)
+    weights = out / "adapter_model.safetensors"
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(weights).items()}, weights,
+              metadata={"format": "pt"})
+    config_path = out / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config["base_model_name_or_path"] = model_spec
+    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
+    (out / "README.md").unlink(missing_ok=True)  # PEFT's model-card template
+
+
+def _plot(losses: list[float], path: Path) -> None:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(losses) + 1), losses, linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean per loss token)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

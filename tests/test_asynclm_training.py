@@ -1,0 +1,112 @@
+"""LoRA fine-tuning for AsyncLM (client/asynclm/training): batches sharing a prefix compute the loss
+of whole samples; a few steps on the tiny model lower the loss, write a PEFT folder that loads,
+and a run resumed from its checkpoint ends exactly where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from oven.client.asynclm.training.batches import Batch, make_batches
+from oven.client.asynclm.training.data import DataConfig, build, write
+from oven.client.asynclm.training.model import LoraSettings, batch_loss, load_base, with_lora
+from oven.client.asynclm.training.segments import Encoder
+from oven.client.asynclm.training.train import CHECKPOINT, TrainConfig, train
+from oven.control.tokenizer import Tokenizer
+from oven.inference.models import resolve_model
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    config = DataConfig(demo_train=12, sources=("demo", "parallel"), group=4)
+    records, _ = build("train", config, encoder)
+    demo = [r for r in records if r["source"] == "demo"]
+    out = tmp_path_factory.mktemp("data")
+    write({"train": demo + [r for r in records if r["source"] == "parallel"][:4]}, out, {"args": {"demo_train": 12}})
+    return out / "train.jsonl"
+
+
+def config(data_file, out, **overrides) -> TrainConfig:
+    return TrainConfig(**{**dict(data=data_file, out=out, model="tiny", lr=1e-2, warmup_steps=1, batch_samples=4,
+                                 epochs=2, lora=LoraSettings(rank=4, alpha=8.0), threads=1, checkpoint_every=2),
+                          **overrides})
+
+
+def records_of(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_shared_prefix_gives_the_loss_of_whole_samples(data_file):
+    torch.manual_seed(0)
+    model = with_lora(load_base("tiny", 0)[0], LoraSettings(rank=4, alpha=8.0))
+    batches = make_batches(records_of(data_file), 4, 100_000)
+    shared = [b for b in batches if b.prefix_ids and len(b.suffix_ids) > 1]
+    assert shared and len(shared[0].prefix_ids) > 300  # the demo group's system prompt
+    for batch in shared[:2]:
+        whole = Batch([], [batch.prefix_ids + s for s in batch.suffix_ids],
+                      [[False] * len(batch.prefix_ids) + m for m in batch.suffix_loss])
+        with torch.no_grad():
+            (a, n), (b, m) = batch_loss(model, batch), batch_loss(model, whole)
+        assert n == m == batch.num_loss_tokens
+        torch.testing.assert_close(a / n, b / m, rtol=1e-5, atol=1e-5)
+
+
+def test_training_lowers_the_loss_and_writes_a_peft_folder_that_loads(data_file, tmp_path):
+    summary = train(config(data_file, tmp_path), progress=False)
+    losses = summary["loss_curve"]
+    half = len(losses) // 2
+    assert summary["steps"] == len(losses) == 2 * len(make_batches(records_of(data_file), 4, 6144))
+    assert sum(losses[half:]) / (len(losses) - half) < sum(losses[:half]) / half
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                         "training.json"]
+    saved = load_file(tmp_path / "adapter_model.safetensors")
+    assert saved and all(t.dtype == torch.bfloat16 for t in saved.values())
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+    meta = json.loads((tmp_path / "training.json").read_text())
+    assert meta["data_sha256"] == json.loads((data_file.parent / "data.json").read_text())["sha256"]
+    assert meta["seed"] == 0 and meta["settings"]["lora"]["rank"] == 4 and meta["loss_curve"] == losses
+
+    from peft import PeftModel
+    loaded = PeftModel.from_pretrained(load_base("tiny", 0)[0], tmp_path)
+    lora = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert len(lora) == len(saved) and all(p.abs().sum() > 0 for n, p in lora.items() if "lora_B" in n)
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(data_file, tmp_path):
+    whole = train(config(data_file, tmp_path / "whole"), progress=False)
+    stopped = train(config(data_file, tmp_path / "resumed", max_steps=3), progress=False)
+    assert (stopped["steps_done"], stopped["complete"], whole["complete"]) == (3, False, True)
+    assert stopped["loss_curve"] == whole["loss_curve"][:3]
+    assert (tmp_path / "resumed" / CHECKPOINT).is_file()
+    assert (tmp_path / "resumed" / "adapter_model.safetensors").is_file()  # the adapter so far
+    resumed = train(config(data_file, tmp_path / "resumed"), resume=True, progress=False)
+    assert resumed["loss_curve"] == whole["loss_curve"]
+    assert not (tmp_path / "resumed" / CHECKPOINT).exists()
+    a, b = (load_file(tmp_path / d / "adapter_model.safetensors") for d in ("whole", "resumed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_other_settings_and_a_missing_checkpoint(data_file, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
+        train(config(data_file, tmp_path), resume=True, progress=False)
+    train(config(data_file, tmp_path, max_steps=2), progress=False)
+    with pytest.raises(ValueError, match="made with other settings"):
+        train(config(data_file, tmp_path, lr=5e-3), resume=True, progress=False)
+
+
+def test_the_committed_adapter_is_a_small_bf16_peft_folder_with_its_recipe():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "client" / "asynclm" / "adapter"
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m-instruct" and config["peft_type"] == "LORA"
+    weights = folder / "adapter_model.safetensors"
+    assert weights.stat().st_size <= 4 * 2**20
+    assert all(t.dtype == torch.bfloat16 for t in load_file(weights).values())
+    recipe = json.loads((folder / "training.json").read_text())
+    assert recipe["command"].startswith("oven asynclm-train") and len(recipe["data_sha256"]) == 64
+    assert len(recipe["loss_curve"]) == recipe["steps_done"] and recipe["settings"]["lora"]["rank"] == config["r"]

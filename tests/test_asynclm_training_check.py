@@ -1,0 +1,47 @@
+"""The in-process AsyncLM loop of the sanity check (training/check.py): a model that writes exactly a
+sample's text makes exactly the sample's calls, interrupts and answer, and passes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from oven.client.asynclm.training.check import Loop, same_calls
+from oven.client.asynclm.training.data import DataConfig, build
+from oven.client.asynclm.training.segments import Encoder
+from oven.control.tokenizer import Tokenizer
+from oven.inference.models import resolve_model
+
+
+class Replay:
+    """A stand-in causal LM whose best next token is the sample's token at that position."""
+
+    def __init__(self, ids: list[int], vocab_size: int):
+        self.ids, self.vocab_size, self.seen = ids, vocab_size, []
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True):
+        self.seen += input_ids[0].tolist()
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab_size)
+        if len(self.seen) < len(self.ids):
+            logits[0, -1, self.ids[len(self.seen)]] = 1.0
+        return SimpleNamespace(logits=logits, past_key_values=None)
+
+
+def test_a_model_that_writes_the_sample_reproduces_it_and_passes():
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    records, _ = build("eval", DataConfig(demo_eval=6, sources=("demo",)), encoder)
+    demo = [r for r in records if r["source"] == "demo" and r["variant"] == "async"]
+    assert len(demo) == 6
+    for record in demo:
+        model = Replay(record["ids"], encoder.tokenizer.vocab_size)
+        outcome = Loop(model, encoder, record, max_new_tokens=600).run()
+        assert model.seen == record["ids"][:-1]  # everything but the end token, which stops the loop
+        assert outcome.calls == record["calls"] and outcome.passed
+
+
+def test_calls_match_by_value_in_any_order_and_each_once():
+    assert same_calls(['convert_currency(amount=250, to_currency="EUR")', 'get_time(timezone="UTC")'],
+                      ['get_time(timezone="UTC")', "convert_currency(to_currency='EUR', amount=250.0)"])
+    assert not same_calls(['get_time(timezone="UTC")'], ['get_time(timezone="UTC")'] * 2)
+    assert not same_calls(['get_time(timezone="UTC"'], ['get_time(timezone="UTC")'])

@@ -1,0 +1,212 @@
+"""AsyncLM training samples (client/asynclm/training): LPT and traps on hand-made DAGs, masks,
+determinism, the split, and token-exactness against the inferlet's own context."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import messages
+
+from oven.client.asynclm.session import Workload, session_spec
+from oven.client.asynclm.tools import demo_registry
+from oven.client.asynclm.training import protocol
+from oven.client.asynclm.training.data import DataConfig, build, parse_weights, write
+from oven.client.asynclm.training.plain import plain_sync
+from oven.client.asynclm.training.segments import Encoder, flatten, loss_mask
+from oven.client.asynclm.training.simulate import CmlSimulation, Timing
+from oven.client.asynclm.training.split import bfcl_ids, demo_pools
+from oven.client.asynclm.training.tasks import FollowUp, Subtask, Task, fixed_call
+from oven.control.tokenizer import Tokenizer
+from oven.inference.models import resolve_model
+
+PROGRAMS = ["asynclm"]  # for the `loop` fixture (conftest.py)
+LOOP_CONFIG = dict(max_kv_pages_per_instance=64)  # the demo tools' prompt is ~560 tokens
+SMALL = DataConfig(demo_train=12, demo_eval=4, multi_turn_train=2, multi_step_train=1, multi_step_eval=1,
+                   weights=parse_weights("async=0.5,sync-cml=0.3,sync=0.2"), group=4)
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Encoder:
+    return Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+
+
+def single(call: str) -> Subtask:
+    return Subtask((fixed_call(call),), lambda r: f"{call} gave {json.dumps(r[0])}.", lambda r: [json.dumps(r[0])])
+
+
+def demo_task(*subtasks: Subtask, question: str = "Do it.") -> Task:
+    return Task("hand", "demo", question, subtasks, demo_registry)
+
+
+ESTIMATES = {"get_weather": 300, "get_stock_price": 200, "search_web": 800, "calculate": 100,
+             "convert_currency": 250, "get_time": 150}
+PRICE_IN_EUR = Subtask(
+    (fixed_call('get_stock_price(symbol="AAPL")'),
+     lambda r: f'convert_currency(amount={r[0]["price_usd"]}, from_currency="USD", to_currency="EUR")'),
+    lambda r: f"AAPL is {r[1]['amount']} EUR.")
+
+
+def texts(encoder: Encoder, transcript) -> list[tuple[str, str]]:
+    return [(s.role, encoder.decode(s.token_ids)) for s in transcript.segments[1:]]
+
+
+def test_async_writes_longest_first_and_traps_when_every_ready_call_waits(encoder):
+    weather, stock, time = (single('get_weather(city="Oslo")'), single('get_stock_price(symbol="AAPL")'),
+                            single('get_time(timezone="UTC")'))
+    estimates = {**ESTIMATES, "get_weather": 600, "get_stock_price": 300, "get_time": 150}
+    transcript = CmlSimulation(demo_task(time, weather, stock), encoder, Timing(estimates, 5.0), "async").run()
+    assert transcript.calls == ['get_weather(city="Oslo")', 'get_stock_price(symbol="AAPL")',
+                                'get_time(timezone="UTC")']
+    got = texts(encoder, transcript)
+    model = "".join(t for role, t in got if role == "model")
+    # calls of 17-19 tokens at 5 ms: written by 85, 180 and 265 ms, so none is back before the trap
+    assert model.startswith('[CALL] t1 [HEAD] get_weather(city="Oslo") [END]\n[CALL] t2 [HEAD] get_stock_price('
+                            'symbol="AAPL") [END]\n[CALL] t3 [HEAD] get_time(timezone="UTC") [END]\n[TRAP][END]')
+    intr_order = [t.split()[1] for role, t in got if role == "interrupt"]
+    assert intr_order == ["t3", "t2", "t1"]  # back at 265+150, 180+300, 85+600 ms
+    # one wait, for t3; the sentences for t3 and t2 are written while the others run, and they land in them
+    assert [role for role, _ in got] == ["model", "interrupt"] * 3 + ["model"]
+    assert transcript.num_traps == 1 and model.endswith("<|im_end|>")
+
+
+def test_dependent_chain_traps_then_calls_with_the_result(encoder):
+    transcript = CmlSimulation(demo_task(PRICE_IN_EUR), encoder, Timing(ESTIMATES, 5.0), "async").run()
+    got = texts(encoder, transcript)
+    price = json.loads(got[1][1].split("[HEAD]")[1].split("[END]")[0])["price_usd"]
+    assert [role for role, _ in got] == ["model", "interrupt", "model", "interrupt", "model"]
+    assert got[0][1] == '[CALL] t1 [HEAD] get_stock_price(symbol="AAPL") [END]\n[TRAP][END]'
+    assert got[2][1] == (f'[CALL] t2 [HEAD] convert_currency(amount={price}, from_currency="USD", to_currency="EUR")'
+                         ' [END]\n[TRAP][END]')
+    assert got[4][1].startswith("AAPL is ") and transcript.num_traps == 2
+
+
+def test_interrupts_land_only_outside_cml_blocks_and_end_the_line(encoder):
+    # t1 is back (at ~510 + 100 ms) while t2 is being written (until ~1080 ms): it waits for t2's [END]
+    first = single("calculate(expression=\"1 + 1\")")
+    second = single('search_web(query="python asyncio tutorial")')
+    estimates = {**ESTIMATES, "calculate": 100, "search_web": 50}
+    transcript = CmlSimulation(demo_task(second, first), encoder, Timing(estimates, 30.0), "async").run()
+    got = texts(encoder, transcript)
+    assert got[0] == ("model", '[CALL] t1 [HEAD] calculate(expression="1 + 1") [END]\n'
+                               '[CALL] t2 [HEAD] search_web(query="python asyncio tutorial") [END]')
+    assert got[1] == ("interrupt", "[INTR] t1 [HEAD] 2 [END]\n")  # in t2's place of the "\n" it ends its line
+    for role, text in got:
+        if role == "model":
+            assert text.count("[CALL]") == text.count("[END]") - text.count("[TRAP]")
+
+
+def test_sync_cml_waits_after_every_call_in_task_order(encoder):
+    subtasks = (single('get_time(timezone="UTC")'), single('search_web(query="jazz history")'))
+    transcript = CmlSimulation(demo_task(*subtasks), encoder, Timing(ESTIMATES, 20.0), "sync-cml").run()
+    got = texts(encoder, transcript)
+    assert [role for role, _ in got] == ["model", "interrupt", "model", "interrupt", "model"]
+    assert got[0][1] == '[CALL] t1 [HEAD] get_time(timezone="UTC") [END]'
+    assert transcript.num_traps == 0
+
+
+def test_masks_cover_what_the_model_writes_and_nothing_else(encoder):
+    follow = Task("hand", "demo", "Weather in Oslo?", (single('get_weather(city="Oslo")'),), demo_registry,
+                  follow_up=FollowUp("Also, the time in UTC?", single('get_time(timezone="UTC")')))
+    transcript = CmlSimulation(follow, encoder, Timing(ESTIMATES, 10.0, follow_up_ms=20.0), "async").run()
+    ids, spans = flatten(transcript.segments)
+    mask = loss_mask(len(ids), spans)
+    position = 0
+    roles = set()
+    for segment in transcript.segments:
+        roles.add(segment.role)
+        span = mask[position:position + len(segment.token_ids)]
+        assert all(span) if segment.role == "model" else not any(span)
+        position += len(segment.token_ids)
+    assert roles == {"prompt", "model", "interrupt", "user"}
+    masked_text = encoder.decode([t for t, m in zip(ids, mask) if m])
+    for written in ("[CALL] t1", "[TRAP][END]", "Oslo", "<|im_end|>"):
+        assert written in masked_text
+    for unwritten in ("[INTR]", "Also, the time", "You call functions", "Weather in Oslo?", "<|im_start|>"):
+        assert unwritten not in masked_text
+
+
+def test_plain_sync_turns_render_as_the_whole_conversation(encoder):
+    task = demo_task(PRICE_IN_EUR, single('get_weather(city="Oslo")'))
+    transcript = plain_sync(task, encoder, Timing(ESTIMATES, 10.0))
+    ids, spans = flatten(transcript.segments)
+    whole = encoder.decode(ids)
+    assert encoder.encode(whole) == ids  # turn boundaries are special tokens: per-turn = whole tokenization
+    assert transcript.calls[:2] == ['get_stock_price(symbol="AAPL")', 'get_weather(city="Oslo")']
+    assert "<|im_start|>tool\n" in whole and "[CALL]" not in whole
+    model = [encoder.decode(ids[s:e]) for s, e in spans]
+    assert model[0] == 'get_stock_price(symbol="AAPL")\nget_weather(city="Oslo")<|im_end|>'
+
+
+def test_generation_is_deterministic_and_the_split_is_disjoint(encoder, tmp_path):
+    runs = []
+    for out in ("a", "b"):
+        evaluation, _ = build("eval", SMALL, encoder)
+        train, _ = build("train", SMALL, encoder, frozenset(r["question"] for r in evaluation))
+        runs.append(write({"train": train, "eval": evaluation}, tmp_path / out, {}))
+    assert runs[0] == runs[1]
+    assert (tmp_path / "a" / "train.jsonl").read_bytes() == (tmp_path / "b" / "train.jsonl").read_bytes()
+    other = build("train", DataConfig(**{**SMALL.__dict__, "seed": 1}), encoder)[0]
+    assert [r["ids"] for r in other] != [r["ids"] for r in train]
+    assert {r["variant"] for r in evaluation if r["source"] == "demo"} == {"async", "sync-cml", "sync"}
+    # BFCL: no evaluation id in training, compositions included
+    for kind in ("parallel", "live_parallel", "multi_turn"):
+        assert not set(bfcl_ids(kind, "train")) & set(bfcl_ids(kind, "eval"))
+    eval_ids = set(bfcl_ids("multi_turn", "eval")) | set(bfcl_ids("parallel", "eval"))
+    train_sources = {r["task_id"].split("#")[0] for r in train if r["source"] != "demo"}
+    assert train_sources and not train_sources & eval_ids
+    # demo: no held-out entity in any training task
+    held = demo_pools("eval", ("AUD", "CHF"))
+    train_text = " ".join(r["question"] + " " + " ".join(r["calls"]) + " " + (r["follow_up"] or "") for r in train)
+    for entity in held.cities + held.symbols + held.search_queries + held.held_out_currencies:
+        assert f'"{entity}"' not in train_text
+    assert not {r["question"] for r in train} & {r["question"] for r in evaluation}
+
+
+def test_bad_variant_weights_are_refused():
+    with pytest.raises(ValueError, match="bad variant weight 'async=x'"):
+        parse_weights("async=x")
+    with pytest.raises(ValueError, match="variant weights must name"):
+        DataConfig(weights=parse_weights("fast=1"))
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_samples_are_the_tokens_the_inferlet_builds(loop, encoder, mode):
+    """The inferlet, its calls pinned to the simulated model's, on the simulated times: its context is
+    the sample's ids up to the answer (the plan stops there), the system prompt holding the plan's
+    cheat sheet as the inferlet adds it."""
+    variant = "async" if mode == "async" else "sync-cml"
+    task = demo_task(PRICE_IN_EUR) if mode == "async" else demo_task(
+        single('get_weather(city="Oslo")'), single('get_time(timezone="Asia/Tokyo")'))
+    timing = Timing({**ESTIMATES, "get_stock_price": 1000, "convert_currency": 1000}, 5.0)
+    transcript = CmlSimulation(task, encoder, timing, variant).run()
+    registry = task.registry(timing.estimate_ms_by_name)
+    system = protocol.prompt().system_prompt(registry.describe(), transcript.calls)
+    ids, _ = flatten([encoder.prompt(system, task.question)] + transcript.segments[1:])
+    workload = Workload("hand", task.question, registry, [[call] for call in transcript.calls] if mode == "sync"
+                        else [transcript.calls])
+    spec = session_spec(workload, mode, kv="keep", answer_tokens=0, report_context=True)
+    inst = loop.launch("asynclm", [json.dumps(spec)])
+    seen, answered = 0, set()
+
+    def step() -> bool:
+        nonlocal seen
+        events = [json.loads(m) for m in messages(loop, inst)]
+        for event in events[seen:]:
+            calls = [e for e in events if e["type"] == "call" and e["id"] not in answered]
+            # async: answer while the model waits at its trap, as the simulated times say
+            if (event["type"] == "trap" if mode == "async" else event["type"] == "call"):
+                for call in calls:
+                    answered.add(call["id"])
+                    inst.inbox.push(json.dumps({"type": "result", "id": call["id"],
+                                                "value": registry.execute(call["call"])}))
+        seen = len(events)
+        return not inst.alive
+    assert loop.run_until(step, 120)
+    assert inst.exit_code == 0, inst.error
+    done = json.loads(messages(loop, inst)[-1])
+    context = done["context"]
+    assert ids[:len(context)] == context
+    assert transcript.segments[-1].role == "model" and len(ids) - len(context) == len(transcript.segments[-1].token_ids)
+    assert transcript.segments[0].token_ids == encoder.prompt(protocol.prompt().system_prompt(registry.describe()),
+                                                              task.question).token_ids
