@@ -21,6 +21,7 @@ from .connect import EXIT_FAILURE, EXIT_USAGE, NoServer, client_of, connected, t
 from .programs import LocalProgram, ProgramNotFound, library_program, local_program, not_found
 from .rpc import ControlRequestError, OvenClient, ServerRestarted
 
+KILLED_STATUS = 143  # the exit status the server gives an instance a client or a lapsed lease terminated
 FAILURES = (ControlRequestError, AuthError, NoServer, ServerRestarted, RuntimeError, TimeoutError)
 
 
@@ -130,8 +131,8 @@ def stream(client: OvenClient, instance_id: str) -> int:
         elif event.kind == "message":
             print(event.text, flush=True)
         elif event.kind == "exit":
-            if event.text:
-                say(f"{instance_id} failed: {event.text}")
+            if event.text:  # 143 (128 + SIGTERM): ended from outside (a client, a lease), not by its own fault
+                say(f"{instance_id} {'was killed' if event.exit_code == KILLED_STATUS else 'failed'}: {event.text}")
             return event.exit_code if event.exit_code is not None else EXIT_FAILURE
     return EXIT_FAILURE
 
