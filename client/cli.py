@@ -172,7 +172,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     main_file = "app.py" if args.lang == "python" else "src/lib.rs"
     print(f"created {shown}/ ({args.lang}); edit {shown}/{main_file}, then\n"
           f"  oven build {shown}\n"
-          f"  oven run {shown}/{args.name}.wasm -- \"Why is the sky blue?\"")
+          f"  oven run {shown} -- \"Why is the sky blue?\"")
     return 0
 
 

@@ -7,6 +7,7 @@ failure, 2 for a usage error; it never shows a traceback for ordinary mistakes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import queue
 import sys
@@ -100,9 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(instance_id)
                 return 0
             return stream(client, instance_id)
-        except (KeyboardInterrupt, BrokenPipeError):
-            if instance_id:
-                client.terminate(instance_id)
+        except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C, or `| head` has read enough: stop it too
+            if instance_id and not args.detach:
+                with contextlib.suppress(ControlRequestError):  # it may have ended meanwhile
+                    client.terminate(instance_id)
             raise
 
 

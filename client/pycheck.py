@@ -180,8 +180,8 @@ def imported_modules(folder: Path, skip: set[Path]) -> list[str]:
     return list(dict.fromkeys(imp.module for imp in _imports(folder, skip)))
 
 
-_GUEST_SYNTAX = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)\n(?P<text>    .*\n)(?P<caret> *\^+ *\n)?'
-                           r'(?:.*\n)*?SyntaxError: (?P<msg>.*)')
+_GUEST_SYNTAX = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)\n(?P<text>    .*\n)(?P<caret> +\^+ *\n)?'
+                           r'SyntaxError: (?P<msg>.*)')
 
 
 def guest_syntax_error(output: str, unmount, shown) -> str | None:
