@@ -77,6 +77,7 @@ def not_found(ref: str, server_names: list[str]) -> ProgramNotFound:
     """The error for a name that is nothing here nor on the server, with the closest names."""
     names = sorted(set(library_names()) | {n.split(":", 1)[-1] for n in server_names})
     close = difflib.get_close_matches(ref, names, n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(close)}?" if close else " (`oven ps --programs` lists the server's)"
+    choices = ", ".join(close[:-1]) + " or " + close[-1] if len(close) > 1 else "".join(close)
+    hint = f"; did you mean {choices}?" if close else " (`oven ps --programs` lists the server's)"
     return ProgramNotFound(f"no program {ref!r}: not a .wasm file, an inferlet folder, a library inferlet or a "
                            f"program uploaded to the server{hint}")
