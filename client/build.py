@@ -333,11 +333,13 @@ def new_inferlet(lang: str, name: str, parent: Path) -> Path:
 def link_rust_sdk(folder: Path) -> None:
     """Point ``folder/.oven/sdk`` at the Rust SDKs of this oven (a checkout's or an installed package's),
     where a Cargo.toml from ``oven new`` looks for them; ``oven build`` refreshes it, so the folder
-    builds wherever oven lives now."""
+    builds wherever oven lives now. A real folder there (a copy) is the user's and left alone."""
     link, target = folder / RUST_SDK_LINK, sdk_dir() / "rust"
-    if link.is_symlink() and Path(os.readlink(link)) == target:
+    if link.is_symlink():
+        if Path(os.readlink(link)) == target:
+            return
+        link.unlink()
+    elif link.exists():
         return
     link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        link.unlink()
     link.symlink_to(target, target_is_directory=True)

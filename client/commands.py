@@ -62,15 +62,12 @@ def _verb(action: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     def run(args: argparse.Namespace) -> int:
         try:
             return action(args)
-        except ValueError as exc:  # a bad setting (environment, config file)
-            say(str(exc))
-            return EXIT_USAGE
-        except ProgramNotFound as exc:
-            say(str(exc))
-            return EXIT_USAGE
-        except FAILURES as exc:
+        except FAILURES as exc:  # before ValueError: an AuthError is one
             say(str(exc))
             return EXIT_FAILURE
+        except (ValueError, ProgramNotFound) as exc:  # a bad setting (environment, config file), a bad name
+            say(str(exc))
+            return EXIT_USAGE
     run.__doc__ = action.__doc__
     return run
 

@@ -5,7 +5,6 @@ or not; sampling parameters, usage and errors as OpenAI's clients expect them.""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
