@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 EPOCH_TICK_S = 0.005
 REPLY_CHECK_S = 0.0002  # between two slices, look for inference replies at most this often
+START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
 _EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
 EventSink = Callable[[Instance, str, object], None]  # (instance, "stdout"|"stderr"|"message"|"exit", payload)
 
@@ -79,6 +80,7 @@ class ControlLoop:
         self.supervisor = supervisor
         self.info: p.InfoReply = client.info()
         self._info_request: int | None = None  # a restarted inference process: answers this when it serves
+        self._restarted_at = 0.0
         self.tokenizer = Tokenizer(self.info.tokenizer)
         self.engine = wasmtime.Engine(engine_config())
         self.programs = ProgramStore(config.programs_path, self.engine)
@@ -310,7 +312,10 @@ class ControlLoop:
     # -- a dead or hung inference process -------------------------------------------------------
 
     def _watch_inference(self, now: float) -> None:
-        if self._in_flight and self._info_request is None:
+        if self._info_request is not None:
+            if now - self._restarted_at > max(self.config.inference_timeout_s, START_TIMEOUT_S):
+                self.supervisor.kill(f"the new inference process did not serve within {START_TIMEOUT_S:.0f} s")
+        elif self._in_flight:
             _, oldest = next(iter(self._in_flight.values()))  # dicts keep the order batches were sent
             if now - oldest > self.config.inference_timeout_s:
                 self.supervisor.kill(f"no reply to a batch in {self.config.inference_timeout_s:.0f} s (hung; "
@@ -330,10 +335,8 @@ class ControlLoop:
             if (table.num_kvpages or table.num_embeds or inst.swapping
                     or any(owner is inst for owner, _ in self._commands.values())):
                 self.kill(inst, message)
-        for command_id in in_flight:  # of instances that survived (none hold state): fail the calls alone
-            inst, fut = self._commands.pop(command_id, (None, None))
-            if inst is not None:
-                inst.futures.fail(fut, message)
+        for command_id in in_flight:  # every one belongs to an instance killed above: forget them
+            self._commands.pop(command_id, None)
         for export in self.exports.exports():  # their pages were in the dead process
             self.exports.drop(export.name, export.namespace)
         self._poller.unregister(self.client.socket)
@@ -341,6 +344,7 @@ class ControlLoop:
         self.client = self.supervisor.restart(now)  # InferenceUnavailable past the restart budget
         self._poller.register(self.client.socket, zmq.POLLIN)
         self._info_request = self.client.send(p.InfoRequest())
+        self._restarted_at = now
 
     def _inference_back(self, reply) -> None:
         self._info_request = None
