@@ -48,10 +48,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, ProgramNotFound, FrontEndError) as exc:
         say(str(exc))
         return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILURE
-    start = (lambda endpoint: front.start(endpoint, (control.state_path / "operator.token").read_text().strip())
-             ) if front else None
+
+    def start_api(endpoint: str) -> None:  # the control server serves: the API's requests can go through
+        front.start(endpoint, (control.state_path / "operator.token").read_text().strip())
+
     try:
-        return serve(inference, control, verbose=not args.quiet, on_ready=start)
+        return serve(inference, control, verbose=not args.quiet, on_ready=start_api if front else None)
     finally:
         if front is not None:
             front.stop()
