@@ -58,8 +58,9 @@ from asynclm_report import plot_speedup, read_csv, report
 from asynclm_runs import Run
 from benchlib import RESULTS_DIR, machine_lines
 from oven.client.asynclm.session import Workload, run_session, session_spec
-from oven.client.commands import connected, resolve_program
-from oven.proto.endpoints import private_endpoint
+from oven.client.connect import embedded_server  # noqa: E402
+from oven.client.programs import library_program  # noqa: E402
+from oven.proto.auth import default_state_dir  # noqa: E402
 from oven.client.asynclm.tools import ToolRegistry, load_scenarios, parse_call
 from oven.client.asynclm.tools.registry import describe_line
 from oven.inference.config import DEFAULT_MODEL
@@ -118,10 +119,10 @@ def profile_trap_costs(client, program) -> dict | None:
 
 
 def measure(args) -> tuple[list[Run], dict | None]:
-    path, name = resolve_program("asynclm")
+    asynclm = library_program("asynclm")
     runs: list[Run] = []
-    with connected(private_endpoint(), args.model) as client:  # nothing serves a fresh endpoint: embedded
-        program = client.upload_file(path, name)
+    with embedded_server(args.model, default_state_dir()) as client:
+        program = client.upload_file(asynclm.path, asynclm.name)
         t = time.perf_counter()
         cost_model = profile_trap_costs(client, program)
         print(f"warm-up and trap-handler profile: {time.perf_counter() - t:.0f} s, cost model {cost_model}",

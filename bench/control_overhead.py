@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
 from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer  # noqa: E402
 
-from oven.client.commands import INFERLETS_DIR  # noqa: E402
+from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
 from oven.control.inference_client import InferenceClient  # noqa: E402
 from oven.proto.endpoints import private_endpoint  # noqa: E402
@@ -100,7 +100,7 @@ class Bench:
         self.events.clear()  # instance ids restart at 1 in every loop
         loop = ControlLoop(InferenceClient(self.endpoint), replace(self.config, **overrides), self._record)
         for name in PROGRAMS:
-            loop.programs.add((INFERLETS_DIR / name / f"{name}.wasm").read_bytes(), name)
+            loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name)
         return loop
 
     def _record(self, inst, kind: str, payload: object) -> None:

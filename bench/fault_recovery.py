@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import RESULTS_DIR, machine_lines  # noqa: E402
 
-from oven.client.commands import INFERLETS_DIR  # noqa: E402
+from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.client.rpc import OvenClient  # noqa: E402
 
 OVEN = [sys.executable, "-m", "oven.client.cli"]
@@ -66,7 +66,7 @@ class Server:
 
 
 def wasm(name: str) -> bytes:
-    return (INFERLETS_DIR / name / f"{name}.wasm").read_bytes()
+    return (inferlets_dir() / name / f"{name}.wasm").read_bytes()
 
 
 def run_to_exit(client: OvenClient, instance_ids: set[str]) -> dict[str, tuple[int, str, list[str]]]:

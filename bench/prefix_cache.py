@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
 
-from oven.client.commands import INFERLETS_DIR  # noqa: E402
+from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
 from oven.control.inference_process import start_inference_process  # noqa: E402
 from oven.proto.endpoints import private_endpoint  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> int:
         loop = ControlLoop(inference.client(), ControlConfig(
             program_dir=str(Path(default_program_dir()).parent / "bench-programs")),
             lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
-        loop.programs.add((INFERLETS_DIR / "prefix-cache" / "prefix-cache.wasm").read_bytes(), "prefix-cache")
+        loop.programs.add((inferlets_dir() / "prefix-cache" / "prefix-cache.wasm").read_bytes(), "prefix-cache")
         tokenizer = Tokenizer(loop.info.tokenizer)
         prefix = PARAGRAPH
         while len(tokenizer.encode(prefix)) < args.prefix_tokens:

@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_lines, markdown_table, write_results
 from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer
-from oven.client.commands import INFERLETS_DIR
+from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
 from oven.control.inference_client import InferenceClient
 from oven.proto.endpoints import private_endpoint
@@ -92,7 +92,7 @@ def parse_args() -> argparse.Namespace:
 def available_cases() -> tuple[list[Case], list[str]]:
     cases, notes = [], []
     for case in CASES:
-        if (INFERLETS_DIR / case.program / f"{case.program}.wasm").is_file():
+        if (inferlets_dir() / case.program / f"{case.program}.wasm").is_file():
             cases.append(case)
         else:
             notes.append(f"`{case.program}` skipped: inferlets/{case.program}/{case.program}.wasm is not built "
@@ -222,7 +222,7 @@ def main() -> int:
                            ControlConfig(program_dir=args.program_dir, instance_memory_mib=256), lambda *_: None)
         try:
             for case in cases:
-                loop.programs.add((INFERLETS_DIR / case.program / f"{case.program}.wasm").read_bytes(), case.program)
+                loop.programs.add((inferlets_dir() / case.program / f"{case.program}.wasm").read_bytes(), case.program)
             settle_heap()  # what `oven serve` does once it has started
             samples = run_all(loop, cases, args)
         finally:

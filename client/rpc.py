@@ -41,13 +41,13 @@ def default_endpoint() -> str:
     return os.environ.get("OVEN_CONTROL_ENDPOINT") or default_control_endpoint()
 
 
-def find_token(explicit: str | None = None) -> Token:
+def find_token(explicit: str | None = None, state_dir: Path | None = None) -> Token:
     """The token to connect with: ``explicit`` or ``OVEN_TOKEN`` (a token, or @FILE holding one), else the
-    operator token a server of this user wrote into its state directory."""
+    operator token a server of this user wrote into its state directory (default: the default one)."""
     text = explicit or os.environ.get("OVEN_TOKEN")
     source = "the token given"
     if not text:
-        path = default_state_dir() / "operator.token"
+        path = (state_dir or default_state_dir()) / "operator.token"
         if not path.exists():
             raise AuthError(f"no token: none given (--token, OVEN_TOKEN) and no {path} (a server started by this "
                             "user writes it; another user's server gives tokens with `oven token add NAME`)")

@@ -27,6 +27,7 @@ class ControlConfig:
     exhaustion_policy: str = "terminate-newest"
     max_instances: int = 1024
     max_instances_per_client: int = 256  # running at once, per client but the operator
+    finished_instances: int = 100  # ended instances `oven ps` still shows (and `oven attach` replays), newest
     inbox_messages: int = 1024  # client messages waiting in one instance's inbox
     inbox_mib: int = 16  # and their bytes
     instance_memory_mib: int = 512
@@ -55,8 +56,8 @@ class ControlConfig:
                 raise ValueError(f"{field} must be positive")
         if min(self.dispatch_t_ms, self.lease_s, self.http_timeout_s, self.inference_timeout_s) <= 0:
             raise ValueError("dispatch_t_ms, lease_s, http_timeout_s and inference_timeout_s must be positive")
-        if self.http_queue_per_instance < 0 or self.inference_restarts < 0:
-            raise ValueError("http_queue_per_instance and inference_restarts must not be negative")
+        if min(self.http_queue_per_instance, self.inference_restarts, self.finished_instances) < 0:
+            raise ValueError("http_queue_per_instance, inference_restarts and finished_instances must not be negative")
         AllowList.parse(self.http_allow)  # a bad entry fails here, at start, naming the entry
 
     @property

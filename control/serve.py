@@ -6,6 +6,7 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 from oven.inference.config import InferenceConfig
 from oven.proto.auth import AuthError
@@ -37,7 +38,9 @@ def settle_heap() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = True) -> int:
+def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = True,
+          on_ready: Callable[[str], None] | None = None) -> int:
+    """Serve until Ctrl-C or SIGTERM; ``on_ready(endpoint)`` is called once clients can be served."""
     die_with_parent()  # an embedded server (oven run) goes with the command that started it
     stopping = []
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -59,6 +62,8 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
         settle_heap()
         print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to {server.endpoint}",
               file=sys.stderr, flush=True)
+        if on_ready is not None:
+            on_ready(server.endpoint)
         try:
             server.serve_forever(lambda: bool(stopping) or not parent_alive())
         except InferenceUnavailable as exc:

@@ -30,6 +30,7 @@ from oven.proto.endpoints import bind
 
 from .keyring import Keyring
 from .outbox import ClientOutbox
+from .output_log import OutputLog
 from .resources import ResourceError
 from .runtime.instance import Instance, InstanceRecord
 from .runtime.loop import ControlLoop
@@ -76,6 +77,7 @@ class ControlServer:
         secure_server(self.sock, keyring.server, self._admission)
         bind(self.sock, endpoint)
         self.outbox = ClientOutbox(self.sock)
+        self.output = OutputLog()  # what attaching clients are shown first
         self._held: set[str] = set()  # instances whose output a watcher is behind on
         self._uploads: dict[tuple[bytes, str], bytearray] = {}
         self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client routes
@@ -97,11 +99,13 @@ class ControlServer:
         else:
             event = c.InstanceEvent(inst.instance_id, kind, str(payload))
         frame = c.CODEC.encode(event)
+        self.output.record(inst.instance_id, frame)
         for route in self._watchers.get(inst.instance_id, ()):
             self.outbox.send(route, frame)
         if kind == "exit":
             for route in self._watchers.pop(inst.instance_id, ()):
                 self._owned[route].discard(inst.instance_id)
+            self.output.keep_only(lambda i: i in self.loop.instances or i in self.loop.finished)
 
     def serve_forever(self, should_stop) -> None:
         while not should_stop():
@@ -230,7 +234,8 @@ class ControlServer:
         now = time.monotonic()
 
         def entry(i: Instance | InstanceRecord, state: str) -> c.InstanceEntry:
-            return c.InstanceEntry(i.instance_id, i.program[:12], state, now - i.started_at, i.exit_code,
+            program = self.loop.programs.name_of(i.program, i.owner) or i.program[:12]
+            return c.InstanceEntry(i.instance_id, program, state, now - i.started_at, i.exit_code,
                                    i.error or "", i.owner)
         mine = lambda i: caller.operator or i.owner == caller.name  # noqa: E731
         running = [entry(i, "held" if i.output_held and i.alive else i.state.value)
@@ -253,8 +258,16 @@ class ControlServer:
         return c.Ok()
 
     def _attach(self, caller: Caller, req: c.Attach) -> c.Ok:
-        self._instance(caller, req.instance_id)
-        self._watchers[req.instance_id].add(caller.route)
+        """Send what the instance wrote so far (its exit too, if it ended), then what it writes from now on."""
+        ended = self.loop.finished.get(req.instance_id)
+        if ended is not None and not (ended.owner == caller.name or caller.operator):
+            raise RequestFailed("forbidden", f"instance {req.instance_id} belongs to another client")
+        if ended is None:
+            self._instance(caller, req.instance_id)
+        for frame in self.output.replay(req.instance_id):
+            self.outbox.send(caller.route, frame)
+        if ended is None:
+            self._watchers[req.instance_id].add(caller.route)
         return c.Ok()
 
     def _terminate(self, caller: Caller, req: c.Terminate) -> c.Ok:

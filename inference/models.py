@@ -109,19 +109,37 @@ def resolve_model(spec: str, progress: Callable[[str], None] = log.info) -> Mode
                      "dummy:<shape>, a .gguf file or a Hugging Face folder with config.json")
 
 
+GGUF_KEY_BYTES = 4 << 20
+
+
+def gguf_key(gguf_path: Path) -> str:
+    """A key for the file's content, read in milliseconds: its size and SHA-256 of its first and last 4 MiB.
+
+    A GGUF's head holds its metadata and tensor table, so two different models differ there; the
+    tail covers a file cut short or re-quantised in place. Neither path nor mtime takes part: a
+    fresh install of the same wheel is the same model.
+    """
+    size = gguf_path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with gguf_path.open("rb") as f:
+        digest.update(f.read(GGUF_KEY_BYTES))
+        f.seek(max(size - GGUF_KEY_BYTES, 0))
+        digest.update(f.read(GGUF_KEY_BYTES))
+    return digest.hexdigest()[:16]
+
+
 def convert_gguf(gguf_path: Path, progress: Callable[[str], None] = log.info) -> Path:
     """Convert a GGUF file once into a Hugging Face folder in the cache; return that folder.
 
-    The folder is keyed by the file's path, size and mtime, and written to a
+    The folder is keyed by the file's content (:func:`gguf_key`), not its path, so every clone or
+    virtual environment holding the same file shares one conversion; it is written to a
     temporary name first, so an interrupted conversion never leaves a half folder.
     """
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir() / "models" / f"{gguf_path.stem}-{key}"
+    target = cache_dir() / "models" / f"{gguf_path.stem}-{gguf_key(gguf_path)}"
     if (target / "config.json").is_file():
         return target
     progress(f"converting {gguf_path.name} to a Hugging Face folder in {target} (once)")

@@ -1,7 +1,7 @@
 """One loader for every layer's frozen config dataclass.
 
-Precedence, lowest first: the dataclass defaults, a TOML file (``--config``,
-the table named by ``section``), environment variables ``OVEN_<FIELD>``, then
+Precedence, lowest first: the dataclass defaults, a TOML file (``--config``, else
+``OVEN_CONFIG``; the table named by ``section``), environment variables ``OVEN_<FIELD>``, then
 command-line flags ``--field-name``. The dataclass validates the merged result
 in ``__post_init__``, so every source gets the same clear error.
 """
@@ -36,7 +36,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one optional flag per field of ``cls`` (defaults shown in --help)."""
     hints = typing.get_type_hints(cls)
     if "--config" not in parser._option_string_actions:  # several configs may share one parser
-        parser.add_argument("--config", type=Path, help="TOML file with [inference] / [control] tables")
+        parser.add_argument("--config", type=Path, help="TOML file with [inference] / [control] / [openai] tables "
+                                                        "(default: $OVEN_CONFIG)")
     for field in dataclasses.fields(cls):
         kind = _scalar_type(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
@@ -52,11 +53,15 @@ def config_from_args(cls: type, args: argparse.Namespace, section: str = "infere
     """Merge defaults < TOML file < environment < flags < ``overrides`` into a ``cls``."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        table = tomllib.loads(Path(args.config).read_text()).get(section, {})
+    config_file = getattr(args, "config", None) or os.environ.get("OVEN_CONFIG")
+    if config_file:
+        try:
+            table = tomllib.loads(Path(config_file).read_text()).get(section, {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"{config_file}: {exc}") from None
         unknown = set(table) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"{args.config}: unknown settings in [{section}]: {', '.join(sorted(unknown))}")
+            raise ValueError(f"{config_file}: unknown settings in [{section}]: {', '.join(sorted(unknown))}")
         values.update(table)
     for field in dataclasses.fields(cls):
         env = os.environ.get(f"OVEN_{field.name.upper()}")

@@ -93,8 +93,9 @@ class ListInstances:
 @dataclass(frozen=True, slots=True)
 class InstanceEntry:
     instance_id: str
-    program: str
-    state: str  # ready | waiting | held (a watching client is behind on its output; not run) | finished | killed
+    program: str  # the name its owner (or the library) has for it, else the start of its SHA-256
+    state: str  # ready | waiting | held (a client is behind on its output) | finished | failed (a trap or an
+    # exception: its own fault) | killed (by a client, its lease, the pool-exhaustion policy, a shutdown)
     age_s: float
     exit_code: int | None
     error: str
@@ -114,6 +115,8 @@ class SendMessage:
 
 @dataclass(frozen=True, slots=True)
 class Attach:
+    """Watch an instance: first what it wrote so far (its exit too, if it ended), then what it writes."""
+
     instance_id: str
 
 

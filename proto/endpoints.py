@@ -56,7 +56,7 @@ def check_bindable(endpoint: str) -> None:
         raise EndpointError(f"cannot serve on {endpoint}: {folder} is writable by other users, who could bind it "
                             "first; use a path in a directory only you may write")
     if path.exists():
-        if _listening(path):
+        if _ipc_listening(path):
             raise EndpointError(f"cannot serve on {endpoint}: another server is listening there")
         path.unlink()  # a socket file left by a server that died
 
@@ -71,7 +71,23 @@ def bind(sock: zmq.Socket, endpoint: str) -> None:
         raise EndpointError(f"cannot serve on {endpoint}: {reason}") from None
 
 
-def _listening(path: Path) -> bool:
+def listening(endpoint: str, timeout_s: float = 1.0) -> bool:
+    """Does a server listen at ``endpoint`` (ipc or tcp)? A quick look for clients, before any handshake:
+    a missing socket file or a refused port is said at once, not after a request's timeout."""
+    path = ipc_path(endpoint)
+    if path is not None:
+        return _ipc_listening(path)
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            return False
+    return True  # another transport (inproc): let the request find out
+
+
+def _ipc_listening(path: Path) -> bool:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(str(path))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oven.client.commands import INFERLETS_DIR
+from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
 from oven.client.generate import greedy_generate
 from oven.control.inference_process import start_inference_process
@@ -23,7 +23,7 @@ PROGRAM_DIR = str(Path(default_program_dir()).parent / "test-programs")
 
 
 def built(name: str) -> bytes:
-    path = INFERLETS_DIR / name / f"{name}.wasm"
+    path = inferlets_dir() / name / f"{name}.wasm"
     if not path.is_file():
         pytest.fail(f"{path} is missing: run setup.sh, which builds the inferlets")
     return path.read_bytes()

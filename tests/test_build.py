@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from harness import assert_pools_full, direct_greedy, events_of, messages
-from oven.client.build import PYTHON_SDK_DIR, WIT_DIR, Inferlet
+from oven.client.build import Inferlet
+from oven.client.paths import sdk_dir, wit_dir
 from oven.control.tokenizer import Tokenizer
 
 COMPONENT_HEADER = b"\0asm\x0d\x00\x01\x00"  # magic, then version 0x0d and layer 1: a component, not a module
@@ -109,8 +110,8 @@ def test_sources_include_the_folder_the_sdk_and_the_wit(python_wasm):
     inferlet = Inferlet.at(python_wasm.parent)
     sources = set(inferlet.sources())
     assert python_wasm.parent / "app.py" in sources and python_wasm not in sources
-    assert PYTHON_SDK_DIR / "inferlet" / "context.py" in sources
-    assert any(path.parent == WIT_DIR for path in sources)
+    assert sdk_dir() / "python" / "inferlet" / "context.py" in sources
+    assert any(path.parent == wit_dir() for path in sources)
     assert inferlet.up_to_date()
     app = python_wasm.parent / "app.py"
     later = python_wasm.stat().st_mtime + 10
@@ -132,14 +133,30 @@ def test_a_syntax_error_is_reported_as_file_and_line(tmp_path):
 
 
 def test_a_componentize_failure_shows_the_guest_traceback_only(tmp_path):
+    assert oven("new", "raises", cwd=tmp_path).returncode == 0
+    app = tmp_path / "raises" / "app.py"
+    app.write_text("import inferlet\nraise RuntimeError('not at build time')\n" + app.read_text())
+    failed = oven("build", "raises", cwd=tmp_path)
+    assert failed.returncode == 1
+    assert "raises/app.py\", line 2" in failed.stderr, failed.stderr
+    assert "RuntimeError: not at build time" in failed.stderr
+    assert "Stack backtrace" not in failed.stderr and "Caused by" not in failed.stderr
+
+
+@pytest.mark.parametrize("line, message", [
+    ("import no_such_module", "imports/app.py:2: import no_such_module: no module 'no_such_module' in the "
+                              "inferlet's module path"),
+    ("import numpy", "imports/app.py:2: import numpy: no module 'numpy' in the inferlet's module path"),
+    ("from subprocess import run", "imports/app.py:2: import subprocess: an inferlet cannot start processes"),
+])
+def test_an_import_the_sandbox_cannot_serve_fails_before_building(tmp_path, line, message):
+    """Host packages are never on the module path; the check names the module at once (no componentize-py)."""
     assert oven("new", "imports", cwd=tmp_path).returncode == 0
     app = tmp_path / "imports" / "app.py"
-    app.write_text("import inferlet\nimport no_such_module\n" + app.read_text())
-    failed = oven("build", "imports", cwd=tmp_path)
+    app.write_text("import inferlet\n" + line + "\n" + app.read_text())
+    failed = oven("build", "imports", cwd=tmp_path, OVEN_COMPONENTIZE_PY="/nonexistent")
     assert failed.returncode == 1
-    assert "imports/app.py\", line 2" in failed.stderr, failed.stderr
-    assert "ModuleNotFoundError: No module named 'no_such_module'" in failed.stderr
-    assert "Stack backtrace" not in failed.stderr and "Caused by" not in failed.stderr
+    assert failed.stderr.startswith("oven: error: " + message), failed.stderr
 
 
 def test_cargo_errors_are_shown(rust_wasm, tmp_path):

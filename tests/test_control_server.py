@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from oven.client.rpc import ControlRequestError, OvenClient
-from oven.client.commands import resolve_program
+from oven.client.programs import library_program
 from oven.client.generate import greedy_generate
 from oven.proto.endpoints import private_endpoint
 from oven.control.tokenizer import Tokenizer
@@ -41,6 +41,11 @@ def server(tmp_path_factory):
 def oven(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "oven.client.cli", *args], capture_output=True, text=True,
                           timeout=timeout_s, env=os.environ.copy())
+
+
+def upload(client: OvenClient, name: str) -> str:
+    program = library_program(name)
+    return client.upload_file(program.path, program.name)
 
 
 def direct_greedy(inference, prompt: str, max_new: int) -> list[int]:
@@ -109,7 +114,7 @@ def test_vanished_client_leaks_nothing(server):
     control, _ = server
     with OvenClient(control) as client:
         full = client.stats()
-        instance_id = client.launch(client.upload_file(*resolve_program("echo")), [])
+        instance_id = client.launch(upload(client, "echo"), [])
     time.sleep(LEASE_S + 1.0)
     with OvenClient(control) as client:
         deadline = time.monotonic() + 20
@@ -128,7 +133,7 @@ def test_a_slow_client_loses_nothing(server):
     control, _ = server
     n = 3000  # 6001 frames: more than ZeroMQ's pipes hold (1000 each way), which used to drop the rest
     with OvenClient(control) as client, OvenClient(control) as probe:
-        program = client.upload_file(*resolve_program("hostile"))
+        program = upload(client, "hostile")
         instance_id = client.launch(program, ["flood", str(n)])
         deadline = time.monotonic() + 120
         state = "ready"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from oven.client.commands import INFERLETS_DIR
+from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
 from oven.client.generate import greedy_generate
 from oven.control.inference_process import start_inference_process
@@ -47,7 +47,7 @@ def make_loop(inference, tmp_path, policy: str):
     loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
     for name in ("hello-python", "prefix-cache"):
-        loop.programs.add((INFERLETS_DIR / name / f"{name}.wasm").read_bytes(), name)
+        loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name)
     loop.events = events
     return loop
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 from wasmtime import component
 
-from oven.client.commands import INFERLETS_DIR
+from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
 from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
@@ -59,7 +59,7 @@ def loop(tmp_path_factory, tool_server):
         control = ControlLoop(process.client(),
                               ControlConfig(program_dir=str(tmp_path_factory.mktemp("p")),
                                             http_allow=f"127.0.0.1:{tool_server.server_port}"), lambda *a: None)
-        control.programs.add((INFERLETS_DIR / "echo" / "echo.wasm").read_bytes(), "echo")
+        control.programs.add((inferlets_dir() / "echo" / "echo.wasm").read_bytes(), "echo")
         yield control
         control.close()
 

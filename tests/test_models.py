@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -76,3 +78,18 @@ def test_same_seed_same_random_model():
 def test_bad_specs_are_explained(spec, fragment):
     with pytest.raises(ValueError, match=fragment):
         resolve_model(spec)
+
+
+def test_the_conversion_cache_key_follows_the_content_not_the_path(tmp_path):
+    """A fresh clone (its own .venv, so another path and mtime) finds the conversion made before."""
+    from oven.inference.models import gguf_key
+
+    data = bytes(range(256)) * 40_000  # 10 MB: both the head and the tail read count
+    first, second = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    os.utime(second, (1, 1))
+    assert gguf_key(first) == gguf_key(second)
+    second.write_bytes(data[:-1] + b"\x00")
+    assert gguf_key(first) != gguf_key(second)

@@ -80,7 +80,7 @@ def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     hostile = loop.launch("hostile", [mode])
     (good,) = run(loop, "hello-python", [["Still fine", "5"]])
     assert loop.run_until(lambda: not hostile.alive, 60)
-    assert hostile.state is State.KILLED and hostile.exit_code == 1
+    assert hostile.state is State.FAILED and hostile.exit_code == 1
     assert fragment in hostile.error.lower()
     assert good.exit_code == 0
     assert messages(loop, good) == [" ".join(map(str, direct_greedy(inference, loop, "Still fine", 5)))]

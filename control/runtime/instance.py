@@ -29,7 +29,8 @@ class State(enum.Enum):
     READY = "ready"  # has a slice to run
     WAITING = "waiting"  # waits on futures
     FINISHED = "finished"
-    KILLED = "killed"
+    FAILED = "failed"  # its own fault: a trap, an exception, a limit it ran into
+    KILLED = "killed"  # ended from outside: a client, its lease, the pool-exhaustion policy, a shutdown
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ import array
 import itertools
 import logging
 import queue
+import re
 import sys
 import threading
 import time
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 EPOCH_TICK_S = 0.005
 REPLY_CHECK_S = 0.0002  # between two slices, look for inference replies at most this often
 START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
-MAX_FINISHED_RECORDS = 1000
+_EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
 EventSink = Callable[[Instance, str, object], None]  # (instance, "stdout"|"stderr"|"message"|"exit", payload)
 
 
@@ -136,10 +137,11 @@ class ControlLoop:
         self.instances[instance_id] = inst
         return inst
 
-    def kill(self, inst: Instance, reason: str, exit_code: int = 1) -> None:
+    def kill(self, inst: Instance, reason: str, exit_code: int = 1, state: State = State.KILLED) -> None:
+        """End ``inst`` for ``reason``: ``State.KILLED`` from outside, ``State.FAILED`` for its own fault."""
         if not inst.alive:
             return
-        inst.state, inst.error, inst.exit_code = State.KILLED, reason, exit_code
+        inst.state, inst.error, inst.exit_code = state, reason, exit_code
         self._retire(inst)
 
     def _retire(self, inst: Instance) -> None:
@@ -149,7 +151,7 @@ class ControlLoop:
             inst.futures.fail(fut, "the instance ended")
         self.allocator.forget(inst)
         self.http.forget(inst.instance_id)
-        if inst.state is State.KILLED:  # its KV may be half written: no one should import it
+        if inst.state is not State.FINISHED:  # its KV may be half written: no one should import it
             for export in self.exports.exported_by(inst.instance_id):
                 self.exports.drop(export.name, export.namespace)
         inst.resources.release_all()
@@ -157,7 +159,7 @@ class ControlLoop:
         self.topics.forget(inst.instance_id)
         self.instances.pop(inst.instance_id, None)
         self.finished[inst.instance_id] = inst.record()
-        while len(self.finished) > MAX_FINISHED_RECORDS:  # oldest first (dicts keep insertion order)
+        while len(self.finished) > self.config.finished_instances:  # oldest first (dicts keep insertion order)
             del self.finished[next(iter(self.finished))]
         self.emit(inst, "exit", inst.exit_code)
         self.allocator.retry_parked()
@@ -271,7 +273,7 @@ class ControlLoop:
             try:
                 inst.run_slice()
             except (wasmtime.Trap, wasmtime.WasmtimeError, ValueError) as exc:
-                self.kill(inst, _kill_reason(exc, inst))
+                self.kill(inst, *_failure(exc, inst), state=State.FAILED)
             finally:
                 self.current = None
             if inst.state is State.FINISHED:
@@ -409,17 +411,19 @@ def _trap_message(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _kill_reason(exc: Exception, inst: Instance) -> str:
-    """Why a failed slice kills ``inst``: the trap's cause, and which limit it hit if it hit one."""
-    reason = _trap_message(exc)
-    if reason == "wasm trap: interrupt":  # the epoch deadline (Instance.run_slice)
+def _failure(exc: Exception, inst: Instance) -> tuple[str, int]:
+    """Why a failed slice ends ``inst`` (the trap's cause, and which limit it hit if it hit one), and its status."""
+    reason, status = _trap_message(exc), 1
+    last_words = inst.last_stderr_line()  # a guest's own error text beats "unreachable"
+    if (exited := _EXIT_STATUS.match(reason)) is not None:  # the guest exited (the Python SDK, on an exception)
+        reason, last_words, status = last_words or f"exited with status {exited[1]}", "", int(exited[1])
+    elif reason == "wasm trap: interrupt":  # the epoch deadline (Instance.run_slice)
         return (f"{reason}: one slice ran past the {inst.limits.slice_ms} ms deadline without waiting on a "
-                "future (oven serve --slice-ms)")
+                "future (oven serve --slice-ms)", status)
     if "MemoryError" in inst.stderr_tail:  # CPython's answer when memory.grow hits the store's limit
         reason += (f": out of memory, the instance's limit is {inst.limits.memory_bytes >> 20} MiB "
                    "(oven serve --instance-memory-mib)")
-    last_words = inst.last_stderr_line()  # a guest's own error text beats "unreachable"
-    return reason + (f" ({last_words})" if last_words else "")
+    return reason + (f" ({last_words})" if last_words else ""), status
 
 
 def _wake_pipe():

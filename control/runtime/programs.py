@@ -152,6 +152,14 @@ class ProgramStore:
             raise ProgramError(f"{ref[:80]!r} is not a program name or a SHA-256 (a name is never a path)")
         raise ProgramError(f"no program named or hashed {ref!r}")
 
+    def name_of(self, digest: str, client: str) -> str | None:
+        """A name ``client`` knows program ``digest`` by (its own first, then the library's), or None."""
+        for namespace in (client, LIBRARY):
+            names = sorted(name for name, d in self._names.get(namespace, {}).items() if d == digest)
+            if names:
+                return names[0]
+        return None
+
     def may_run(self, digest: str, client: str) -> bool:
         return client in self._uploaders.get(digest, ()) or digest in self._names.get(LIBRARY, {}).values()
 

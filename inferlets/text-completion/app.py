@@ -29,7 +29,7 @@ async def by_steps(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: in
 
 async def main(args: list[str]) -> None:
     if not args:
-        raise ValueError("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--steps]")
+        raise SystemExit("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--steps]")
     max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
     temperature = option(args, "--temperature")
     seed = option(args, "--seed")

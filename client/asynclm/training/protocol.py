@@ -2,8 +2,7 @@
 from their files: training text and serving text come from one source.
 
 Both modules are standard-library Python (they run inside the inferlet's CPython in WebAssembly),
-so the client imports them as they are; they need an editable install, where ``inferlets/`` sits
-beside the package.
+so the client imports them as they are, from the library's inferlet sources (:mod:`oven.client.paths`).
 """
 
 from __future__ import annotations
@@ -13,17 +12,15 @@ import sys
 from functools import cache
 from types import ModuleType
 
-from ...commands import INFERLETS_DIR
-
-INFERLET_DIR = INFERLETS_DIR / "asynclm"
+from ...paths import inferlets_dir
 
 
 @cache
 def _load(name: str) -> ModuleType:
-    path = INFERLET_DIR / f"{name}.py"
+    path = inferlets_dir() / "asynclm" / f"{name}.py"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: AsyncLM training needs the repository's inferlets/ folder "
-                                "(an editable install, as setup.sh makes)")
+        raise FileNotFoundError(f"{path} is missing: the AsyncLM inferlet's sources are part of oven (reinstall it, "
+                                "or point OVEN_INFERLETS_DIR at an inferlets/ folder)")
     spec = importlib.util.spec_from_file_location(f"oven_asynclm_inferlet_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built

@@ -9,6 +9,7 @@ Nothing here blocks: waiting is returning to the host.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import traceback
 
@@ -140,8 +141,7 @@ class EventLoop:
         if self.main.done():
             error = self.main._error
             if error is not None:
-                traceback.print_exception(error, file=sys.stderr)
-                raise error
+                return _end_with(error)
             if isinstance(self.main._value, int):
                 runtime.set_exit_code(self.main._value)
             return []
@@ -160,6 +160,27 @@ class EventLoop:
 LOOP = EventLoop()
 
 
+def _end_with(error: BaseException) -> list[int]:
+    """End the instance for an exception out of ``main``, as Python ends a program.
+
+    ``SystemExit`` (``sys.exit``, a usage error raised on purpose) ends it with its status, or with
+    its message alone on stderr and status 1. Any other exception prints its traceback once and
+    exits with status 1: the host then names the exception as the reason the instance failed.
+    Exiting (not raising out of ``resume``) keeps the runtime from printing it again and panicking.
+    """
+    if isinstance(error, SystemExit):
+        if error.code is None or isinstance(error.code, int):
+            runtime.set_exit_code(error.code or 0)
+        else:
+            print(error.code, file=sys.stderr)
+            runtime.set_exit_code(1)
+        return []
+    traceback.print_exception(error, file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)
+
+
 def spawn(coro) -> Task:
     """Run ``coro`` concurrently; await the task for its result."""
     return Task(coro)
@@ -174,7 +195,7 @@ async def gather(*awaitables) -> list:
 def run(main):
     """The ``WitWorld`` class for an inferlet whose entry point is ``async def main(args)``.
 
-    ``main`` returns None or an exit code; an exception ends the instance with its message.
+    ``main`` returns None or an exit code; an exception ends the instance (see :func:`_end_with`).
     """
     import wit_world
 

@@ -1,0 +1,219 @@
+"""The OpenAI-compatible HTTP API as an ASGI app (Starlette): ``/v1/models``,
+``/v1/chat/completions`` and ``/v1/completions``, streamed as server-sent events or not.
+
+Every request needs ``Authorization: Bearer <oven token>``: the token is the API key, so each
+key is one client of the oven server. A completion runs as one chat-completion instance in that
+client's name (:mod:`.session`); its status, before the first byte, is the run's: a refused key
+401, a quota 429, an inferlet that fails 500. A failure after the stream has begun arrives as a
+last ``data: {"error": ...}`` event, which OpenAI's clients raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from oven.client.rpc import OvenClient
+from oven.proto.auth import AuthError, Token
+
+from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key
+from .requests import Job, parse_body, parse_job
+from .session import InferletFailed, Session
+
+
+class Api:
+    """The routes' shared state: where the oven server is and what it serves."""
+
+    def __init__(self, endpoint: str, program: str, models: list[str]):
+        self.endpoint, self.program, self.models = endpoint, program, models
+        self.created = int(time.time())
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    async def list_models(self, request: Request) -> JSONResponse:
+        token = api_key(request)
+        await asyncio.to_thread(self._check_key, token)
+        return JSONResponse({"object": "list", "data": [self._model(name) for name in self.models]})
+
+    async def get_model(self, request: Request) -> JSONResponse:
+        token = api_key(request)
+        await asyncio.to_thread(self._check_key, token)
+        name = request.path_params["model"]
+        if name not in self.models:
+            raise self._unknown_model(name)
+        return JSONResponse(self._model(name))
+
+    async def chat_completions(self, request: Request):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, chat=False)
+
+    # -- completions ----------------------------------------------------------------------------
+
+    async def _complete(self, request: Request, chat: bool):
+        token = api_key(request)
+        job = parse_job(parse_body(await request.body()), chat)
+        if job.model not in self.models:
+            raise self._unknown_model(job.model)
+        session = Session(self.endpoint, token, self.program, [job.inferlet_request()])
+        messages = aiter(session)
+        try:
+            first = await anext(messages)  # the prompt's size: the key, the quota and the launch passed
+        except InferletFailed as exc:
+            raise ApiError(500, str(exc), SERVER) from None
+        except StopAsyncIteration:
+            raise ApiError(500, "the chat-completion inferlet ended without an answer", SERVER) from None
+        reply = Reply(job, "chatcmpl-" if chat else "cmpl-", first["prompt_tokens"])
+        if job.stream:
+            return StreamingResponse(reply.events(messages), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            async for message in messages:
+                reply.add(message)
+        except InferletFailed as exc:
+            raise ApiError(500, str(exc), SERVER) from None
+        return JSONResponse(reply.whole())
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _check_key(self, token: Token) -> None:
+        """Raise 401 unless the oven server admits ``token`` (one round trip on a connection of its own)."""
+        with OvenClient(self.endpoint, timeout_s=10, token=token) as client:
+            try:
+                client.info()
+            except AuthError as exc:
+                raise bad_key(f"Incorrect API key provided: {exc}") from None
+            except TimeoutError as exc:
+                raise ApiError(503, str(exc), SERVER) from None
+
+    def _model(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "oven"}
+
+    def _unknown_model(self, name: str) -> ApiError:
+        return ApiError(404, f"The model `{name}` does not exist or you do not have access to it "
+                             f"(this server serves {', '.join(self.models)}).", INVALID_REQUEST, "model",
+                        "model_not_found")
+
+
+class Reply:
+    """The answer to one completion, built from the inferlet's messages (see inferlets/chat-completion)."""
+
+    def __init__(self, job: Job, id_prefix: str, prompt_tokens: int):
+        self.job, self.prompt_tokens = job, prompt_tokens
+        self.id, self.created = id_prefix + secrets.token_hex(12), int(time.time())
+        self.texts = [""] * job.n
+        self.finish: list[str | None] = [None] * job.n
+        self.completion_tokens = 0
+
+    def add(self, message: dict) -> None:
+        i = message["index"]
+        self.texts[i] += message["text"]
+        if "finish_reason" in message:
+            self.finish[i] = message["finish_reason"]
+            self.completion_tokens += message["completion_tokens"]
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def whole(self) -> dict:
+        if self.job.chat:
+            choices = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                        "logprobs": None, "finish_reason": self.finish[i]} for i, text in enumerate(self.texts)]
+        else:
+            choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": self.finish[i]}
+                       for i, text in enumerate(self.texts)]
+        return {**self._head("chat.completion" if self.job.chat else "text_completion"), "choices": choices,
+                "usage": self.usage()}
+
+    async def events(self, messages):
+        """Server-sent events: a chunk per message, the usage if asked, then ``[DONE]``."""
+        try:
+            if self.job.chat:
+                for i in range(self.job.n):
+                    yield _sse(self._chunk(i, {"role": "assistant", "content": ""}, None))
+            async for message in messages:
+                self.add(message)
+                i, finish = message["index"], message.get("finish_reason")
+                if message["text"]:
+                    yield _sse(self._chunk(i, self._delta(message["text"]), None))
+                if finish:
+                    yield _sse(self._chunk(i, {} if self.job.chat else self._delta(""), finish))
+            if self.job.include_usage:
+                yield _sse({**self._head(self._chunk_object()), "choices": [], "usage": self.usage()})
+        except (InferletFailed, ApiError) as exc:
+            failure = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), SERVER)
+            yield _sse(failure.body())
+        yield "data: [DONE]\n\n"
+
+    def _delta(self, text: str) -> dict:
+        return {"content": text} if self.job.chat else {"text": text}
+
+    def _chunk(self, index: int, delta: dict, finish: str | None) -> dict:
+        choice = {"index": index, "logprobs": None, "finish_reason": finish}
+        choice.update({"delta": delta} if self.job.chat else delta)
+        return {**self._head(self._chunk_object()), "choices": [choice]}
+
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.job.chat else "text_completion"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def api_key(request: Request) -> Token:
+    """The request's oven token, from ``Authorization: Bearer``; 401 if missing or malformed."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise ApiError(401, "You didn't provide an API key. You need to provide your API key in an Authorization "
+                            "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY); an API key of this "
+                            "server is an oven token (`oven token add NAME`).", INVALID_REQUEST)
+    try:
+        return Token.parse(key)  # never find_token: a key is not a file to read
+    except AuthError as exc:
+        raise bad_key(f"Incorrect API key provided: {exc}") from None
+
+
+async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        message = f"Invalid URL ({request.method} {request.url.path})"
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed for {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return ApiError(exc.status_code, message).response()
+
+
+async def _server_error(_request: Request, exc: Exception) -> JSONResponse:
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", SERVER).response()
+
+
+def create_app(endpoint: str, program: str, models: list[str]) -> Starlette:
+    """The ASGI app for the oven server at ``endpoint``, running ``program`` (chat-completion's digest)."""
+    api = Api(endpoint, program, models)
+    routes = [
+        Route("/v1/models", api.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.get_model, methods=["GET"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                                                        Exception: _server_error})

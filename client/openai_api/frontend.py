@@ -1,0 +1,129 @@
+"""The OpenAI-compatible front end of ``oven serve --openai-port PORT``: a process of its own.
+
+It is a client of the control server like any other, so the control loop never waits on HTTP: a
+separate process shares no GIL with the loop (whose per-token overhead is measured in
+microseconds), and a crash or a flood of connections there cannot stall batching. ``oven serve``
+binds the port itself before the model loads, so an address in use fails at once, and hands the
+listening socket to the child (:class:`FrontEnd`), which publishes the chat-completion inferlet to
+the shared library with the operator's token, then serves with uvicorn until its parent goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from oven.proto.lifeline import die_with_parent, lifeline_env
+
+PROGRAM_NAME = "chat-completion"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIConfig:
+    """Settings of the OpenAI-compatible endpoint (``[openai]`` in a config file, ``OVEN_OPENAI_*``)."""
+
+    openai_port: int = 0  # 0 = off
+    openai_host: str = "127.0.0.1"  # another address serves other machines too: every request needs a token
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.openai_port <= 65535:
+            raise ValueError(f"openai_port must be from 0 (off) to 65535, not {self.openai_port}")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.openai_host}]" if ":" in self.openai_host else self.openai_host
+        return f"http://{host}:{self.openai_port}/v1"
+
+
+class FrontEndError(RuntimeError):
+    pass
+
+
+class FrontEnd:
+    """The front end's process, seen from ``oven serve``: :meth:`bind` first, :meth:`start` once serving."""
+
+    def __init__(self, config: OpenAIConfig, program: Path):
+        self.config, self.program = config, program
+        self.sock: socket.socket | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def bind(self) -> None:
+        """Listen on the configured address now; raises :class:`FrontEndError` (one line) if it cannot."""
+        family = socket.AF_INET6 if ":" in self.config.openai_host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.config.openai_host, self.config.openai_port))
+            sock.listen(512)
+        except OSError as exc:
+            sock.close()
+            reason = "the address is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            raise FrontEndError(f"cannot serve the OpenAI API on {self.config.url}: {reason}") from None
+        self.sock = sock
+
+    def start(self, endpoint: str, operator_token: str) -> None:
+        """Start serving for the control server at ``endpoint``."""
+        fd = self.sock.fileno()
+        cmd = [sys.executable, "-m", "oven.client.openai_api.frontend", "--fd", str(fd), "--endpoint", endpoint,
+               "--program", str(self.program), "--url", self.config.url]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(fd,),
+                                     env={**os.environ, "OVEN_TOKEN": operator_token, **lifeline_env()})
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.sock is not None:
+            self.sock.close()
+
+
+def publish(endpoint: str, program: Path) -> tuple[str, list[str]]:
+    """Put the chat-completion component in the server's shared library (as the operator, whose token is in
+    ``OVEN_TOKEN``); (its digest, the models served)."""
+    from oven.client.rpc import OvenClient
+
+    with OvenClient(endpoint) as client:
+        digest = client.upload_file(program, PROGRAM_NAME, shared=True)
+        return digest, client.info().models
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oven.client.openai_api.frontend")
+    parser.add_argument("--fd", type=int, required=True, help="a listening TCP socket to serve on")
+    parser.add_argument("--endpoint", required=True, help="the control server")
+    parser.add_argument("--program", type=Path, required=True, help="the built chat-completion component")
+    parser.add_argument("--url", required=True, help="the address the socket listens on, to show")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    import uvicorn
+
+    from .app import create_app
+
+    try:
+        digest, models = publish(args.endpoint, args.program)
+    except Exception as exc:  # noqa: BLE001 - said in one line; oven serve goes on without the API
+        print(f"oven: the OpenAI API is off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    os.environ.pop("OVEN_TOKEN", None)  # requests use their own keys; the operator's is not needed again
+    sock = socket.socket(fileno=args.fd)
+    server = uvicorn.Server(uvicorn.Config(create_app(args.endpoint, digest, models), log_level="warning",
+                                           access_log=False, lifespan="off", timeout_graceful_shutdown=5))
+    print(f"oven: OpenAI API on {args.url} (API key: an oven token)", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

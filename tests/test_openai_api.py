@@ -1,0 +1,218 @@
+"""The OpenAI-compatible endpoint of ``oven serve --openai-port``, driven by the real ``openai`` client
+against a real server (tiny model): greedy answers equal ``oven run text-completion``, streamed
+or not; sampling parameters, usage and errors as OpenAI's clients expect them."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from harness import PROGRAM_DIR
+
+from oven.client.programs import library_program
+from oven.client.rpc import OvenClient
+from oven.proto.endpoints import private_endpoint
+
+PROMPT = "Name three colours."
+MODEL = "tiny"
+
+
+def http(method: str, url: str, body: bytes | None = None, key: str | None = None) -> tuple[int, dict]:
+    """A raw request, for what OpenAI's client never sends (no key, a body that is not JSON)."""
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(base URL, operator token, control endpoint, a client token of 'alice', who may run one instance)."""
+    state, control, port = tmp_path_factory.mktemp("state"), private_endpoint(), free_port()
+    cmd = [sys.executable, "-m", "oven.client.cli", "serve", "--model", MODEL, "--quiet", "--control-endpoint",
+           control, "--state-dir", str(state), "--program-dir", PROGRAM_DIR, "--openai-port", str(port),
+           "--max-instances-per-client", "1"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the OpenAI API did not come up"
+            token_file = state / "operator.token"
+            if token_file.exists():
+                try:
+                    if http("GET", f"{url}/models", key=token_file.read_text().strip())[0] == 200:
+                        break
+                except OSError:  # not listening yet
+                    pass
+            time.sleep(0.5)
+        operator = token_file.read_text().strip()
+        with OvenClient(control, token=operator) as client:
+            alice = client.add_client("alice")
+        yield url, operator, control, alice
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def api(server) -> openai.OpenAI:
+    url, operator, _, _ = server
+    return openai.OpenAI(base_url=url, api_key=operator, max_retries=0)
+
+
+def oven_run(control: str, token: str, *args: str) -> str:
+    """stdout of ``oven run text-completion -- ARGS`` on the same server, less its final newline."""
+    done = subprocess.run([sys.executable, "-m", "oven.client.cli", "run", "--server", control, "--token", token,
+                           "text-completion", "--", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.rsplit("\n", 2)[0]  # the completion, then the token ids (a message), each with a newline
+
+
+@pytest.fixture(scope="module")
+def greedy(server) -> dict[str, str]:
+    """What ``oven run text-completion`` answers, greedily, for the chat and the plain prompt (8 tokens)."""
+    _, operator, control, _ = server
+    return {"chat": oven_run(control, operator, PROMPT, "8", "--chat"), "plain": oven_run(control, operator, PROMPT, "8")}
+
+
+def test_models_lists_the_served_model(api):
+    assert [m.id for m in api.models.list()] == [MODEL]
+    assert api.models.retrieve(MODEL).id == MODEL
+
+
+def test_chat_greedy_equals_oven_run(api, greedy):
+    reply = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                        max_tokens=8, temperature=0)
+    (choice,) = reply.choices
+    assert choice.message.content == greedy["chat"]
+    assert (choice.message.role, choice.finish_reason, reply.object) == ("assistant", "length", "chat.completion")
+    assert reply.usage.completion_tokens == 8
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+
+
+def test_completion_greedy_equals_oven_run(api, greedy):
+    reply = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert reply.choices[0].text == greedy["plain"]
+    assert (reply.choices[0].finish_reason, reply.usage.completion_tokens) == ("length", 8)
+
+
+def test_streamed_chat_equals_the_whole_answer(api, greedy):
+    chunks = list(api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                              max_tokens=8, temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == greedy["chat"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_streamed_completion_equals_the_whole_answer(api, greedy):
+    chunks = list(api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == greedy["plain"]
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_stop_string_cuts_the_answer(api, greedy):
+    text = greedy["plain"]
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    reply = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop])
+    assert reply.choices[0].text == text[:text.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+    streamed = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == text[:text.index(stop)]
+
+
+def test_seeded_samples_repeat_and_n_gives_n_choices(api):
+    def ask():
+        reply = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=6, temperature=1.0, top_p=0.9, seed=7, n=3)
+        return [c.message.content for c in sorted(reply.choices, key=lambda c: c.index)], reply.usage
+    first, usage = ask()
+    assert ask()[0] == first
+    assert len(first) == 3 and len(set(first)) > 1  # seeds 7, 8, 9
+    assert usage.completion_tokens <= 18
+
+
+@pytest.mark.parametrize("kwargs, param, message", [
+    (dict(temperature=3), "temperature", "3.0 is not in [0, 2] - 'temperature'"),
+    (dict(n=0), "n", "n must be from 1 to 16, not 0"),
+    (dict(logprobs=True), "logprobs", "'logprobs' is not supported by this server (only false)"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools",
+     "tools are not supported by this model yet"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role",
+     "messages[0]: a message is an object whose 'role' is one of system, developer, user, assistant"),
+])
+def test_bad_requests_get_400_naming_the_parameter(api, kwargs, param, message):
+    request = dict(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=4) | kwargs
+    with pytest.raises(openai.BadRequestError, match="Error code: 400") as caught:
+        api.chat.completions.create(**request)
+    assert caught.value.body == {"message": message, "type": "invalid_request_error", "param": param,
+                                 "code": caught.value.body["code"]}
+
+
+def test_an_unknown_model_is_404(api):
+    with pytest.raises(openai.NotFoundError, match="The model `gpt-9` does not exist") as caught:
+        api.completions.create(model="gpt-9", prompt=PROMPT, max_tokens=2)
+    assert (caught.value.body["code"], caught.value.body["param"]) == ("model_not_found", "model")
+
+
+def test_bad_api_keys_are_401(server):
+    url, operator, _, _ = server
+    server_hex = operator.split("-")[1]
+    unknown = f"oven-{server_hex}-{'1' * 64}"  # well formed, for this server, but never admitted
+    for key in ("sk-not-an-oven-token", unknown):
+        api = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="Incorrect API key provided"):
+            api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        with pytest.raises(openai.AuthenticationError, match="Incorrect API key provided"):
+            api.models.list()
+    status, body = http("POST", f"{url}/chat/completions", json.dumps({"model": MODEL, "messages": []}).encode())
+    assert status == 401 and "You didn't provide an API key" in body["error"]["message"]
+
+
+def test_malformed_bodies_and_unknown_routes_get_openai_errors(server):
+    url, operator, _, _ = server
+    status, body = http("POST", f"{url}/chat/completions", b"{nope", key=operator)
+    assert status == 400 and body["error"]["message"].startswith("We could not parse the JSON body")
+    assert http("POST", f"{url}/engines", b"{}", key=operator) == (404, {"error": {
+        "message": "Invalid URL (POST /v1/engines)", "type": "invalid_request_error", "param": None, "code": None}})
+
+
+def test_each_key_is_its_own_client_with_its_own_quota(server):
+    """Alice's completion runs as her own instance; with her one instance (--max-instances-per-client 1)
+    busy, her request is 429 while the operator's goes on."""
+    url, operator, control, alice = server
+    as_alice = openai.OpenAI(base_url=url, api_key=alice, max_retries=0)
+    assert as_alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+    with OvenClient(control, token=operator) as op:
+        assert [(i.program, i.state) for i in op.instances() if i.owner == "alice"] == [("chat-completion", "finished")]
+    echo = library_program("echo")
+    with OvenClient(control, token=alice) as client:
+        waiting = client.launch(client.upload_file(echo.path, echo.name), [], detach=True)  # waits for messages
+        try:
+            with pytest.raises(openai.RateLimitError, match="too_many_instances"):
+                as_alice.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+            api = openai.OpenAI(base_url=url, api_key=operator, max_retries=0)
+            assert api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+        finally:
+            client.terminate(waiting)
