@@ -28,12 +28,12 @@ def issue(inst, q: int, call_type: str, kind: str, build: Callable[[], Call]) ->
     """
     fut = inst.futures.create(kind)
     try:
-        call = build()
+        item, num_tokens, reads, writes, kv_context = build()
     except ResourceError as exc:
         inst.futures.fail(fut, str(exc))
         return fut.handle
-    inst.host.calls.submit(inst, q, call_type, call.item, fut, num_tokens=call.num_tokens, reads=call.reads,
-                           writes=call.writes, kv_context=call.kv_context)
+    inst.host.calls.submit(inst, q, call_type, item, fut, num_tokens=num_tokens, reads=reads, writes=writes,
+                           kv_context=kv_context)
     return fut.handle
 
 
