@@ -12,8 +12,10 @@ Four measurements, each with its goal:
     plus max |logit difference| and top-1 agreement (random weights give nearly
     flat distributions, so the logits are the stricter check).
 (b) batch-1 decode step (a whole ``forward_text`` call, host work included) vs the
-    memory-bandwidth floor = (weight bytes + KV bytes read) / device copy
-    bandwidth, measured with a 1 GiB tensor copy timed by CUDA events (goal <= 2x).
+    memory-bandwidth floor = (weight bytes read + KV bytes read) / device copy
+    bandwidth, measured with a 1 GiB tensor copy timed by CUDA events (goal <= 1.5x).
+    A step reads every matrix once, except an untied embedding table: it only
+    gathers the step's rows from it (the LM head is a matrix of its own).
 (c) tokens/s at batch 64 vs batch 1 (goal >= 20x).
 (d) the batch-32 decode step through a real inference server process vs in
     process: (server - in-process) / server is the share of transport and
@@ -165,8 +167,18 @@ def timings(args) -> dict:
         log.info("timing %d cases x %d rounds (+%d warmup)", len(cases), args.reps, args.warmup)
         times = interleaved_times(cases, args.reps, args.warmup, sync=torch.cuda.synchronize)
     kv_bytes = (args.context + 1) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.dtype.itemsize
-    weight_bytes = sum(t.numel() * t.element_size() for t in engine.model.parameters())
-    return {"times": times, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "backend": engine.backend.name}
+    weight_bytes = step_weight_bytes(engine.model)
+    graphs = sorted(engine.decode_graphs.graphs) if engine.decode_graphs is not None else []
+    return {"times": times, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "backend": engine.backend.name,
+            "graphs": graphs}
+
+
+def step_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every parameter, less an untied embedding table."""
+    total = sum(t.numel() * t.element_size() for t in model.parameters())
+    if model.lm_head is not None and model.lm_head.weight is not model.model.embed_tokens.weight:
+        total -= model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
+    return total
 
 
 def main() -> int:
@@ -185,7 +197,8 @@ def main() -> int:
     table = markdown_table(["batch", "step ms", "tokens/s", "tokens/s vs batch 1"], rows)
     goal = lambda ok: "met" if ok else "missed"  # noqa: E731
     lines = [
-        f"Model `{args.model}` (bfloat16), {t['backend']} attention for (b)-(d), page size {args.page_size}, "
+        f"Model `{args.model}` (bfloat16), {t['backend']} attention for (b)-(d) "
+        f"(CUDA graphs replayed for decode batches of {t['graphs'] or 'none'}), page size {args.page_size}, "
         f"context {args.context + 1} tokens per sequence (each rep rewrites the same slot), `top_k` 1, "
         f"median of {args.reps} interleaved reps after {args.warmup} warmup.", "", table, "",
         f"- (a) FlashInfer vs PyTorch, batch {args.agree_batch} prefill + decode: max |dp| = {agree['max_dp']:.2e} "
@@ -193,7 +206,7 @@ def main() -> int:
         f"(logit std {agree['logit_std']:.3f}), top-1 agreement {agree['top1_agree']:.0%}",
         f"- (b) batch-1 step {m[1] * 1e3:.2f} ms vs bandwidth floor {floor * 1e3:.2f} ms "
         f"({t['weight_bytes'] / 1e9:.2f} GB weights + {t['kv_bytes'] / 1e6:.1f} MB KV at {bandwidth / 1e9:.0f} GB/s "
-        f"copy bandwidth): **{m[1] / floor:.2f}x** (goal <= 2x: {goal(m[1] / floor <= 2)})",
+        f"copy bandwidth): **{m[1] / floor:.2f}x** (goal <= 1.5x: {goal(m[1] / floor <= 1.5)})",
         f"- (c) tokens/s at batch 64 vs batch 1: **{gain:.1f}x** (goal >= 20x: {goal(gain >= 20)})",
         f"- (d) batch-{sb} step through the server {m['server'] * 1e3:.2f} ms (IQR {iqr(t['times']['server']) * 1e3:.2f}) "
         f"vs {m[sb] * 1e3:.2f} ms in process (IQR {iqr(t['times'][sb]) * 1e3:.2f}): "

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from zmq.utils import z85
 
-from oven.proto.auth import (IDENTITY_NAME, OPERATOR, AuthError, Keypair, Token, private_dir,
-                             write_private_file)
+from oven.proto.auth import IDENTITY_NAME, OPERATOR, AuthError, Keypair, Token, private_dir, write_private_file
 
 
 class Keyring:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 from oven.inference.config import InferenceConfig
 from oven.proto.endpoints import private_endpoint

@@ -54,7 +54,7 @@ class InferenceConfig:
     endpoint: str = ""  # "" = a private one (oven serve), or ipc://STATE_DIR/inference.sock (oven inference)
     device: str = "auto"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
-    attention_backend: str = "auto"  # flashinfer on CUDA when it imports, else torch
+    attention_backend: str = "auto"  # flashinfer on CUDA when it can run there (bf16/fp16, head size 64/128/256), else torch
     page_size: int = 16
     num_kv_pages: int | None = None  # overrides kv_memory_bytes
     kv_memory_bytes: int | None = None  # None: 512 MiB on CPU, 85% of free GPU memory on CUDA
@@ -65,6 +65,7 @@ class InferenceConfig:
     default_top_k: int = 256
     torch_threads: int | None = None  # None: every core but one on CPU (the control process needs one)
     cpu_packed_weights: bool = True  # oneDNN-packed linear weights on CPU (batched decode ~ single)
+    cuda_graph_max_batch: int = 128  # decode batches up to this size replay CUDA graphs (flashinfer backend); 0: never
     max_adapters: int = 8  # LoRA adapters loaded at once
     max_adapter_rank: int = 256
     max_adapter_bytes: int = 64 << 20  # size of an adapter's adapter_model.safetensors
@@ -83,6 +84,8 @@ class InferenceConfig:
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ValueError(f"{field} must be positive")
+        if self.cuda_graph_max_batch < 0:
+            raise ValueError("cuda_graph_max_batch must be 0 (no CUDA graphs) or positive")
         for field in ("num_embeds", "max_batch_items", "max_batch_tokens", "default_top_k", "max_adapters",
                       "max_adapter_rank", "max_adapter_bytes"):
             if getattr(self, field) <= 0:

@@ -22,10 +22,12 @@ from .adapters import AdapterError, AdapterLimits, AdapterRegistry, projection_s
 from .attention import make_backend
 from .attention.base import BatchLayout
 from .config import InferenceConfig
+from .cuda_graphs import DecodeGraphs
 from .llama import PagedLlama, build_model
 from .lora import Segment, make_lora_executor
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
+from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
                        check_positions, check_token_range, check_top_k, unpack_mask)
 
@@ -63,6 +65,12 @@ class Engine:
         self.embed_pool = EmbedPool(cfg.num_embeds, mc.hidden_size, self.dtype, self.device)
         self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or self._default_host_pages(num_pages))
         self.backend = make_backend(cfg.attention_backend, self.kv_pool, mc.num_q_heads)
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.backend.name == "flashinfer":
+            self.model.use_flashinfer_kernels()
+            if cfg.cuda_graph_max_batch:
+                self.decode_graphs = DecodeGraphs(self.model, self.backend, self.kv_pool.scratch_page, num_pages,
+                                                  min(cfg.cuda_graph_max_batch, cfg.max_batch_items))
         self.adapters = AdapterRegistry(mc, AdapterLimits(cfg.max_adapters, cfg.max_adapter_rank,
                                                           cfg.max_adapter_bytes), self.dtype, self.device)
         self.lora = make_lora_executor(self.device, self.dtype, self.backend.name,
@@ -199,6 +207,7 @@ class Engine:
             check_token_range(self.limits, item.dst_offset, item.num_tokens, "destination")
 
         errors, good = self._validate(req.items, check)
+        self.host_tier.before_use([p for i in good for p in (req.items[i].src_page_id, req.items[i].dst_page_id)])
         for i in good:  # in order: a later copy may read what an earlier one wrote
             it = req.items[i]
             self.kv_pool.copy_tokens(it.src_page_id, it.dst_page_id, it.src_offset, it.dst_offset, it.num_tokens)
@@ -315,11 +324,15 @@ class Engine:
 
     @torch.inference_mode()
     def _run(self, hidden: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, items: list) -> torch.Tensor:
-        """``items`` in layout order, as :meth:`_by_adapter` put them."""
-        self.backend.plan(layout)
+        """``items`` in layout order, as :meth:`_by_adapter` put them. Nothing here waits for the device:
+        the caller reads the results when it needs them."""
+        self.host_tier.before_use(layout.kv_page_ids)
         bounds = layout.qo_indptr.tolist()
         segments = [Segment(self.adapters.by_id[it.adapter_id], bounds[b], bounds[b + 1])
                     for b, it in enumerate(items) if it.adapter_id != p.BASE_MODEL and bounds[b + 1] > bounds[b]]
+        if not segments and self.decode_graphs is not None and self.decode_graphs.accepts(layout):
+            return self.decode_graphs.run(hidden, positions, layout)
+        self.backend.plan(layout)
         if not segments:
             return self.model(hidden, positions, self.backend)
         self.lora.plan(_merge_runs(segments))
@@ -346,7 +359,7 @@ class Engine:
         return [p.TopKDist(ids[r, :k].tobytes(), values[r, :k].tobytes()) for r, k in enumerate(ks)]
 
     def _long(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+        return long_tensor(values, self.device)
 
 
 def _merge_runs(segments: list[Segment]) -> list[Segment]:

@@ -52,8 +52,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.kernel = None  # a fused (x, weight, eps) -> x kernel; see PagedLlama.use_flashinfer_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         # Normalise in float32 like transformers, so bf16 results match it too.
         dtype = x.dtype
         x = x.float()
@@ -70,14 +73,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_q_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, backend: AttentionBackend, layer_idx: int,
+    def forward(self, x, rotary: "Rotary", backend: AttentionBackend, layer_idx: int,
                 lora: LoraExecutor | None = None) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if lora is not None:
             lora.apply(layer_idx, QKV, x, (q, k, v))
-        q = apply_rope(q.view(n, self.num_q_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = rotary(q.view(n, self.num_q_heads, self.head_dim), k.view(n, self.num_kv_heads, self.head_dim))
         out = backend.run(layer_idx, q, k, v.view(n, self.num_kv_heads, self.head_dim))
         out = out.reshape(n, self.num_q_heads * self.head_dim)
         o = self.o_proj(out)
@@ -112,8 +114,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, cos, sin, backend, layer_idx, lora=None):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, backend, layer_idx, lora)
+    def forward(self, h, rotary, backend, layer_idx, lora=None):
+        h = h + self.self_attn(self.input_layernorm(h), rotary, backend, layer_idx, lora)
         return h + self.mlp(self.post_attention_layernorm(h), layer_idx, lora)
 
 
@@ -139,6 +141,7 @@ class PagedLlama(nn.Module):
         # RoPE: float32 inverse frequencies [head_dim / 2] and cos/sin scale. A plain
         # tuple, not a buffer, so casting the model to bf16 never rounds them.
         self.rope_params: tuple[torch.Tensor, float] = (torch.ones(cfg.head_dim // 2), 1.0)
+        self.rope_kernel = None  # see use_flashinfer_kernels
 
     @property
     def dtype(self) -> torch.dtype:
@@ -160,10 +163,22 @@ class PagedLlama(nn.Module):
         layer's K/V of the N tokens into their pages before attending. ``lora``,
         when given, has been planned for the batch's adapter rows.
         """
-        cos, sin = self.rope(positions, hidden.dtype)
+        rotary = Rotary(*self.rope(positions, hidden.dtype)) if self.rope_kernel is None else \
+            self.rope_kernel.at(positions)
         for i, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, cos, sin, backend, i, lora)
+            hidden = layer(hidden, rotary, backend, i, lora)
         return self.model.norm(hidden)
+
+    def use_flashinfer_kernels(self) -> None:
+        """On CUDA: FlashInfer's fused RMSNorm and RoPE (one kernel each where the PyTorch code issues
+        about six and ten). Outputs differ from the PyTorch ops by rounding only: both normalise and
+        rotate in float32, FlashInfer rounds once at the end."""
+        from flashinfer.norm import rmsnorm
+
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.kernel = rmsnorm
+        self.rope_kernel = FlashInferRope(self.rope_params, self.config.max_position, self.config.head_dim)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [M, H] -> float32 logits [M, V]."""
@@ -207,6 +222,45 @@ class PagedLlama(nn.Module):
                 param.data.fill_(1.0)
             else:
                 param.data.normal_(0.0, 0.02, generator=gen)
+
+
+class Rotary:
+    """RoPE for one forward in PyTorch: cos/sin [N, D] of the batch's positions, computed once."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self.cos, self.sin = cos, sin
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [N, q_heads, D], k [N, kv_heads, D] -> rotated."""
+        return apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
+
+
+class FlashInferRope:
+    """RoPE by FlashInfer's ``apply_rope_with_cos_sin_cache_inplace`` over a float32 table of every position:
+    ``[max_position, D]``, cos in the first half and sin in the second (Neox layout, as :func:`apply_rope`)."""
+
+    def __init__(self, rope_params: tuple[torch.Tensor, float], max_position: int, head_dim: int):
+        from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
+
+        inv_freq, scaling = rope_params
+        freqs = torch.arange(max_position, dtype=torch.float32, device=inv_freq.device)[:, None] * inv_freq[None, :]
+        self.cache = torch.cat((freqs.cos() * scaling, freqs.sin() * scaling), dim=-1).contiguous()
+        self.head_dim = head_dim
+        self._apply = apply_rope_with_cos_sin_cache_inplace
+
+    def at(self, positions: torch.Tensor) -> "FlashInferRotary":
+        return FlashInferRotary(self, positions)
+
+
+class FlashInferRotary:
+    def __init__(self, rope: FlashInferRope, positions: torch.Tensor):
+        self.rope, self.positions = rope, positions
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [N, q_heads, D], k [N, kv_heads, D], rotated in place."""
+        rope = self.rope
+        rope._apply(self.positions, q, k, rope.head_dim, rope.cache, is_neox=True)
+        return q, k
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

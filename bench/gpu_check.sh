@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The first GPU run in one command: install what the GPU machine lacks, run every gpu-marked test and
+# bench/gpu_decode.py, and write one report (bench/results/gpu_check.md, or $OVEN_GPU_REPORT).
+#
+#   bash bench/gpu_check.sh --download [DIR]   # on a machine that reaches PyPI, with oven set up (.venv):
+#                                              # wheels for the GPU machine + the tokenizer donor folder
+#   bash bench/gpu_check.sh [DIR]              # on the GPU machine: install from DIR, else from PyPI; run; report
+#
+# DIR defaults to .whl (git-ignored here). The GPU machines this project is lent have torch (CUDA), nvcc,
+# transformers, tokenizers, safetensors, msgpack, pytest and peft, but no flashinfer-python, apache-tvm-ffi
+# or pyzmq, and reach no registry; and the embedded model's wheel (94 MB) is too big to carry, so random-
+# weight models take their tokenizer from a small exported folder ($OVEN_TOKENIZER_DONOR).
+# Environment: PYTHON (python3), GPU_PYTHON_VERSION (3.12, for --download), OVEN_GPU_SITE (/tmp/oven-gpu-site).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+FLASHINFER_VERSION=0.7.2.post1
+PACKAGES=("flashinfer-python==${FLASHINFER_VERSION}" "apache-tvm-ffi>=0.1.11,<0.2" "pyzmq>=25")
+PY=${PYTHON:-python3}
+say() { echo "gpu_check: $*" >&2; }
+
+download() {
+    local dir=$1 pyver=${GPU_PYTHON_VERSION:-3.12}
+    local platforms=() n
+    for n in 17 24 27 28 31 34; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+    mkdir -p "$dir"
+    say "downloading ${PACKAGES[*]} for CPython ${pyver} on x86-64 into $dir"
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+        "${platforms[@]}" --platform manylinux2014_x86_64 -d "$dir" "${PACKAGES[@]}" || return 1
+    say "exporting the tokenizer donor (config and tokenizer files, no weights) into $dir/tokenizer-donor"
+    "$PY" -c "import sys; from pathlib import Path; from oven.inference.models import export_tokenizer_donor; \
+export_tokenizer_donor(Path(sys.argv[1]))" "$dir/tokenizer-donor" || return 1
+    du -sh "$dir" >&2
+}
+
+if [ "${1:-}" = "--download" ]; then
+    PY=${PYTHON:-.venv/bin/python}
+    download "${2:-.whl}"
+    exit $?
+fi
+
+WHEELS=${1:-.whl}
+SITE=${OVEN_GPU_SITE:-/tmp/oven-gpu-site}
+REPORT=${OVEN_GPU_REPORT:-bench/results/gpu_check.md}
+LOGS=$(mktemp -d)
+PIP=("$PY" -m pip install -q --disable-pip-version-check --no-compile --target "$SITE" --upgrade)
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    say "torch sees no CUDA device here: nothing to check (run it on a GPU machine)"
+    exit 1
+fi
+
+# 1. Install: wheels brought along, else the registry; then oven itself (no dependencies: the machine's own).
+mkdir -p "$SITE"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    say "installing the wheels in $WHEELS"
+    "${PIP[@]}" --no-index --no-deps "$WHEELS"/*.whl || exit 1
+elif ! "$PY" -c "import flashinfer, zmq" 2>/dev/null; then
+    say "no wheels in $WHEELS: trying the registry for ${PACKAGES[*]}"
+    "${PIP[@]}" "${PACKAGES[@]}" || say "could not install them: FlashInfer tests will skip"
+fi
+"${PIP[@]}" --no-index --no-deps --no-build-isolation . || exit 1
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+if [ -f "$WHEELS/tokenizer-donor/config.json" ]; then
+    export OVEN_TOKENIZER_DONOR="$PWD/$WHEELS/tokenizer-donor"
+fi
+
+# 2. The machine, the versions, and whether FlashInfer can build its kernels (first use compiles with nvcc).
+{
+    nvidia-smi -L 2>/dev/null || true
+    "$PY" - <<'EOF'
+import importlib.metadata as md, torch
+from oven.inference.attention.toolchain import probe_toolchain
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), GPU {torch.cuda.get_device_name(0)}, "
+      f"capability {torch.cuda.get_device_capability(0)}")
+for name in ("flashinfer-python", "apache-tvm-ffi", "pyzmq", "transformers"):
+    try:
+        print(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"{name}: not installed")
+chain = probe_toolchain()
+print(f"FlashInfer toolchain: {chain}; usable: {chain.problem() or 'yes'}")
+EOF
+} >"$LOGS/machine.txt" 2>&1
+cat "$LOGS/machine.txt" >&2
+
+# 3. Every gpu-marked test, then the benchmark. The first FlashInfer call of each kernel JIT-compiles it
+#    into ~/.cache/flashinfer (minutes, once per machine).
+say "running the gpu-marked tests"
+"$PY" -m pytest -m gpu -rA -p no:cacheprovider tests 2>&1 | tee "$LOGS/tests.txt"
+tests_rc=${PIPESTATUS[0]}
+say "running bench/gpu_decode.py"
+PYTHONUNBUFFERED=1 "$PY" bench/gpu_decode.py 2>&1 | tee "$LOGS/bench.txt"
+bench_rc=${PIPESTATUS[0]}
+
+# 4. One report.
+mkdir -p "$(dirname "$REPORT")"
+{
+    echo "# GPU check"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    echo '## Machine and toolchain'
+    echo; echo '```'; cat "$LOGS/machine.txt"; echo '```'; echo
+    echo "## gpu-marked tests (exit $tests_rc)"
+    echo; echo '```'; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|error" "$LOGS/tests.txt" | tail -60; echo '```'; echo
+    echo "## bench/gpu_decode.py (exit $bench_rc)"
+    echo; echo '```'; grep -v -E "^[0-9-]+ [0-9:,]+ " "$LOGS/bench.txt" | tail -40; echo '```'
+} >"$REPORT"
+say "wrote $REPORT"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
