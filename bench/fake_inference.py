@@ -100,6 +100,10 @@ class FakeEngine:
     def handle(self, request):
         return self.handlers[type(request)](request)
 
+    def check_batch_size(self, num_items: int, request=None) -> None:
+        """The server asks before it decodes a batch; the control loop sends none past the limits the
+        fake's InfoReply gave it, so there is nothing to refuse."""
+
     def _run(self, num_items: int) -> list[None]:
         time.sleep(self.config.step_s(num_items))
         self.num_batches += 1

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from oven.control.resources.exhaustion import ExhaustionPolicy
 from oven.control.runtime.http_allow import AllowList
+from oven.control.scheduling.policy import DEFAULT_K, DEFAULT_T_S, DispatchPolicy
 from oven.proto.auth import default_cache_dir, default_state_dir
-
-DISPATCH_POLICIES = ("adaptive", "eager", "k", "t")
-EXHAUSTION_POLICIES = ("terminate-newest", "wait", "offload")
 
 
 def default_program_dir() -> str:
@@ -21,10 +20,10 @@ class ControlConfig:
     control_endpoint: str = ""  # "" = ipc://STATE_DIR/control.sock; tcp://HOST:PORT serves other machines too
     state_dir: str = ""  # keys, clients, the operator's token; "" = $OVEN_CACHE_DIR/server or ~/.cache/oven/server
     program_dir: str = ""  # "" = $OVEN_CACHE_DIR/programs or ~/.cache/oven/programs
-    dispatch_policy: str = "adaptive"
-    dispatch_k: int = 32  # the k policy: batch size that triggers a dispatch
-    dispatch_t_ms: float = 5.0  # the t policy: oldest wait that triggers a dispatch
-    exhaustion_policy: str = "terminate-newest"
+    dispatch_policy: str = "adaptive"  # adaptive | eager | k | t (scheduling.policy.NAMES)
+    dispatch_k: int = DEFAULT_K  # the k policy: batch size that triggers a dispatch
+    dispatch_t_ms: float = DEFAULT_T_S * 1000  # the t policy: oldest wait that triggers a dispatch
+    exhaustion_policy: str = "terminate-newest"  # terminate-newest | wait | offload (resources.exhaustion)
     max_instances: int = 1024
     max_instances_per_client: int = 256  # running at once, per client but the operator
     finished_instances: int = 100  # ended instances `oven ps` still shows (and `oven attach` replays), newest
@@ -43,22 +42,28 @@ class ControlConfig:
     lease_s: float = 10.0  # a client silent this long loses its non-detached instances
     inference_timeout_s: float = 120.0  # a batch unanswered this long: the inference process is hung
     inference_restarts: int = 5  # restarts of a dead inference process within 10 minutes before giving up
+    # Parsed from the settings above once, here (not settings: no flag, file entry or variable names them).
+    dispatch: DispatchPolicy = field(init=False, repr=False, compare=False)
+    exhaustion: ExhaustionPolicy = field(init=False, repr=False, compare=False)
+    http_allow_list: AllowList = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.dispatch_policy not in DISPATCH_POLICIES:
-            raise ValueError(f"dispatch_policy must be one of {DISPATCH_POLICIES}, not {self.dispatch_policy!r}")
-        if self.exhaustion_policy not in EXHAUSTION_POLICIES:
-            raise ValueError(f"exhaustion_policy must be one of {EXHAUSTION_POLICIES}")
-        for field in ("dispatch_k", "max_instances", "max_instances_per_client", "inbox_messages", "inbox_mib",
+        for name in ("dispatch_k", "max_instances", "max_instances_per_client", "inbox_messages", "inbox_mib",
                       "instance_memory_mib", "slice_ms", "max_kv_pages_per_instance", "max_embeds_per_instance",
                       "http_fetches_per_instance", "http_workers", "http_max_body_mib"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"{field} must be positive")
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
         if min(self.dispatch_t_ms, self.lease_s, self.http_timeout_s, self.inference_timeout_s) <= 0:
             raise ValueError("dispatch_t_ms, lease_s, http_timeout_s and inference_timeout_s must be positive")
         if min(self.http_queue_per_instance, self.inference_restarts, self.finished_instances) < 0:
             raise ValueError("http_queue_per_instance, inference_restarts and finished_instances must not be negative")
-        AllowList.parse(self.http_allow)  # a bad entry fails here, at start, naming the entry
+        parsed = {  # a bad name or entry fails here, at start, naming it
+            "dispatch": DispatchPolicy.named(self.dispatch_policy, k=self.dispatch_k, t_s=self.dispatch_t_ms / 1000),
+            "exhaustion": ExhaustionPolicy(self.exhaustion_policy),
+            "http_allow_list": AllowList.parse(self.http_allow),
+        }
+        for name, value in parsed.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     @property
     def programs_path(self) -> Path:
@@ -72,7 +77,3 @@ class ControlConfig:
     def endpoint(self) -> str:
         """Where clients connect: ``control_endpoint``, or the socket in the state directory."""
         return self.control_endpoint or f"ipc://{self.state_path / 'control.sock'}"
-
-    @property
-    def http_allow_list(self) -> AllowList:
-        return AllowList.parse(self.http_allow)

@@ -19,6 +19,7 @@ import logging
 import secrets
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -32,7 +33,7 @@ from .keyring import Keyring
 from .outbox import ClientOutbox
 from .output_log import OutputLog
 from .resources import ResourceError
-from .runtime.instance import Instance, InstanceRecord
+from .runtime.instance import Instance
 from .runtime.loop import ControlLoop
 from .runtime.programs import DIGEST, LIBRARY, ProgramError
 
@@ -64,10 +65,14 @@ class Caller:
 
 
 class ControlServer:
-    """Binds at once, so an endpoint in use fails before a model loads; serves once ``loop`` is set."""
+    """Binds at once, so an endpoint in use fails before a model loads; serves once ``loop`` is set.
 
-    def __init__(self, endpoint: str, keyring: Keyring, loop: ControlLoop | None = None):
-        self.loop, self.endpoint, self.keyring = loop, endpoint, keyring
+    ``clock`` (monotonic seconds) times the clients' leases.
+    """
+
+    def __init__(self, endpoint: str, keyring: Keyring, loop: ControlLoop | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.loop, self.endpoint, self.keyring, self._clock = loop, endpoint, keyring, clock
         self.server_id = secrets.token_hex(8)
         ctx = zmq.Context.instance()
         self.sock = ctx.socket(zmq.ROUTER)
@@ -105,14 +110,19 @@ class ControlServer:
         if kind == "exit":
             for route in self._watchers.pop(inst.instance_id, ()):
                 self._owned[route].discard(inst.instance_id)
-            self.output.keep_only(lambda i: i in self.loop.instances or i in self.loop.finished)
+            self.output.keep_only(lambda i: self.loop.record(i) is not None or self.loop.ended(i) is not None)
 
-    def serve_forever(self, should_stop) -> None:
+    def serve_forever(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
-            # With frames waiting for a slow client, look again soon: it may have read some.
-            self.loop.step(0.005 if self.outbox.backlogs else 0.05, {self.sock: self._drain})
-            self._flush()
-            self._expire_leases(time.monotonic())
+            self.turn()
+
+    def turn(self) -> None:
+        """One turn of the loop, serving the requests that arrive meanwhile; then send what waits for
+        slow clients and drop those whose lease has lapsed."""
+        # With frames waiting for a slow client, look again soon: it may have read some.
+        self.loop.step(0.005 if self.outbox.backlogs else 0.05, {self.sock: self._drain})
+        self._flush()
+        self._expire_leases(self._clock())
 
     def close(self) -> None:
         self._admission.close()
@@ -130,8 +140,7 @@ class ControlServer:
         held = {instance_id for instance_id, routes in self._watchers.items() if routes & behind} if behind else set()
         if held or self._held:
             for instance_id in held ^ self._held:
-                if (inst := self.loop.instances.get(instance_id)) is not None:
-                    inst.output_held = instance_id in held
+                self.loop.hold_output(instance_id, instance_id in held)
             self._held = held
 
     def _drain(self) -> None:
@@ -140,7 +149,7 @@ class ControlServer:
             if len(frames) < 2:
                 continue
             caller = Caller(frames[0].bytes, user_id(frames[-1]) or OPERATOR)  # None: an in-process peer
-            self._last_heard[caller.route] = time.monotonic()
+            self._last_heard[caller.route] = self._clock()
             self.outbox.send(caller.route, self._handle(caller, frames[-1].bytes))
 
     def _handle(self, caller: Caller, payload: bytes) -> bytes:
@@ -215,7 +224,7 @@ class ControlServer:
 
     def _launch(self, caller: Caller, req: c.Launch) -> c.Launched:
         if not caller.operator:
-            running = sum(1 for inst in self.loop.instances.values() if inst.owner == caller.name)
+            running = self.loop.num_instances(caller.name)
             if running >= self.loop.config.max_instances_per_client:
                 raise RequestFailed("too_many_instances", f"this client runs {running} instances, its maximum "
                                                           "(oven serve --max-instances-per-client)")
@@ -231,39 +240,36 @@ class ControlServer:
         return c.Launched(inst.instance_id)
 
     def _list_instances(self, caller: Caller, _req) -> c.InstanceList:
-        now = time.monotonic()
+        now, snapshot = time.monotonic(), self.loop.snapshot()
+        return c.InstanceList([c.InstanceEntry(r.instance_id, self.loop.programs.name_of(r.program, r.owner)
+                                               or r.program[:12], r.shown_state, now - r.started_at,
+                                               r.exit_code, r.error or "", r.owner)
+                               for r in snapshot.instances + snapshot.finished
+                               if caller.operator or r.owner == caller.name])
 
-        def entry(i: Instance | InstanceRecord, state: str) -> c.InstanceEntry:
-            program = self.loop.programs.name_of(i.program, i.owner) or i.program[:12]
-            return c.InstanceEntry(i.instance_id, program, state, now - i.started_at, i.exit_code,
-                                   i.error or "", i.owner)
-        mine = lambda i: caller.operator or i.owner == caller.name  # noqa: E731
-        running = [entry(i, "held" if i.output_held and i.alive else i.state.value)
-                   for i in self.loop.instances.values() if mine(i)]
-        return c.InstanceList(running + [entry(r, r.state.value) for r in self.loop.finished.values() if mine(r)])
-
-    def _instance(self, caller: Caller, instance_id: str) -> Instance:
-        inst = self.loop.instances.get(instance_id)
-        if inst is None:
+    def _check_running(self, caller: Caller, instance_id: str) -> None:
+        """Raise unless ``instance_id`` runs and is the caller's (or the caller is the operator)."""
+        record = self.loop.record(instance_id)
+        if record is None:
             raise RequestFailed("unknown_instance", f"no running instance {instance_id!r}")
-        if inst.owner != caller.name and not caller.operator:
+        if record.owner != caller.name and not caller.operator:
             raise RequestFailed("forbidden", f"instance {instance_id} belongs to another client")
-        return inst
 
     def _send(self, caller: Caller, req: c.SendMessage) -> c.Ok:
+        self._check_running(caller, req.instance_id)
         try:
-            self._instance(caller, req.instance_id).inbox.push(req.text)
+            self.loop.deliver(req.instance_id, req.text)
         except OverflowError as exc:
             raise RequestFailed("inbox_full", str(exc)) from None
         return c.Ok()
 
     def _attach(self, caller: Caller, req: c.Attach) -> c.Ok:
         """Send what the instance wrote so far (its exit too, if it ended), then what it writes from now on."""
-        ended = self.loop.finished.get(req.instance_id)
-        if ended is not None and not (ended.owner == caller.name or caller.operator):
-            raise RequestFailed("forbidden", f"instance {req.instance_id} belongs to another client")
+        ended = self.loop.ended(req.instance_id)
         if ended is None:
-            self._instance(caller, req.instance_id)
+            self._check_running(caller, req.instance_id)
+        elif ended.owner != caller.name and not caller.operator:
+            raise RequestFailed("forbidden", f"instance {req.instance_id} belongs to another client")
         for frame in self.output.replay(req.instance_id):
             self.outbox.send(caller.route, frame)
         if ended is None:
@@ -271,15 +277,17 @@ class ControlServer:
         return c.Ok()
 
     def _terminate(self, caller: Caller, req: c.Terminate) -> c.Ok:
-        self.loop.kill(self._instance(caller, req.instance_id), "terminated by a client", exit_code=143)
+        self._check_running(caller, req.instance_id)
+        self.loop.terminate(req.instance_id, "terminated by a client", exit_code=143)
         return c.Ok()
 
     # -- exports -------------------------------------------------------------------------------
 
     def _list_exports(self, caller: Caller, _req) -> c.ExportList:
-        running = self.loop.instances
+        snapshot = self.loop.snapshot()
+        running = {r.instance_id for r in snapshot.instances}
         return c.ExportList([c.ExportEntry(e.name, len(e.page_ids), e.owner_id, e.owner_id in running, e.namespace)
-                             for e in self.loop.exports.exports() if caller.operator or e.namespace == caller.name])
+                             for e in snapshot.exports if caller.operator or e.namespace == caller.name])
 
     def _drop_export(self, caller: Caller, req: c.DropExport) -> c.Ok:
         owner = req.owner or caller.name
@@ -297,13 +305,14 @@ class ControlServer:
         info = self.loop.info
         return c.ServerInfoReply([info.model_name], list(info.traits), info.page_size, info.num_kv_pages,
                                  info.num_embeds, info.device, self.loop.config.dispatch_policy,
-                                 len(self.loop.instances), self.loop.config.lease_s, self.server_id, caller.name)
+                                 self.loop.num_instances(), self.loop.config.lease_s, self.server_id, caller.name)
 
     def _stats(self, _caller, _req) -> c.StatsReply:
-        s = self.loop.scheduler.stats()
+        snapshot = self.loop.snapshot()
+        s = snapshot.stats
         return c.StatsReply(s.num_batches, s.num_commands, s.num_horizontal_batches, s.num_vertical_batches,
-                            s.mean_batch_size, self.loop.kv_pool.num_free, self.loop.embed_pool.num_free,
-                            self.loop.host_pool.num_free)
+                            s.mean_batch_size, snapshot.num_free_kv_pages, snapshot.num_free_embeds,
+                            snapshot.num_free_host_slots)
 
     # -- clients -------------------------------------------------------------------------------
 
@@ -353,6 +362,4 @@ class ControlServer:
             watchers.discard(route)
         self.outbox.forget(route)  # after the line above, no exit event below is queued for it again
         for instance_id in owned:
-            inst = self.loop.instances.get(instance_id)
-            if inst is not None:
-                self.loop.kill(inst, reason, exit_code=143)
+            self.loop.terminate(instance_id, reason, exit_code=143)

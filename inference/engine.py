@@ -79,20 +79,8 @@ class Engine:
                              mc.vocab_size, mc.max_position)
         self.started = time.monotonic()
         self.num_batches = self.num_items = self.num_item_errors = 0
-        self.handlers: dict[type, Callable] = {
-            p.EmbedTextRequest: self.embed_text,
-            p.ForwardRequest: self.forward,
-            p.NextDistRequest: self.next_dist,
-            p.ForwardTextRequest: self.forward_text,
-            p.CopyKvPageRequest: self.copy_kvpage,
-            p.MaskKvPageRequest: self.mask_kvpage,
-            p.OffloadRequest: self.offload,
-            p.RestoreRequest: self.restore,
-            p.LoadAdapterRequest: self.load_adapter,
-            p.UnloadAdapterRequest: self.unload_adapter,
-            p.InfoRequest: self.info,
-            p.HealthRequest: self.health,
-        }
+        # Each request's handler is the method named by its wire tag (its call type, for a batch).
+        self.handlers: dict[type, Callable] = {cls: getattr(self, p.CODEC.tag(cls)) for cls in p.REQUESTS}
         log.info("%s on %s/%s, %s attention, %d pages of %d tokens, %d host slots, %d embeds",
                  mc.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                  num_pages, cfg.page_size, self.host_tier.num_slots, cfg.num_embeds)

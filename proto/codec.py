@@ -74,6 +74,10 @@ class Codec:
             self._dataclass_decoder(cls)
             self._dataclass_encoder(cls)
 
+    def tag(self, cls: type) -> str:
+        """The wire tag ``cls`` is registered under (KeyError for a class that is not)."""
+        return self._tag_by_class[cls]
+
     # -- encoding ---------------------------------------------------------
 
     def encode(self, message: Any, request_id: int = 0) -> bytes:

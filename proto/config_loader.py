@@ -32,13 +32,18 @@ def _parse(kind: type, text: str) -> Any:
     return kind(text)
 
 
+def _settings(cls_or_config: Any) -> list[dataclasses.Field]:
+    """The fields a user sets; a field with ``init=False`` is derived from them in ``__post_init__``."""
+    return [f for f in dataclasses.fields(cls_or_config) if f.init]
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one optional flag per field of ``cls`` (defaults shown in --help)."""
     hints = typing.get_type_hints(cls)
     if "--config" not in parser._option_string_actions:  # several configs may share one parser
         parser.add_argument("--config", type=Path, help="TOML file with [inference] / [control] / [openai] tables "
                                                         "(default: $OVEN_CONFIG)")
-    for field in dataclasses.fields(cls):
+    for field in _settings(cls):
         kind = _scalar_type(hints[field.name])
         default = field.default if field.default is not dataclasses.MISSING else None
         parser.add_argument(
@@ -59,11 +64,11 @@ def config_from_args(cls: type, args: argparse.Namespace, section: str = "infere
             table = tomllib.loads(Path(config_file).read_text()).get(section, {})
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"{config_file}: {exc}") from None
-        unknown = set(table) - {f.name for f in dataclasses.fields(cls)}
+        unknown = set(table) - {f.name for f in _settings(cls)}
         if unknown:
             raise ValueError(f"{config_file}: unknown settings in [{section}]: {', '.join(sorted(unknown))}")
         values.update(table)
-    for field in dataclasses.fields(cls):
+    for field in _settings(cls):
         env = os.environ.get(f"OVEN_{field.name.upper()}")
         if env is not None:
             try:
@@ -80,7 +85,7 @@ def config_from_args(cls: type, args: argparse.Namespace, section: str = "infere
 def config_to_argv(config: Any) -> list[str]:
     """The flags that reproduce ``config`` (non-default fields only), for spawning a child process."""
     argv = []
-    for field in dataclasses.fields(config):
+    for field in _settings(config):
         value = getattr(config, field.name)
         if value != field.default:
             argv += ["--" + field.name.replace("_", "-"), str(value)]

@@ -233,18 +233,6 @@ class HealthRequest:
     pass
 
 
-BATCH_REQUESTS = (
-    EmbedTextRequest,
-    ForwardRequest,
-    NextDistRequest,
-    ForwardTextRequest,
-    CopyKvPageRequest,
-    MaskKvPageRequest,
-    OffloadRequest,
-    RestoreRequest,
-)
-
-
 def num_batch_tokens(request) -> int:
     """What a batch request costs against ``InfoReply.max_batch_tokens``: the input tokens of its
     ``embed_text``, ``forward`` and ``forward_text`` items, 1 for any other item. A request with more
@@ -384,3 +372,18 @@ CODEC = Codec(
         "idle": IdleNotice,
     },
 )
+
+# Call types are the wire tags of the batch requests, named once in the table above.
+BATCH_REQUESTS = (
+    EmbedTextRequest,
+    ForwardRequest,
+    NextDistRequest,
+    ForwardTextRequest,
+    CopyKvPageRequest,
+    MaskKvPageRequest,
+    OffloadRequest,
+    RestoreRequest,
+)
+REQUESTS = BATCH_REQUESTS + (LoadAdapterRequest, UnloadAdapterRequest, InfoRequest, HealthRequest)
+REQUEST_BY_CALL_TYPE: dict[str, type] = {CODEC.tag(cls): cls for cls in BATCH_REQUESTS}
+CALL_TYPES = frozenset(REQUEST_BY_CALL_TYPE)

@@ -69,7 +69,15 @@ def test_each_step_equals_transformers_with_the_window_mask(loop, hf, sink, wind
     assert_pools_full(loop)
 
 
-@pytest.mark.parametrize("args", [["p", "4", "0", "8"], ["p", "4", "6"], ["p", "a", "6", "8"], ["", "1", "1", "1"]])
-def test_bad_arguments_fail_clearly(loop, args):
+USAGE = "usage: attention-window PROMPT SINK WINDOW MAX_NEW_TOKENS [TOP_K]"
+
+
+@pytest.mark.parametrize("args, error", [
+    (["p", "4", "0", "8"], f"WINDOW, MAX_NEW_TOKENS and TOP_K must be at least 1; {USAGE}"),
+    (["p", "4", "6"], USAGE),
+    (["p", "a", "6", "8"], USAGE),
+    (["", "1", "1", "1"], "the prompt is empty"),
+])
+def test_bad_arguments_fail_clearly(loop, args, error):
     (inst,) = run(loop, "attention-window", [args])
-    assert inst.exit_code != 0 and ("usage: attention-window" in inst.error or "empty" in inst.error)
+    assert inst.exit_code != 0 and inst.error.endswith(f"(ValueError: {error})"), inst.error

@@ -4,6 +4,9 @@ import argparse
 
 import pytest
 
+from oven.control.config import ControlConfig
+from oven.control.resources import ExhaustionPolicy
+from oven.control.scheduling import DispatchPolicy
 from oven.inference.config import InferenceConfig
 from oven.proto.config_loader import add_config_arguments, config_from_args, config_to_argv
 
@@ -46,3 +49,24 @@ def test_unknown_file_setting_is_rejected(tmp_path):
     config.write_text("[inference]\npage_sise = 8\n")
     with pytest.raises(ValueError, match="page_sise"):
         config_from_args(InferenceConfig, parse(["--config", str(config)]))
+
+
+def test_control_policies_are_parsed_once_into_typed_values(tmp_path):
+    """``dispatch``, ``exhaustion`` and ``http_allow_list`` come from the settings and are no settings
+    themselves: no flag, file entry or round-trip argument names them."""
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, ControlConfig)
+    config = tmp_path / "oven.toml"
+    config.write_text('[control]\ndispatch_policy = "k"\ndispatch_k = 8\nexhaustion_policy = "offload"\n')
+    cfg = config_from_args(ControlConfig, parser.parse_args(["--config", str(config)]), section="control")
+    assert (cfg.dispatch, cfg.exhaustion) == (DispatchPolicy.k(8), ExhaustionPolicy.offload())
+    assert config_from_args(ControlConfig, parser.parse_args(config_to_argv(cfg)), section="control") == cfg
+    derived = {"--dispatch", "--exhaustion", "--http-allow-list"}
+    assert not derived & set(config_to_argv(cfg)) and not derived & set(parser.format_help().split())
+    config.write_text('[control]\ndispatch = "eager"\n')
+    with pytest.raises(ValueError, match="unknown settings in \\[control\\]: dispatch$"):
+        config_from_args(ControlConfig, parser.parse_args(["--config", str(config)]), section="control")
+    with pytest.raises(ValueError, match=r"unknown dispatch policy 'lazy' \(expected one of adaptive, eager, k, t\)"):
+        ControlConfig(dispatch_policy="lazy")
+    with pytest.raises(ValueError, match="unknown exhaustion policy 'lifo'"):
+        ControlConfig(exhaustion_policy="lifo")

@@ -1,6 +1,7 @@
 """What the control server keeps for each client, and what goes with it: frames its ZeroMQ pipe has
 no room for wait in order (ClientOutbox); instances it is behind on are held; a client that never
-reads is dropped; a vanished client's unfinished upload is freed."""
+reads is dropped; a vanished client's instances and unfinished upload are freed when its lease lapses
+(on a clock the test moves)."""
 
 from __future__ import annotations
 
@@ -82,13 +83,29 @@ def test_frames_for_a_client_that_is_gone_are_discarded():
     router.close(0)
 
 
+class Clock:
+    """Monotonic time that the test moves on by hand (for leases)."""
+
+    def __init__(self):
+        self.offset_s = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset_s
+
+
 @pytest.fixture
-def control_server(loop, monkeypatch, tmp_path):
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def control_server(loop, monkeypatch, tmp_path, clock):
     monkeypatch.setattr(server_module, "DROP_FRAMES", 50)
     ctx = zmq.Context.instance()
     ctx.setsockopt(zmq.SNDHWM, 1)  # a new socket takes its HWM from the context: the server's pipes hold one frame
     try:
-        server = ControlServer(f"inproc://test-control-{next(_endpoints)}", Keyring(tmp_path / "state"), loop)
+        server = ControlServer(f"inproc://test-control-{next(_endpoints)}", Keyring(tmp_path / "state"), loop,
+                               clock=clock)
     finally:
         ctx.setsockopt(zmq.SNDHWM, 1000)  # ZeroMQ's default, for every later socket
     yield server
@@ -96,8 +113,7 @@ def control_server(loop, monkeypatch, tmp_path):
 
 
 def turn(server: ControlServer) -> None:
-    server.loop.step(0.01, {server.sock: server._drain})
-    server._flush()
+    server.turn()
 
 
 def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_server):
@@ -128,16 +144,15 @@ def request(server: ControlServer, dealer: zmq.Socket, message, request_id: int)
     raise AssertionError("no reply")
 
 
-def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server, monkeypatch):
+def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server, monkeypatch, clock):
     monkeypatch.setattr(server_module, "MAX_BUFFERED_UPLOAD_BYTES", 8)
     first, second = (dealer_at(control_server.endpoint, identity) for identity in (b"first", b"second"))
     reply = request(control_server, first, c.UploadChunk("a", "a" * 64, 10, 0, b"12345"), 1)
     assert isinstance(reply, c.UploadReply) and (reply.received_bytes, reply.complete) == (5, False)
     reply = request(control_server, second, c.UploadChunk("b", "b" * 64, 10, 0, b"12345"), 1)
     assert isinstance(reply, c.ControlError) and reply.code == "upload_busy"  # 5 + 5 > 8 buffered
-    assert list(control_server._uploads) == [(b"first", "a" * 64)]
-    control_server._expire_leases(time.monotonic() + control_server.loop.config.lease_s + 1)
-    assert control_server._uploads == {}  # its client is gone: nobody will finish it
+    clock.offset_s += control_server.loop.config.lease_s + 1  # neither has talked since
+    turn(control_server)  # both leases lapse: the first upload is freed, nobody will finish it
     reply = request(control_server, second, c.UploadChunk("b", "b" * 64, 10, 0, b"12345"), 2)
     assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
     first.close(0)
@@ -158,3 +173,22 @@ def test_one_client_cannot_take_the_whole_upload_buffer(control_server, monkeypa
     assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
     hog.close(0)
     other.close(0)
+
+
+def test_a_vanished_client_leaks_nothing(control_server, clock):
+    """A client that launches without --detach and disappears: its instance dies once the lease lapses,
+    and everything it held returns to the pools."""
+    full = control_server.loop.snapshot()
+    dealer = dealer_at(control_server.endpoint, b"vanishing")
+    instance_id = request(control_server, dealer, c.Launch("echo", []), 1).instance_id
+    dealer.close(0)
+    clock.offset_s += control_server.loop.config.lease_s / 2
+    turn(control_server)
+    assert control_server.loop.record(instance_id) is not None  # within its lease
+    clock.offset_s += control_server.loop.config.lease_s / 2 + 1
+    turn(control_server)
+    after = control_server.loop.snapshot()
+    (record,) = [r for r in after.finished if r.instance_id == instance_id]
+    assert (record.shown_state, record.exit_code) == ("killed", 143)
+    assert record.error == "its client went away (lease expired)"
+    assert (after.num_free_kv_pages, after.num_free_embeds) == (full.num_free_kv_pages, full.num_free_embeds)

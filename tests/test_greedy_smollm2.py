@@ -74,4 +74,5 @@ def test_main_job_cli_streams_the_same_text(hf):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected.strip()
-    assert "12 generated" in done.stderr or "stopped by stop_token" in done.stderr
+    assert ref.shape[1] - len(prompt) == 12  # this prompt runs past 12 tokens: the limit stops it
+    assert "12 generated" in done.stderr and "stopped by max_new_tokens" in done.stderr

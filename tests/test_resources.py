@@ -89,7 +89,7 @@ def test_slab_raises_past_u32_instead_of_wrapping():
     assert slab.insert("last") == U32_MAX
     with pytest.raises(ResourceError, match="handle space exhausted"):
         slab.insert("one too many")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="first_handle must be in 1..4294967295, got 0"):
         HandleSlab("kvpage", first_handle=0)
 
 
@@ -121,7 +121,7 @@ def test_pool_exhaustion_carries_counts_and_allocates_nothing():
     assert not isinstance(info.value, ResourceError)
     assert pool.num_free == 1
     assert pool.allocate(0) == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cannot allocate -1 kvpage ids"):
         pool.allocate(-1)
 
 
@@ -177,7 +177,7 @@ def test_foreign_handles_are_unknown(pools):
     bob_pages = bob.alloc_kvpages(3)
     with pytest.raises(ResourceError, match="kvpage handle 3 is not owned by this inferlet: it was never allocated"):
         alice.physical_pages([bob_pages[2]])
-    with pytest.raises(ResourceError):
+    with pytest.raises(ResourceError, match="kvpage handle 3 is not owned by this inferlet: it was never allocated here"):
         alice.dealloc_kvpages([bob_pages[2]])
     assert bob.physical_pages(bob_pages) == [1, 2, 3]
 
@@ -209,7 +209,7 @@ def test_quota_is_checked_before_the_pool_and_allocates_nothing(pools):
         table.alloc_kvpages(2)
     assert (info.value.kind, info.value.requested, info.value.held, info.value.quota) == ("kvpage", 2, 2, 3)
     assert isinstance(info.value, ResourceError)
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(QuotaExceeded, match="embed quota exceeded: holding 0, asked for 100 more, quota is 2"):
         table.alloc_embeds(100)  # over quota and over the pool: quota wins
     assert table.num_kvpages == 2 and pools.kv.num_used == 2 and pools.embed.num_used == 0
     table.alloc_kvpages(1)  # exactly at the quota is fine
@@ -218,7 +218,7 @@ def test_quota_is_checked_before_the_pool_and_allocates_nothing(pools):
 def test_pool_exhaustion_leaves_the_table_unchanged(pools):
     table = pools.table()
     table.alloc_kvpages(6)
-    with pytest.raises(PoolExhausted) as info:
+    with pytest.raises(PoolExhausted, match="kvpage pool exhausted: 3 requested, 2 free") as info:
         table.alloc_kvpages(3)
     assert (info.value.requested, info.value.available) == (3, 2)
     assert table.num_kvpages == 6 and pools.kv.num_free == 2
@@ -315,7 +315,7 @@ def test_a_late_offload_ack_after_a_kill_is_refused(pools):
     [h] = table.alloc_kvpages(1)
     slots = pools.host.allocate(1)  # the runtime sent an offload, then killed the instance
     table.release_all()
-    with pytest.raises(ResourceError):
+    with pytest.raises(ResourceError, match=r"kvpage handle 1 is not owned by this inferlet: it was already freed"):
         table.mark_offloaded([h], slots)
     pools.host.release(slots)  # the caller still owns the slot after a refused move
     pools.assert_all_free()
@@ -385,7 +385,7 @@ def test_import_errors(pools):
     pools.exports.export_kvpages(owner, "three", owner.alloc_kvpages(3))
     with pytest.raises(ResourceError, match="no kvpage export named 'missing'"):
         pools.exports.import_kvpages(importer, "missing")
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(QuotaExceeded, match="kvpage quota exceeded: holding 0, asked for 3 more, quota is 2"):
         pools.exports.import_kvpages(importer, "three")
     assert importer.num_kvpages == 0 and pools.kv.refcount(0) == 2
 
@@ -563,7 +563,7 @@ def test_terminate_newest_on_real_tables_lets_the_oldest_allocate(pools):
     tables = {iid: pools.table(iid) for iid in ("old", "new")}
     tables["old"].alloc_kvpages(3)
     tables["new"].alloc_kvpages(5)
-    with pytest.raises(PoolExhausted) as info:
+    with pytest.raises(PoolExhausted, match="kvpage pool exhausted: 4 requested, 0 free") as info:
         tables["old"].alloc_kvpages(4)
     fleet = [usage(iid, t, pools.exports.num_freed_by_exit(tables[iid])) for t, iid in enumerate(tables)]
     needed = info.value.requested - info.value.available

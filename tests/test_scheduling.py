@@ -11,8 +11,6 @@ import msgpack
 import pytest
 
 from oven.control.scheduling import (
-    CALL_TYPES,
-    REQUEST_BY_CALL_TYPE,
     AdaptivePolicy,
     Batch,
     BatchScheduler,
@@ -26,6 +24,7 @@ from oven.control.scheduling import (
     TPolicy,
     forward_kv_footprint,
 )
+from oven.control.scheduling.policy import NAMES
 from oven.proto import inference as p
 
 BIG = 10_000
@@ -143,11 +142,13 @@ def test_batch_builds_its_proto_request(h):
     assert batch.formed_at == 100.0
 
 
-def test_call_types_are_the_codec_tags_of_the_batch_requests():
-    assert set(REQUEST_BY_CALL_TYPE.values()) == set(p.BATCH_REQUESTS)
-    for call_type, request_class in REQUEST_BY_CALL_TYPE.items():
-        assert msgpack.unpackb(p.CODEC.encode(request_class([])))[1] == call_type
-    assert CALL_TYPES == set(REQUEST_BY_CALL_TYPE)
+def test_a_batch_goes_out_as_the_request_its_call_type_tags():
+    h = Harness()
+    q = h.queue()
+    for call_type in sorted(p.CALL_TYPES):
+        h.add(q, call_type, at=1.0)
+        request = h.batch().to_request()
+        assert msgpack.unpackb(p.CODEC.encode(request))[1] == call_type
 
 
 # -- conflicts ----------------------------------------------------------------
@@ -334,9 +335,9 @@ def test_oversize_command_that_is_not_the_oldest_waits_its_turn(h):
 
 
 def test_bad_limits_raise(h):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_items and max_tokens must be at least 1, got 0, 10000"):
         h.batch(max_items=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_items and max_tokens must be at least 1, got 10000, 0"):
         h.batch(max_tokens=0)
 
 
@@ -357,9 +358,9 @@ def test_remove_queue_returns_its_commands_in_fifo_order(h):
     assert h.scheduler.remove_queue(q1) == mine
     assert h.scheduler.num_pending == 1 and h.scheduler.oldest_enqueued_at == 4.0
     assert ids(h.batch()) == [other.command_id]
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=f"^{q1}$"):
         h.add(q1)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=f"^{q1}$"):
         h.scheduler.remove_queue(q1)
 
 
@@ -386,11 +387,11 @@ def test_pending_count_and_oldest(h):
 def test_submit_rejects_time_travel_and_bad_commands(h):
     q = h.queue()
     h.add(q, at=2.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="command 2 was enqueued before the queue's last command"):
         h.add(q, at=1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unknown call type 'sample' \(expected one of \['copy_kvpage', 'embed_text', "):
         Command(command_id=1, queue_id=q, call_type="sample", item=None, enqueued_at=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_tokens must be at least 1, got 0"):
         Command(command_id=1, queue_id=q, call_type="forward", item=None, enqueued_at=0.0, num_tokens=0)
 
 
@@ -400,10 +401,14 @@ def test_forward_kv_footprint_names_exact_slot_ranges():
     assert writes == {KvSlots(3, 11, 16), KvSlots(4, 0, 5)}
     reads, writes = forward_kv_footprint([3, 4, 6], kv_last_page_len=16, num_inputs=1, page_size=16)
     assert writes == {KvSlots(6, 15, 16)} and len(reads) == 3
-    for pages, last, num_inputs in (([], 1, 1), ([1], 0, 1), ([1], 17, 1), ([1], 4, 5), ([1], 4, 0)):
-        with pytest.raises(ValueError):
+    bad_context = r"a context needs at least one page and 1 <= kv_last_page_len <= page_size"
+    for pages, last, num_inputs, error in (([], 1, 1, bad_context), ([1], 0, 1, bad_context),
+                                           ([1], 17, 1, bad_context),
+                                           ([1], 4, 5, "5 inputs do not fit a context of 4 tokens"),
+                                           ([1], 4, 0, "0 inputs do not fit a context of 4 tokens")):
+        with pytest.raises(ValueError, match=error):
             forward_kv_footprint(pages, last, num_inputs, page_size=16)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"empty or negative slot range \[4, 4\) of page 1"):
         KvSlots(1, 4, 4)
 
 
@@ -446,17 +451,19 @@ def ask(policy: DispatchPolicy, now: float, num_pending: int, oldest: float | No
     return policy.should_dispatch(now, num_pending, oldest, idle, in_flight)
 
 
-def test_named_constructors_and_parse():
-    assert DispatchPolicy.eager() == EagerPolicy() == DispatchPolicy.parse("eager")
-    assert DispatchPolicy.k(8) == KPolicy(8, 0.05) == DispatchPolicy.parse("k=8")
-    assert DispatchPolicy.t(0.005) == TPolicy(0.005) == DispatchPolicy.parse(" t=0.005 ")
-    assert DispatchPolicy.adaptive() == AdaptivePolicy() == DispatchPolicy.parse("adaptive")
-    assert [str(DispatchPolicy.parse(s)) for s in ("eager", "k=8", "t=0.005", "adaptive")] == \
-        ["eager", "k=8", "t=0.005", "adaptive"]
-    for bad in ("", "k", "k=x", "k=0", "t=-1", "eager=1", "lazy"):
-        with pytest.raises(ValueError):
-            DispatchPolicy.parse(bad)
-    with pytest.raises(ValueError):
+def test_named_constructors_and_names():
+    assert DispatchPolicy.eager() == EagerPolicy() == DispatchPolicy.named("eager", k=8)
+    assert DispatchPolicy.k(8) == KPolicy(8, 0.05) == DispatchPolicy.named("k", k=8)
+    assert DispatchPolicy.t(0.005) == TPolicy(0.005) == DispatchPolicy.named("t", t_s=0.005)
+    assert DispatchPolicy.adaptive() == AdaptivePolicy() == DispatchPolicy.named("adaptive")
+    assert [str(DispatchPolicy.named(name, k=8, t_s=0.005)) for name in NAMES] == ["adaptive", "eager", "k=8", "t=0.005"]
+    with pytest.raises(ValueError, match=r"unknown dispatch policy 'lazy' \(expected one of adaptive, eager, k, t\)"):
+        DispatchPolicy.named("lazy")
+    with pytest.raises(ValueError, match="k must be at least 1, got 0"):
+        DispatchPolicy.named("k", k=0)
+    with pytest.raises(ValueError, match="seconds must be non-negative, got -1"):
+        DispatchPolicy.named("t", t_s=-1.0)
+    with pytest.raises(ValueError, match="max_wait_s must be positive, got 0.0"):
         DispatchPolicy.k(4, max_wait_s=0.0)
 
 

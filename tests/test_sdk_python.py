@@ -51,7 +51,7 @@ def test_temperature_sampling_is_seeded_and_follows_the_distribution():
     assert abs(counts[7] / 4000 - 0.5) < 0.03 and abs(counts[1] / 4000 - 0.05) < 0.015
     cold = Counter(cold_sampler.sample(IDS, PROBS) for _ in range(500))
     assert cold[7] > 490  # (0.5/0.3)^10 = 165: nearly always the top token
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"temperature must be > 0 \(use Greedy for argmax\)"):
         sampling.Temperature(0.0)
 
 

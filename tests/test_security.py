@@ -119,8 +119,9 @@ def test_only_code_the_store_compiled_is_loaded(store, tmp_path, caplog):
     echo, hostile = built("echo"), built("hostile")
     digest = store.add(echo, "echo")
     other = store.add(hostile, "hostile")
-    compiled = store._compiled_path(digest)
-    for planted in (store._compiled_path(other).read_bytes(), b"\xcc" * 65536):
+    # The files as an attacker finds them in the store.
+    (compiled,), (others,) = (list(store.root.glob(f"{d}.*.cwasm")) for d in (digest, other))
+    for planted in (others.read_bytes(), b"\xcc" * 65536):
         compiled.write_bytes(planted)
         fresh = ProgramStore(store.root, store.engine)  # a restarted server: nothing in memory
         with caplog.at_level("WARNING"):

@@ -19,21 +19,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from oven.control.resources import ExhaustionPolicy, InstanceUsage, PoolExhausted, ResourceError, choose_victims
+from oven.control.resources import (ExhaustionPolicy, ExportRegistry, InstanceUsage, PhysicalPool, PoolExhausted,
+                                    ResourceError, choose_victims)
 from oven.control.scheduling import HostSlot, KvSlots
 from oven.proto import inference as p
+from oven.proto.auth import OPERATOR
 
+from .calls import Submit
 from .futures import UNIT, Future
-from .instance import State
+from .instance import Instance, State
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Parked:
-    inst: object
+    inst: Instance
     q: int
     kind: str
     count: int
@@ -42,9 +46,19 @@ class _Parked:
 
 
 class Allocator:
-    def __init__(self, loop):
-        self.loop = loop
-        self.policy = ExhaustionPolicy(loop.config.exhaustion_policy)
+    """Hands out and takes back an instance's memory; issues the copies that masking and tier moves take.
+
+    ``instances`` is the loop's table of running instances (read here, to choose
+    victims); ``kill(inst, reason)`` ends one that the exhaustion policy sacrifices.
+    """
+
+    def __init__(self, policy: ExhaustionPolicy, *, kv_pool: PhysicalPool, host_pool: PhysicalPool,
+                 exports: ExportRegistry, page_size: int, submit: Submit, instances: Mapping[str, Instance],
+                 kill: Callable[[Instance, str], None]):
+        self.policy = policy
+        self._kv_pool, self._host_pool, self._exports = kv_pool, host_pool, exports
+        self._page_size = page_size
+        self._submit, self._instances, self._kill = submit, instances, kill
         self._parked: list[_Parked] = []
 
     # -- alloc / dealloc -------------------------------------------------------
@@ -65,12 +79,11 @@ class Allocator:
                 inst.futures.complete(fut, handles)
 
     def _mask_fresh_pages(self, inst, q: int, handles: list[int], fut: Future) -> None:
-        page_size = self.loop.info.page_size
         masks = []
         for page_id in inst.resources.physical_pages(handles):
             mask = Future(-1, UNIT)
-            self.loop.submit(inst, q, "mask_kvpage", p.MaskKvPageItem(page_id, [True] * page_size), mask, 1,
-                             frozenset({KvSlots.page(page_id)}), frozenset())
+            self._submit(inst, q, "mask_kvpage", p.MaskKvPageItem(page_id, [True] * self._page_size), mask,
+                         writes=frozenset({KvSlots.page(page_id)}))
             masks.append(mask)
         _when_all(masks, lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut, handles))
 
@@ -98,19 +111,19 @@ class Allocator:
             self.allocate(inst, q, kind, count, fut)  # exhausted again only when no orphan is left to drop
             return
         now = time.monotonic()
-        usage = [self._usage(i, kind, now) for i in self.loop.instances.values()]
+        usage = [self._usage(i, kind, now) for i in self._instances.values()]
         decision = choose_victims(self.policy, usage, inst.instance_id, exc.requested - exc.available, now,
-                                  self.loop.host_pool.num_free)
+                                  self._host_pool.num_free)
         if decision.wait:
             inst.blocked_since = now
             self._parked.append(_Parked(inst, q, kind, count, fut, now))
             return
         for victim_id in decision.offload:
-            self._offload_all(self.loop.instances[victim_id])
+            self._offload_all(self._instances[victim_id])
         for victim_id in decision.terminate:
-            victim = self.loop.instances.get(victim_id)
+            victim = self._instances.get(victim_id)
             if victim is not None:
-                self.loop.kill(victim, f"terminated to free {kind} for an older instance (pool exhausted)")
+                self._kill(victim, f"terminated to free {kind} for an older instance (pool exhausted)")
         if inst.alive and not decision.offload:
             self.allocate(inst, q, kind, count, fut)
         elif inst.alive:
@@ -118,7 +131,7 @@ class Allocator:
 
     def _reclaim_orphaned_exports(self, needed: int) -> bool:
         """Drop exports whose exporter has ended (a cache) before touching a running instance."""
-        dropped = self.loop.exports.reclaim_orphans(needed, self.loop.instances)
+        dropped = self._exports.reclaim_orphans(needed, self._instances)
         for export in dropped:
             log.info("dropped export %r (%d kvpages, exporter %s ended): the KvPage pool ran out",
                      export.name, len(export.page_ids), export.owner_id)
@@ -126,11 +139,11 @@ class Allocator:
 
     def _usage(self, inst, kind: str, now: float) -> InstanceUsage:
         table = inst.resources
-        held = self.loop.exports.num_freed_by_exit(table) if kind == "kvpages" else table.num_embeds
+        held = self._exports.num_freed_by_exit(table) if kind == "kvpages" else table.num_embeds
         offloadable = len(table.exclusive_device_handles()) if kind == "kvpages" and inst.io_idle else 0
         return InstanceUsage(inst.instance_id, inst.started_at, held, offloadable,
                              io_wait_since=inst.io_wait_since if inst.io_idle else None,
-                             blocked_since=getattr(inst, "blocked_since", None))
+                             blocked_since=inst.blocked_since)
 
     def retry_parked(self) -> None:
         parked, self._parked = self._parked, []
@@ -141,6 +154,18 @@ class Allocator:
 
     def forget(self, inst) -> None:
         self._parked = [e for e in self._parked if e.inst is not inst]
+
+    def drop_export(self, name: str, *, by: Instance | None = None, namespace: str = OPERATOR) -> None:
+        """Release an export: for its exporter ``by`` (``release-export``), or for a client of the
+        server, in ``namespace``. Pages it alone held go back to the pool, where a parked allocation
+        may now fit.
+
+        Raises ResourceError for an unknown name, or one ``by`` did not export.
+        """
+        freed = (self._exports.unexport(name, by.instance_id, by.owner) if by
+                 else self._exports.drop(name, namespace))
+        if freed:
+            self.retry_parked()
 
     # -- tier moves --------------------------------------------------------------
 
@@ -159,24 +184,24 @@ class Allocator:
     def _offload(self, inst, q, handles, fut) -> None:
         table = inst.resources
         page_ids = table.physical_pages(handles)  # raises for a handle already on the host
-        slot_ids = self.loop.host_pool.allocate(len(handles))
+        slot_ids = self._host_pool.allocate(len(handles))
         copies = []
         for page_id, slot_id in zip(page_ids, slot_ids):
             copy = Future(-1, UNIT)
-            self.loop.submit(inst, q, "offload", p.OffloadItem(page_id, slot_id), copy, 1,
-                             frozenset({HostSlot(slot_id)}), frozenset({KvSlots.page(page_id)}))
+            self._submit(inst, q, "offload", p.OffloadItem(page_id, slot_id), copy,
+                         reads=frozenset({KvSlots.page(page_id)}), writes=frozenset({HostSlot(slot_id)}))
             copies.append(copy)
 
         def done(error: str | None) -> None:
             if error or not inst.alive:
-                self.loop.host_pool.release(slot_ids)
+                self._host_pool.release(slot_ids)
                 if error:
                     inst.futures.fail(fut, error)
                 return
             try:  # the handles may have been freed while the copy ran
                 table.mark_offloaded(handles, slot_ids)
             except ResourceError as exc:
-                self.loop.host_pool.release(slot_ids)
+                self._host_pool.release(slot_ids)
                 inst.futures.fail(fut, str(exc))
                 return
             inst.futures.complete(fut)
@@ -186,24 +211,24 @@ class Allocator:
     def _restore(self, inst, q, handles, fut) -> None:
         table = inst.resources
         slot_ids = table.host_slots(handles)
-        page_ids = self.loop.kv_pool.allocate(len(handles))
+        page_ids = self._kv_pool.allocate(len(handles))
         copies = []
         for slot_id, page_id in zip(slot_ids, page_ids):
             copy = Future(-1, UNIT)
-            self.loop.submit(inst, q, "restore", p.RestoreItem(slot_id, page_id), copy, 1,
-                             frozenset({KvSlots.page(page_id)}), frozenset({HostSlot(slot_id)}))
+            self._submit(inst, q, "restore", p.RestoreItem(slot_id, page_id), copy,
+                         reads=frozenset({HostSlot(slot_id)}), writes=frozenset({KvSlots.page(page_id)}))
             copies.append(copy)
 
         def done(error: str | None) -> None:
             if error or not inst.alive:
-                self.loop.kv_pool.release(page_ids)
+                self._kv_pool.release(page_ids)
                 if error:
                     inst.futures.fail(fut, error)
                 return
             try:
                 table.mark_restored(handles, page_ids)
             except ResourceError as exc:
-                self.loop.kv_pool.release(page_ids)
+                self._kv_pool.release(page_ids)
                 inst.futures.fail(fut, str(exc))
                 return
             inst.futures.complete(fut)
@@ -233,7 +258,7 @@ class Allocator:
         def restored(fut: Future) -> None:
             inst.swapping = False
             if fut.error:
-                self.loop.kill(inst, f"its swapped-out KV pages could not be restored: {fut.error}")
+                self._kill(inst, f"its swapped-out KV pages could not be restored: {fut.error}")
         done.callbacks.append(restored)
         self.move_pages(inst, 0, handles, "restore", done)
 

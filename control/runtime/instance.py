@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import wasmtime
 from wasmtime import component
@@ -22,7 +23,14 @@ from .futures import FutureTable
 from .guest_call import GuestExport
 from .host import WasmClock
 
+if TYPE_CHECKING:
+    from oven.control.resources import ResourceTable
+
+    from .queues import QueueState
+    from .services import HostServices
+
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+_EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
 
 
 class State(enum.Enum):
@@ -45,7 +53,7 @@ class InstanceLimits:
 
 @dataclass(frozen=True, slots=True)
 class InstanceRecord:
-    """What remains of an ended instance (its store and memory are gone)."""
+    """An instance as ``ps`` shows it; all that remains of an ended one (its store and memory are gone)."""
 
     instance_id: str
     program: str
@@ -54,6 +62,12 @@ class InstanceRecord:
     exit_code: int | None
     error: str | None
     owner: str
+    output_held: bool = False  # running, but held until a client reads its output
+
+    @property
+    def shown_state(self) -> str:
+        """The state ``ps`` shows (proto.control.InstanceEntry.state): ``held`` or the State's value."""
+        return "held" if self.output_held else self.state.value
 
 
 class Inbox:
@@ -92,10 +106,13 @@ class Inbox:
 
 
 class Instance:
-    def __init__(self, instance_id: str, program: str, args: list[str], owner: str, loop, limits: InstanceLimits,
-                 engine: wasmtime.Engine, linker: component.Linker, comp: component.Component, ticks_per_ms: float,
-                 clock: WasmClock):
-        self.instance_id, self.program, self.args, self.loop, self.limits = instance_id, program, args, loop, limits
+    """``host`` is all its host functions may use beyond the instance; ``resources`` and queue 0 are the
+    loop's to add before the first slice."""
+
+    def __init__(self, instance_id: str, program: str, args: list[str], owner: str, host: HostServices,
+                 limits: InstanceLimits, engine: wasmtime.Engine, linker: component.Linker, comp: component.Component,
+                 ticks_per_ms: float, clock: WasmClock):
+        self.instance_id, self.program, self.args, self.host, self.limits = instance_id, program, args, host, limits
         self.owner = owner  # the client that launched it: its exports, topics and name are in that namespace
         self.state = State.READY
         self.exit_code: int | None = None
@@ -111,14 +128,14 @@ class Instance:
         self.stderr_tail = ""
         self.futures = FutureTable(self._on_future_ready)
         self.inbox = Inbox(limits.inbox_messages, limits.inbox_bytes)
-        self.queues = {}  # virtual queue id -> QueueState, filled by the loop
-        self.resources = None  # ResourceTable, set by the loop
+        self.queues: dict[int, QueueState] = {}  # virtual queue id -> its state (InferenceCalls.open_queue)
+        self.resources: ResourceTable | None = None
         self._slice_ticks = max(1, int(limits.slice_ms * ticks_per_ms))
         self.store = wasmtime.Store(engine)
         self.store.set_limits(memory_size=limits.memory_bytes)
         wasi = wasmtime.WasiConfig()  # no preopened folders, no sockets, no environment
-        wasi.stdout_custom = lambda data: loop.emit(self, "stdout", data.decode("utf-8", "replace"))
-        wasi.stderr_custom = lambda data: loop.emit(self, "stderr", data.decode("utf-8", "replace"))
+        wasi.stdout_custom = lambda data: host.emit(self, "stdout", data.decode("utf-8", "replace"))
+        wasi.stderr_custom = lambda data: self._stderr(data.decode("utf-8", "replace"))
         self.store.set_wasi(wasi)
         self.store.set_epoch_deadline(self._slice_ticks)
         wasm = linker.instantiate(self.store, comp)
@@ -136,7 +153,11 @@ class Instance:
         """
         self.store = self._start = self._resume = None
 
-    def queue(self, q: int):
+    def _stderr(self, text: str) -> None:
+        self.stderr_tail = (self.stderr_tail + text)[-4096:]  # the last words explain a trap (failure)
+        self.host.emit(self, "stderr", text)
+
+    def queue(self, q: int) -> QueueState:
         state = self.queues.get(q)
         if state is None:
             raise ValueError(f"queue {q} does not exist in this inferlet")
@@ -182,10 +203,33 @@ class Instance:
         errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
         return errors[-1] if errors else (lines[-1] if lines else "")
 
+    def failure(self, exc: Exception) -> tuple[str, int]:
+        """Why a failed slice ends this instance (the trap's cause, and which limit it hit if it hit one),
+        and its exit status."""
+        reason, status = _trap_message(exc), 1
+        last_words = self.last_stderr_line()  # a guest's own error text beats "unreachable"
+        if (exited := _EXIT_STATUS.match(reason)) is not None:  # the guest exited (the Python SDK, on an exception)
+            reason, last_words, status = last_words or f"exited with status {exited[1]}", "", int(exited[1])
+        elif reason == "wasm trap: interrupt":  # the epoch deadline (run_slice)
+            return (f"{reason}: one slice ran past the {self.limits.slice_ms} ms deadline without waiting on a "
+                    "future (oven serve --slice-ms)", status)
+        if "MemoryError" in self.stderr_tail:  # CPython's answer when memory.grow hits the store's limit
+            reason += (f": out of memory, the instance's limit is {self.limits.memory_bytes >> 20} MiB "
+                       "(oven serve --instance-memory-mib)")
+        return reason + (f" ({last_words})" if last_words else ""), status
+
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
-                              self.owner)
+                              self.owner, self.output_held and self.alive)
 
     @property
     def alive(self) -> bool:
         return self.state in (State.READY, State.WAITING)
+
+
+def _trap_message(exc: Exception) -> str:
+    """The cause of a trap ("wasm trap: interrupt"), not the backtrace wasmtime puts first."""
+    text = str(exc).strip()
+    if "Caused by:" in text:
+        return " ".join(text.rsplit("Caused by:", 1)[1].split())
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -21,12 +21,9 @@ and a new process starts; the loop dispatches again once it answers.
 
 from __future__ import annotations
 
-import array
 import itertools
 import logging
 import queue
-import re
-import sys
 import threading
 import time
 from typing import Callable
@@ -38,7 +35,7 @@ from wasmtime import component
 from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
-from oven.control.scheduling import BatchScheduler, Command, DispatchPolicy
+from oven.control.scheduling import BatchScheduler
 from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
@@ -46,11 +43,12 @@ from oven.proto.auth import OPERATOR
 
 from . import host
 from .allocator import Allocator
-from .futures import DISTS, Future
+from .calls import InferenceCalls
 from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
 from .programs import ProgramStore, engine_config
-from .queues import QueueState
+from .services import EventSink, HostServices
+from .snapshot import LoopSnapshot
 from .timers import Timers
 from .topics import Topics
 
@@ -59,21 +57,16 @@ log = logging.getLogger(__name__)
 EPOCH_TICK_S = 0.005
 REPLY_CHECK_S = 0.0002  # between two slices, look for inference replies at most this often
 START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
-_EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
-EventSink = Callable[[Instance, str, object], None]  # (instance, "stdout"|"stderr"|"message"|"exit", payload)
-
-
-def make_policy(cfg: ControlConfig) -> DispatchPolicy:
-    if cfg.dispatch_policy == "eager":
-        return DispatchPolicy.eager()
-    if cfg.dispatch_policy == "k":
-        return DispatchPolicy.k(cfg.dispatch_k)
-    if cfg.dispatch_policy == "t":
-        return DispatchPolicy.t(cfg.dispatch_t_ms / 1000.0)
-    return DispatchPolicy.adaptive()
 
 
 class ControlLoop:
+    """Owns every part of the control process but the client RPC, and drives them from one thread.
+
+    The server reads it through :meth:`snapshot`, :meth:`record` and :meth:`num_instances`, and
+    changes it only through :meth:`launch`, :meth:`terminate`, :meth:`deliver`,
+    :meth:`hold_output` and :meth:`drop_export`; host functions see :class:`HostServices`.
+    """
+
     def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink,
                  supervisor: InferenceSupervisor | None = None):
         self.client, self.config, self._on_event = client, config, on_event
@@ -81,7 +74,6 @@ class ControlLoop:
         self.info: p.InfoReply = client.info()
         self._info_request: int | None = None  # a restarted inference process: answers this when it serves
         self._restarted_at = 0.0
-        self.tokenizer = Tokenizer(self.info.tokenizer)
         self.engine = wasmtime.Engine(engine_config())
         self.programs = ProgramStore(config.programs_path, self.engine)
         self.linker = component.Linker(self.engine)
@@ -89,13 +81,17 @@ class ControlLoop:
         self.wasm_clock = host.WasmClock()
         host.define_imports(self.linker, lambda: self.current, self.wasm_clock)
         self.current: Instance | None = None
+        self.instances: dict[str, Instance] = {}
+        self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self.scheduler = BatchScheduler()
-        self.policy = make_policy(config)
+        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill)
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
         self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
         self.exports = ExportRegistry(self.kv_pool)
-        self.allocator = Allocator(self)
+        self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
+                                   exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
+                                   instances=self.instances, kill=self.kill)
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
@@ -107,11 +103,10 @@ class ControlLoop:
                                per_instance=config.http_fetches_per_instance,
                                queue_per_instance=config.http_queue_per_instance, workers=config.http_workers,
                                max_body_bytes=config.http_max_body_mib << 20)
-        self.instances: dict[str, Instance] = {}
-        self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
-        self._commands: dict[int, tuple[Instance, Future]] = {}
-        self._in_flight: dict[int, tuple[object, float]] = {}  # request id -> (Batch, when sent)
-        self._ids = itertools.count(1)
+        self._host = HostServices(info=self.info, tokenizer=Tokenizer(self.info.tokenizer), calls=self.calls,
+                                  allocator=self.allocator, exports=self.exports, topics=self.topics,
+                                  timers=self.timers, http=self.http, emit=on_event)
+        self._instance_numbers = itertools.count(1)
         self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
                                       config.max_kv_pages_per_instance, config.max_embeds_per_instance,
                                       config.inbox_messages, config.inbox_mib << 20)
@@ -123,17 +118,17 @@ class ControlLoop:
 
     def launch(self, program: str, args: list[str], owner: str = OPERATOR) -> Instance:
         """Instantiate a stored program for client ``owner`` (it names it, or uploaded it); raises
-        ProgramError / wasmtime errors for a bad one."""
+        ProgramError / wasmtime errors for a bad one, RuntimeError past ``max_instances``."""
         if len(self.instances) >= self.config.max_instances:
             raise RuntimeError(f"the server runs its maximum of {self.config.max_instances} instances")
         digest = self.programs.resolve(program, owner)
-        instance_id = f"{next(self._ids):x}-{digest[:8]}"
-        inst = Instance(instance_id, digest, list(args), owner, self, self._limits, self.engine, self.linker,
+        instance_id = f"{next(self._instance_numbers):x}-{digest[:8]}"
+        inst = Instance(instance_id, digest, list(args), owner, self._host, self._limits, self.engine, self.linker,
                         self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S), self.wasm_clock)
         inst.started_at = time.monotonic()
         inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
                                        max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
-        inst.queues[0] = QueueState(self.scheduler.create_queue(_numeric(instance_id)))
+        self.calls.open_queue(inst)  # queue 0
         self.instances[instance_id] = inst
         return inst
 
@@ -146,9 +141,7 @@ class ControlLoop:
 
     def _retire(self, inst: Instance) -> None:
         """Return everything the instance holds; fail what it still had queued."""
-        for command in self.scheduler.remove_instance(_numeric(inst.instance_id)):
-            _, fut = self._commands.pop(command.command_id)
-            inst.futures.fail(fut, "the instance ended")
+        self.calls.drop_instance(inst)
         self.allocator.forget(inst)
         self.http.forget(inst.instance_id)
         if inst.state is not State.FINISHED:  # its KV may be half written: no one should import it
@@ -161,55 +154,48 @@ class ControlLoop:
         self.finished[inst.instance_id] = inst.record()
         while len(self.finished) > self.config.finished_instances:  # oldest first (dicts keep insertion order)
             del self.finished[next(iter(self.finished))]
-        self.emit(inst, "exit", inst.exit_code)
+        self._on_event(inst, "exit", inst.exit_code)
         self.allocator.retry_parked()
 
-    # -- calls from host functions -------------------------------------------
+    # -- what the server reads and changes ----------------------------------------------
 
-    def emit(self, inst: Instance, kind: str, payload: object) -> None:
-        if kind == "stderr":
-            inst.stderr_tail += str(payload)
-            inst.stderr_tail = inst.stderr_tail[-4096:]
-        self._on_event(inst, kind, payload)
+    def snapshot(self) -> LoopSnapshot:
+        return LoopSnapshot(tuple(inst.record() for inst in self.instances.values()), tuple(self.finished.values()),
+                            tuple(self.exports.exports()), self.scheduler.stats(), self.kv_pool.num_free,
+                            self.embed_pool.num_free, self.host_pool.num_free)
 
-    def submit(self, inst: Instance, q: int, call_type: str, item, fut: Future, num_tokens: int,
-               writes: frozenset, reads: frozenset, kv_context: tuple | None = None) -> None:
-        state = inst.queue(q)
-        command = Command(command_id=next(self._ids), queue_id=state.scheduler_queue_id, call_type=call_type,
-                          item=item, enqueued_at=time.monotonic(), num_tokens=max(1, num_tokens),
-                          reads=reads, writes=writes, kv_context=kv_context)
-        self._commands[command.command_id] = (inst, fut)
-        state.track(fut)
-        self.scheduler.submit(command)
+    def record(self, instance_id: str) -> InstanceRecord | None:
+        """The running instance ``instance_id``, or None."""
+        inst = self.instances.get(instance_id)
+        return inst.record() if inst is not None else None
 
-    def create_queue(self, inst: Instance, priority: int) -> int:
-        q = max(inst.queues) + 1
-        inst.queues[q] = QueueState(self.scheduler.create_queue(_numeric(inst.instance_id), priority))
-        return q
+    def ended(self, instance_id: str) -> InstanceRecord | None:
+        """The ended instance ``instance_id``, if it is among the ``finished_instances`` newest, or None."""
+        return self.finished.get(instance_id)
 
-    def destroy_queue(self, inst: Instance, q: int) -> None:
-        if q == 0:
-            raise ValueError("queue 0 cannot be destroyed")
-        state = inst.queues.pop(q, None)
-        if state is None:
-            raise ValueError(f"queue {q} does not exist in this inferlet")
-        for command in self.scheduler.remove_queue(state.scheduler_queue_id):
-            _, fut = self._commands.pop(command.command_id)
-            inst.futures.fail(fut, "its queue was destroyed")
+    def num_instances(self, owner: str | None = None) -> int:
+        """Instances running (launched by client ``owner``, if given)."""
+        if owner is None:
+            return len(self.instances)
+        return sum(1 for inst in self.instances.values() if inst.owner == owner)
 
-    def set_queue_priority(self, inst: Instance, q: int, priority: int) -> None:
-        self.scheduler.set_priority(inst.queue(q).scheduler_queue_id, priority)
+    def terminate(self, instance_id: str, reason: str, exit_code: int = 143) -> None:
+        """Kill the running instance ``instance_id``; nothing if it has ended."""
+        if (inst := self.instances.get(instance_id)) is not None:
+            self.kill(inst, reason, exit_code)
 
-    def drop_export(self, name: str, by: Instance | None = None, namespace: str = OPERATOR) -> None:
-        """Release an export: for its exporter ``by`` (``release-export``), or for a client of the
-        server, in ``namespace``.
+    def deliver(self, instance_id: str, text: str) -> None:
+        """A client's message for ``receive``; KeyError for no running instance, OverflowError for a full inbox."""
+        self.instances[instance_id].inbox.push(text)
 
-        Raises ResourceError for an unknown name, or one ``by`` did not export.
-        """
-        freed = (self.exports.unexport(name, by.instance_id, by.owner) if by
-                 else self.exports.drop(name, namespace))
-        if freed:  # a parked allocation may fit now
-            self.allocator.retry_parked()
+    def hold_output(self, instance_id: str, held: bool) -> None:
+        """Run no further slice of ``instance_id`` while ``held`` (a client is behind on its output)."""
+        if (inst := self.instances.get(instance_id)) is not None:
+            inst.output_held = held
+
+    def drop_export(self, name: str, namespace: str = OPERATOR) -> None:
+        """Release client ``namespace``'s export ``name``; ResourceError for an unknown one."""
+        self.allocator.drop_export(name, namespace=namespace)
 
     def post(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the loop thread (safe to call from any thread)."""
@@ -258,7 +244,7 @@ class ControlLoop:
         candidates = [cap_s]
         if (deadline := self.timers.next_deadline()) is not None:
             candidates.append(deadline - now)
-        if (wake := self.policy.next_wakeup(now, self.scheduler.oldest_enqueued_at)) is not None:
+        if (wake := self.config.dispatch.next_wakeup(now, self.scheduler.oldest_enqueued_at)) is not None:
             candidates.append(wake - now)
         return max(0.0, min(candidates))
 
@@ -273,7 +259,7 @@ class ControlLoop:
             try:
                 inst.run_slice()
             except (wasmtime.Trap, wasmtime.WasmtimeError, ValueError) as exc:
-                self.kill(inst, *_failure(exc, inst), state=State.FAILED)
+                self.kill(inst, *inst.failure(exc), state=State.FAILED)
             finally:
                 self.current = None
             if inst.state is State.FINISHED:
@@ -281,7 +267,7 @@ class ControlLoop:
             # Keep the device busy while the other slices run (xLLM-style overlap): the
             # policy decides, so `adaptive` sends the moment the inference layer is idle.
             # A look costs a few us; every 0.2 ms is soon enough for a device step of milliseconds.
-            if self._in_flight and (now := time.monotonic()) >= next_reply_check:
+            if self.calls.num_in_flight and (now := time.monotonic()) >= next_reply_check:
                 self._drain_replies()
                 next_reply_check = now + REPLY_CHECK_S
             self._dispatch()
@@ -289,37 +275,36 @@ class ControlLoop:
     def _dispatch(self) -> None:
         if self._info_request is not None:  # a new inference process is still loading
             return
+        policy, scheduler, calls = self.config.dispatch, self.scheduler, self.calls
         while True:
             now = time.monotonic()
-            if not self.policy.should_dispatch(now, self.scheduler.num_pending, self.scheduler.oldest_enqueued_at,
-                                               not self._in_flight, len(self._in_flight)):
+            in_flight = calls.num_in_flight
+            if not policy.should_dispatch(now, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight,
+                                          in_flight):
                 return
-            batch = self.scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
+            batch = scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
             if batch is None:
                 return
-            self._in_flight[self.client.send(batch.to_request())] = (batch, now)
+            calls.sent(self.client.send(batch.to_request()), batch, now)
 
     def _drain_replies(self) -> None:
         while (message := self.client.try_recv()) is not None:
             request_id, reply = message
             if request_id == self._info_request:
                 self._inference_back(reply)
-                continue
-            batch, _ = self._in_flight.pop(request_id, (None, 0.0))
-            if batch is not None:
-                self._complete(batch, reply)
+            else:
+                self.calls.settle(request_id, reply)
 
     # -- a dead or hung inference process -------------------------------------------------------
 
     def _watch_inference(self, now: float) -> None:
+        oldest = self.calls.oldest_sent_at
         if self._info_request is not None:
             if now - self._restarted_at > max(self.config.inference_timeout_s, START_TIMEOUT_S):
                 self.supervisor.kill(f"the new inference process did not serve within {START_TIMEOUT_S:.0f} s")
-        elif self._in_flight:
-            _, oldest = next(iter(self._in_flight.values()))  # dicts keep the order batches were sent
-            if now - oldest > self.config.inference_timeout_s:
-                self.supervisor.kill(f"no reply to a batch in {self.config.inference_timeout_s:.0f} s (hung; "
-                                     "oven serve --inference-timeout-s)")
+        elif oldest is not None and now - oldest > self.config.inference_timeout_s:
+            self.supervisor.kill(f"no reply to a batch in {self.config.inference_timeout_s:.0f} s (hung; "
+                                 "oven serve --inference-timeout-s)")
         reason = self.supervisor.check(now)
         if reason is not None:
             self._inference_lost(reason, now)
@@ -328,15 +313,11 @@ class ControlLoop:
         """End every instance with state in the dead process, forget its exports, start a new one."""
         log.error("the inference process is gone: %s", reason)
         message = f"inference process died: {reason}"
-        in_flight = {command.command_id for batch, _ in self._in_flight.values() for command in batch.commands}
-        self._in_flight.clear()
         for inst in list(self.instances.values()):
             table = inst.resources
-            if (table.num_kvpages or table.num_embeds or inst.swapping
-                    or any(owner is inst for owner, _ in self._commands.values())):
+            if table.num_kvpages or table.num_embeds or inst.swapping or self.calls.has_calls(inst):
                 self.kill(inst, message)
-        for command_id in in_flight:  # every one belongs to an instance killed above: forget them
-            self._commands.pop(command_id, None)
+        self.calls.forget_in_flight()  # every one belonged to an instance killed above
         for export in self.exports.exports():  # their pages were in the dead process
             self.exports.drop(export.name, export.namespace)
         self._poller.unregister(self.client.socket)
@@ -354,30 +335,6 @@ class ControlLoop:
             return
         self.supervisor.kill(f"the new inference process does not match the old one: {reply}")
 
-    def _complete(self, batch, reply) -> None:
-        for i, command in enumerate(batch.commands):
-            inst, fut = self._commands.pop(command.command_id, (None, None))
-            if inst is None:
-                continue
-            try:
-                self._settle(inst, fut, reply, i)
-            except Exception as exc:  # a bookkeeping bug hits one instance, never the loop
-                log.exception("completing a %s call of %s failed", command.call_type, inst.instance_id)
-                self.kill(inst, f"internal error: {type(exc).__name__}: {exc}")
-
-    @staticmethod
-    def _settle(inst: Instance, fut: Future, reply, i: int) -> None:
-        """Complete item ``i``'s future from a batch reply."""
-        if isinstance(reply, p.ErrorReply):
-            inst.futures.fail(fut, f"{reply.code}: {reply.message}")
-        elif reply.errors[i] is not None:
-            inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
-        elif fut.kind == DISTS:
-            dists = reply.dists[i] if isinstance(reply.dists[i], list) else [reply.dists[i]]
-            inst.futures.complete(fut, [_decode_dist(d) for d in dists])
-        else:
-            inst.futures.complete(fut)
-
     def _tick_epochs(self) -> None:
         while not self._stopping:
             time.sleep(EPOCH_TICK_S)
@@ -388,42 +345,6 @@ class ControlLoop:
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
         self.http.close()
-
-
-def _decode_dist(dist: p.TopKDist) -> tuple[list[int], list[float]]:
-    """Little-endian int32 ids and float32 probabilities (see proto/inference.py) as Python lists."""
-    ids, probs = array.array("i", dist.token_ids), array.array("f", dist.probs)
-    if sys.byteorder == "big":
-        ids.byteswap()
-        probs.byteswap()
-    return ids.tolist(), probs.tolist()
-
-
-def _numeric(instance_id: str) -> int:
-    return int(instance_id.split("-", 1)[0], 16)
-
-
-def _trap_message(exc: Exception) -> str:
-    """The cause of a trap ("wasm trap: interrupt"), not the backtrace wasmtime puts first."""
-    text = str(exc).strip()
-    if "Caused by:" in text:
-        return " ".join(text.rsplit("Caused by:", 1)[1].split())
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _failure(exc: Exception, inst: Instance) -> tuple[str, int]:
-    """Why a failed slice ends ``inst`` (the trap's cause, and which limit it hit if it hit one), and its status."""
-    reason, status = _trap_message(exc), 1
-    last_words = inst.last_stderr_line()  # a guest's own error text beats "unreachable"
-    if (exited := _EXIT_STATUS.match(reason)) is not None:  # the guest exited (the Python SDK, on an exception)
-        reason, last_words, status = last_words or f"exited with status {exited[1]}", "", int(exited[1])
-    elif reason == "wasm trap: interrupt":  # the epoch deadline (Instance.run_slice)
-        return (f"{reason}: one slice ran past the {inst.limits.slice_ms} ms deadline without waiting on a "
-                "future (oven serve --slice-ms)", status)
-    if "MemoryError" in inst.stderr_tail:  # CPython's answer when memory.grow hits the store's limit
-        reason += (f": out of memory, the instance's limit is {inst.limits.memory_bytes >> 20} MiB "
-                   "(oven serve --instance-memory-mib)")
-    return reason + (f" ({last_words})" if last_words else ""), status
 
 
 def _wake_pipe():

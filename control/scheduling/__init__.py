@@ -6,7 +6,7 @@ sends what :meth:`BatchScheduler.form_batch` returns to the inference layer.
 """
 
 from .batcher import Batch, BatchScheduler, SchedulerStats
-from .commands import CALL_TYPES, REQUEST_BY_CALL_TYPE, Command, CommandQueue
+from .commands import Command, CommandQueue
 from .footprint import Embed, HostSlot, KvSlots, Resource, forward_kv_footprint
 from .policy import AdaptivePolicy, DispatchPolicy, EagerPolicy, KPolicy, TPolicy
 
@@ -14,8 +14,6 @@ __all__ = [
     "Batch",
     "BatchScheduler",
     "SchedulerStats",
-    "CALL_TYPES",
-    "REQUEST_BY_CALL_TYPE",
     "Command",
     "CommandQueue",
     "Embed",

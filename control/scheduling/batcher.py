@@ -7,13 +7,14 @@ Everything here is pure bookkeeping driven by the caller's clock, with no I/O.
 from __future__ import annotations
 
 import heapq
-
 from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
 
-from .commands import REQUEST_BY_CALL_TYPE, Command, CommandQueue
-from .footprint import QueueFootprint
+from oven.proto import inference as p
+
+from .commands import Command, CommandQueue
+from .conflicts import QueueFootprint
 
 __all__ = ["Batch", "SchedulerStats", "BatchScheduler"]
 
@@ -40,7 +41,7 @@ class Batch:
 
     def to_request(self):
         """The proto request carrying this batch (e.g. a ``ForwardRequest``)."""
-        return REQUEST_BY_CALL_TYPE[self.call_type](self.items)
+        return p.REQUEST_BY_CALL_TYPE[self.call_type](self.items)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """Batchable commands and the per-inferlet FIFO queues that hold them until dispatch.
 
-A command is one item of one inference call type, already translated to
-physical ids. The scheduler never looks inside ``item``: what it needs to know
-(cost, call type, footprint, age) is spelled out on the command.
+A command is one item of one inference call type (``proto.inference.CALL_TYPES``),
+already translated to physical ids. The scheduler never looks inside ``item``:
+what it needs to know (cost, call type, footprint, age) is spelled out on the
+command.
 """
 
 from __future__ import annotations
@@ -15,20 +16,7 @@ from oven.proto import inference as p
 
 from .footprint import Resource, forward_kv_footprint
 
-__all__ = ["REQUEST_BY_CALL_TYPE", "CALL_TYPES", "Command", "CommandQueue"]
-
-# The wire tag of each batch request (see proto.inference.CODEC) -> its request class.
-REQUEST_BY_CALL_TYPE: dict[str, type] = {
-    "embed_text": p.EmbedTextRequest,
-    "forward": p.ForwardRequest,
-    "next_dist": p.NextDistRequest,
-    "forward_text": p.ForwardTextRequest,
-    "copy_kvpage": p.CopyKvPageRequest,
-    "mask_kvpage": p.MaskKvPageRequest,
-    "offload": p.OffloadRequest,
-    "restore": p.RestoreRequest,
-}
-CALL_TYPES = frozenset(REQUEST_BY_CALL_TYPE)
+__all__ = ["Command", "CommandQueue"]
 
 
 # eq=False: commands are equal only to themselves (items hold lists, so they
@@ -62,8 +50,8 @@ class Command:
     kv_context: tuple[list[int], int, int, int] | None = None
 
     def __post_init__(self) -> None:
-        if self.call_type not in CALL_TYPES:
-            raise ValueError(f"unknown call type {self.call_type!r} (expected one of {sorted(CALL_TYPES)})")
+        if self.call_type not in p.CALL_TYPES:
+            raise ValueError(f"unknown call type {self.call_type!r} (expected one of {sorted(p.CALL_TYPES)})")
         if self.num_tokens < 1:
             raise ValueError(f"num_tokens must be at least 1, got {self.num_tokens}")
 

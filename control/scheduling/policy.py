@@ -15,11 +15,14 @@ ready (``now - oldest >= t`` can miss by a rounding error and spin).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["DispatchPolicy", "EagerPolicy", "KPolicy", "TPolicy", "AdaptivePolicy"]
+__all__ = ["NAMES", "DispatchPolicy", "EagerPolicy", "KPolicy", "TPolicy", "AdaptivePolicy"]
 
 DEFAULT_MAX_WAIT_S = 0.05
+DEFAULT_K = 32
+DEFAULT_T_S = 0.005
 
 
 class DispatchPolicy(ABC):
@@ -50,11 +53,11 @@ class DispatchPolicy(ABC):
         return EagerPolicy()
 
     @staticmethod
-    def k(k: int, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> KPolicy:
+    def k(k: int = DEFAULT_K, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> KPolicy:
         return KPolicy(k, max_wait_s)
 
     @staticmethod
-    def t(seconds: float) -> TPolicy:
+    def t(seconds: float = DEFAULT_T_S) -> TPolicy:
         return TPolicy(seconds)
 
     @staticmethod
@@ -62,24 +65,16 @@ class DispatchPolicy(ABC):
         return AdaptivePolicy()
 
     @staticmethod
-    def parse(spec: str) -> DispatchPolicy:
-        """From a config or CLI string: ``eager``, ``adaptive``, ``k=8`` or ``t=0.005``.
+    def named(name: str, *, k: int = DEFAULT_K, t_s: float = DEFAULT_T_S) -> DispatchPolicy:
+        """The policy called ``name``, one of :data:`NAMES` (the config's ``dispatch_policy``); ``k``
+        and ``t_s`` go to the policies of those names.
 
-        Raises ValueError for anything else.
+        Raises ValueError for another name or a bad ``k`` / ``t_s``.
         """
-        name, _, value = spec.strip().partition("=")
-        try:
-            if name == "eager" and not value:
-                return EagerPolicy()
-            if name == "adaptive" and not value:
-                return AdaptivePolicy()
-            if name == "k" and value:
-                return KPolicy(int(value))
-            if name == "t" and value:
-                return TPolicy(float(value))
-        except ValueError as exc:
-            raise ValueError(f"bad dispatch policy {spec!r}: {exc}") from None
-        raise ValueError(f"bad dispatch policy {spec!r} (expected eager, adaptive, k=N or t=SECONDS)")
+        make = _BY_NAME.get(name)
+        if make is None:
+            raise ValueError(f"unknown dispatch policy {name!r} (expected one of {', '.join(NAMES)})")
+        return make(k, t_s)
 
 
 def _nothing_pending(num_pending_commands: int, oldest_enqueued_at: float | None) -> bool:
@@ -173,3 +168,13 @@ class AdaptivePolicy(DispatchPolicy):
 
     def __str__(self) -> str:
         return "adaptive"
+
+
+# The names of the policies (the config's ``dispatch_policy``), in the order --help lists them.
+_BY_NAME: dict[str, Callable[[int, float], DispatchPolicy]] = {
+    "adaptive": lambda k, t_s: DispatchPolicy.adaptive(),
+    "eager": lambda k, t_s: DispatchPolicy.eager(),
+    "k": lambda k, t_s: DispatchPolicy.k(k),
+    "t": lambda k, t_s: DispatchPolicy.t(t_s),
+}
+NAMES = tuple(_BY_NAME)

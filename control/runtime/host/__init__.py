@@ -1,9 +1,10 @@
 """Host imports of the ``oven:inferlet`` WIT world, one module per interface.
 
 Each module maps WIT function names to plain functions whose first argument is
-the calling :class:`~oven.control.runtime.instance.Instance`. A Python
-exception raised here becomes a trap that kills the calling instance only; an
-error the inferlet may handle travels back in a future or a ``result``.
+the calling :class:`~oven.control.runtime.instance.Instance`; beyond that
+instance they use only its ``host`` (:class:`~oven.control.runtime.services.HostServices`).
+A Python exception raised here becomes a trap that kills the calling instance
+only; an error the inferlet may handle travels back in a future or a ``result``.
 """
 
 from __future__ import annotations

@@ -6,13 +6,14 @@ from oven.control.scheduling import Embed
 from oven.proto import inference as p
 
 from .. import futures as f
-from .issue import allocate, deallocate, issue
+from .issue import Call, allocate, deallocate, issue
 
 
 def embed_text(inst, q: int, tokens: list[int], positions: list[int], embeds: list[int]) -> int:
     def build():
         ids = inst.resources.physical_embeds(embeds)
-        return p.EmbedTextItem(list(tokens), list(positions), ids), len(tokens), {Embed(e) for e in ids}, set(), None
+        return Call(p.EmbedTextItem(list(tokens), list(positions), ids), len(tokens),
+                    writes=frozenset(Embed(e) for e in ids))
     return issue(inst, q, "embed_text", f.UNIT, build)
 
 

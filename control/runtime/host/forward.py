@@ -6,12 +6,12 @@ from oven.control.scheduling import Embed
 from oven.proto import inference as p
 
 from .. import futures as f
-from .issue import issue
+from .issue import Call, issue
 
 
 def _kv_context(inst, page_ids: list[int], last_page_len: int, num_inputs: int) -> tuple:
     """The paged context a forward reads and writes, for its command's footprint (``Command.kv_context``)."""
-    return page_ids, last_page_len, num_inputs, inst.loop.info.page_size
+    return page_ids, last_page_len, num_inputs, inst.host.info.page_size
 
 
 def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask) -> int:
@@ -20,15 +20,16 @@ def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask
         in_ids, out_ids = inst.resources.physical_embeds(inputs), inst.resources.physical_embeds(outputs)
         item = p.ForwardItem(page_ids, last_page_len, in_ids, list(output_indices), out_ids,
                              [bytes(row) for row in mask] if mask else None)
-        return (item, len(inputs), {Embed(e) for e in out_ids}, {Embed(e) for e in in_ids},
-                _kv_context(inst, page_ids, last_page_len, len(inputs)))
+        return Call(item, len(inputs), reads=frozenset(Embed(e) for e in in_ids),
+                    writes=frozenset(Embed(e) for e in out_ids),
+                    kv_context=_kv_context(inst, page_ids, last_page_len, len(inputs)))
     return issue(inst, q, "forward", f.UNIT, build)
 
 
 def get_next_dist(inst, q: int, embed: int, top_k: int) -> int:
     def build():
         (embed_id,) = inst.resources.physical_embeds([embed])
-        return p.NextDistItem(embed_id, top_k), 1, set(), {Embed(embed_id)}, None
+        return Call(p.NextDistItem(embed_id, top_k), reads=frozenset({Embed(embed_id)}))
     return issue(inst, q, "next_dist", f.DISTS, build)
 
 
@@ -36,7 +37,7 @@ def forward_text(inst, q, tokens, positions, pages, last_page_len, output_indice
     def build():
         page_ids = inst.resources.physical_pages(pages)
         item = p.ForwardTextItem(list(tokens), list(positions), page_ids, last_page_len, list(output_indices), top_k)
-        return item, len(tokens), (), (), _kv_context(inst, page_ids, last_page_len, len(tokens))
+        return Call(item, len(tokens), kv_context=_kv_context(inst, page_ids, last_page_len, len(tokens)))
     return issue(inst, q, "forward_text", f.DISTS, build)
 
 

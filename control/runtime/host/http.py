@@ -7,7 +7,7 @@ from .. import futures as f
 
 def fetch(inst, method: str, url: str, headers: list[str], body: bytes | list[int]) -> int:
     fut = inst.futures.create(f.HTTP, io=True)
-    inst.loop.http.fetch(inst.instance_id, method, url, headers, bytes(body),
+    inst.host.http.fetch(inst.instance_id, method, url, headers, bytes(body),
                          on_done=lambda status, data: inst.futures.complete(fut, (status, data)),
                          on_error=lambda message: inst.futures.fail(fut, message))
     return fut.handle

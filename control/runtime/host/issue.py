@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from oven.control.resources import ResourceError
+from oven.control.scheduling import Resource
 
 from .. import futures as f
 
 
-def issue(inst, q: int, call_type: str, kind: str, build: Callable) -> int:
-    """Create a future, resolve handles with ``build()`` and queue the command on ``q``.
+class Call(NamedTuple):  # a tuple: built on every call, the hot path of decoding
+    """One guest call in physical ids, as :meth:`InferenceCalls.submit` takes it (see ``Command``)."""
 
-    ``build`` returns (item, num_tokens, written keys, read keys, kv_context or None) in
-    physical ids (``kv_context``: see ``Command``); a ResourceError (foreign, freed or forged
-    handle) fails the future instead of trapping.
+    item: object
+    num_tokens: int = 1
+    reads: frozenset[Resource] = frozenset()
+    writes: frozenset[Resource] = frozenset()
+    kv_context: tuple[list[int], int, int, int] | None = None
+
+
+def issue(inst, q: int, call_type: str, kind: str, build: Callable[[], Call]) -> int:
+    """Create a future, resolve handles with ``build()`` and queue the call on ``q``.
+
+    A ResourceError from ``build`` (a foreign, freed or forged handle) fails the
+    future instead of trapping.
     """
     fut = inst.futures.create(kind)
     try:
-        item, num_tokens, writes, reads, kv_context = build()
+        item, num_tokens, reads, writes, kv_context = build()
     except ResourceError as exc:
         inst.futures.fail(fut, str(exc))
         return fut.handle
-    inst.loop.submit(inst, q, call_type, item, fut, num_tokens, frozenset(writes), frozenset(reads), kv_context)
+    inst.host.calls.submit(inst, q, call_type, item, fut, num_tokens=num_tokens, reads=reads, writes=writes,
+                           kv_context=kv_context)
     return fut.handle
 
 
@@ -38,19 +49,19 @@ def resource_call(action: Callable):
 def allocate(inst, q: int, kind: str, count: int) -> int:
     """``alloc-kvpages`` / ``alloc-embeds``: a future of the new handles."""
     fut = inst.futures.create(f.HANDLES)
-    inst.loop.allocator.allocate(inst, q, kind, count, fut)
+    inst.host.allocator.allocate(inst, q, kind, count, fut)
     return fut.handle
 
 
 def deallocate(inst, q: int, kind: str, handles: list[int]) -> int:
     """``dealloc-kvpages`` / ``dealloc-embeds``: freed once the queue's earlier calls are done."""
     fut = inst.futures.create(f.UNIT)
-    inst.loop.allocator.deallocate(inst, q, kind, handles, fut)
+    inst.host.allocator.deallocate(inst, q, kind, handles, fut)
     return fut.handle
 
 
 def move_pages(inst, q: int, pages: list[int], direction: str) -> int:
     """``offload-kvpages`` / ``restore-kvpages``."""
     fut = inst.futures.create(f.UNIT)
-    inst.loop.allocator.move_pages(inst, q, pages, direction, fut)
+    inst.host.allocator.move_pages(inst, q, pages, direction, fut)
     return fut.handle

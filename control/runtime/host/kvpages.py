@@ -6,7 +6,7 @@ from oven.control.scheduling import KvSlots
 from oven.proto import inference as p
 
 from .. import futures as f
-from .issue import allocate, deallocate, issue, move_pages, resource_call
+from .issue import Call, allocate, deallocate, issue, move_pages, resource_call
 
 
 def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: int, count: int) -> int:
@@ -14,17 +14,17 @@ def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: i
         src_id, dst_id = inst.resources.physical_pages([src, dst])
         item = p.CopyKvPageItem(src_id, dst_id, src_offset, dst_offset, count)
         try:
-            writes, reads = {KvSlots(dst_id, dst_offset, dst_offset + count)}, {KvSlots(src_id, src_offset, src_offset + count)}
+            return Call(item, reads=frozenset({KvSlots(src_id, src_offset, src_offset + count)}),
+                        writes=frozenset({KvSlots(dst_id, dst_offset, dst_offset + count)}))
         except ValueError:  # empty or negative range: the inference layer reports the exact error
-            writes, reads = set(), set()
-        return item, 1, writes, reads, None
+            return Call(item)
     return issue(inst, q, "copy_kvpage", f.UNIT, build)
 
 
 def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
     def build():
         (page_id,) = inst.resources.physical_pages([page])
-        return p.MaskKvPageItem(page_id, list(masked)), 1, {KvSlots.page(page_id)}, set(), None
+        return Call(p.MaskKvPageItem(page_id, list(masked)), writes=frozenset({KvSlots.page(page_id)}))
     return issue(inst, q, "mask_kvpage", f.UNIT, build)
 
 
@@ -37,8 +37,8 @@ FUNCS = {
     "restore-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "restore"),
     # Export names are per client: an inferlet imports only what its own client's inferlets exported.
     "export-kvpages": lambda inst, pages, name: resource_call(
-        lambda: inst.loop.exports.export_kvpages(inst.resources, name, pages, inst.owner)),
+        lambda: inst.host.exports.export_kvpages(inst.resources, name, pages, inst.owner)),
     "import-kvpages": lambda inst, name: resource_call(
-        lambda: inst.loop.exports.import_kvpages(inst.resources, name, inst.owner)),
-    "release-export": lambda inst, name: resource_call(lambda: inst.loop.drop_export(name, by=inst)),
+        lambda: inst.host.exports.import_kvpages(inst.resources, name, inst.owner)),
+    "release-export": lambda inst, name: resource_call(lambda: inst.host.allocator.drop_export(name, by=inst)),
 }

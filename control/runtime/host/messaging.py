@@ -6,7 +6,7 @@ from .. import futures as f
 
 
 def send(inst, message: str) -> None:
-    inst.loop.emit(inst, "message", message)
+    inst.host.emit(inst, "message", message)
 
 
 def receive(inst) -> int:
@@ -17,12 +17,12 @@ def receive(inst) -> int:
 
 # Topics are per client, like export names: one client's inferlets never hear another's.
 def broadcast(inst, topic: str, message: str) -> None:
-    inst.loop.topics.publish((inst.owner, topic), message)
+    inst.host.topics.publish((inst.owner, topic), message)
 
 
 def subscribe(inst, topic: str) -> int:
     fut = inst.futures.create(f.TEXT, io=True)
-    inst.loop.topics.wait(inst.instance_id, (inst.owner, topic), lambda text: inst.futures.complete(fut, text))
+    inst.host.topics.wait(inst.instance_id, (inst.owner, topic), lambda text: inst.futures.complete(fut, text))
     return fut.handle
 
 

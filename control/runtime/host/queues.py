@@ -12,12 +12,12 @@ def synchronize(inst, q: int) -> int:
 
 
 def set_priority(inst, q: int, priority: int) -> None:
-    inst.loop.set_queue_priority(inst, q, priority)
+    inst.host.calls.set_priority(inst, q, priority)
 
 
 FUNCS = {
-    "create-queue": lambda inst, priority: inst.loop.create_queue(inst, priority),
-    "destroy-queue": lambda inst, q: inst.loop.destroy_queue(inst, q),
+    "create-queue": lambda inst, priority: inst.host.calls.open_queue(inst, priority),
+    "destroy-queue": lambda inst, q: inst.host.calls.close_queue(inst, q),
     "set-priority": set_priority,
     "synchronize": synchronize,
 }

@@ -9,7 +9,7 @@ from .. import futures as f
 
 def sleep(inst, ms: int) -> int:
     fut = inst.futures.create(f.UNIT, io=True)
-    inst.loop.timers.add(time.monotonic() + ms / 1000.0, lambda: inst.futures.complete(fut))
+    inst.host.timers.add(time.monotonic() + ms / 1000.0, lambda: inst.futures.complete(fut))
     return fut.handle
 
 
@@ -23,7 +23,7 @@ FUNCS = {
     "now-ms": lambda inst: int(time.monotonic() * 1000),
     "sleep": sleep,
     "set-exit-code": set_exit_code,
-    "models": lambda inst: [inst.loop.info.model_name],
-    "available-traits": lambda inst: [t.replace("_", "-") for t in inst.loop.info.traits],
-    "page-size": lambda inst: inst.loop.info.page_size,
+    "models": lambda inst: [inst.host.info.model_name],
+    "available-traits": lambda inst: [t.replace("_", "-") for t in inst.host.info.traits],
+    "page-size": lambda inst: inst.host.info.page_size,
 }

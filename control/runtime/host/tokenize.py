@@ -7,13 +7,13 @@ def render_chat(inst, roles: list[str], contents: list[str], add_generation_prom
     if len(roles) != len(contents):
         raise ValueError(f"render-chat: {len(roles)} roles but {len(contents)} contents")
     messages = [{"role": r, "content": c} for r, c in zip(roles, contents)]
-    return inst.loop.tokenizer.render_chat(messages, add_generation_prompt)
+    return inst.host.tokenizer.render_chat(messages, add_generation_prompt)
 
 
 FUNCS = {
-    "tokenize": lambda inst, text: inst.loop.tokenizer.encode(text),
-    "detokenize": lambda inst, tokens: inst.loop.tokenizer.decode(list(tokens)),
-    "vocab-size": lambda inst: inst.loop.info.vocab_size,
-    "stop-tokens": lambda inst: sorted(inst.loop.tokenizer.stop_token_ids),
+    "tokenize": lambda inst, text: inst.host.tokenizer.encode(text),
+    "detokenize": lambda inst, tokens: inst.host.tokenizer.decode(list(tokens)),
+    "vocab-size": lambda inst: inst.host.info.vocab_size,
+    "stop-tokens": lambda inst: sorted(inst.host.tokenizer.stop_token_ids),
     "render-chat": render_chat,
 }

@@ -1,0 +1,41 @@
+"""What the host functions of an instance may reach beyond the instance itself.
+
+The control loop builds one :class:`HostServices` and hands it to every instance
+it launches (``Instance.host``); host functions (``host/``) use it and nothing
+else, and nothing in it refers back to the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from oven.control.resources import ExportRegistry
+from oven.control.tokenizer import Tokenizer
+from oven.proto import inference as p
+
+from .allocator import Allocator
+from .calls import InferenceCalls
+from .http_client import HttpClient
+from .timers import Timers
+from .topics import Topics
+
+if TYPE_CHECKING:
+    from .instance import Instance
+
+# Where instance output goes: (instance, "stdout" | "stderr" | "message" | "exit", text or exit code).
+EventSink = Callable[["Instance", str, object], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostServices:
+    info: p.InfoReply  # the served model: name, traits, page size, vocabulary
+    tokenizer: Tokenizer
+    calls: InferenceCalls  # calls to the inference process, and the instance's command queues
+    allocator: Allocator  # KvPages and Embeds: alloc, dealloc, offload/restore, releasing an export
+    exports: ExportRegistry  # KvPage exports by name, per client
+    topics: Topics  # broadcast / subscribe
+    timers: Timers  # sleep
+    http: HttpClient  # fetch, off the loop thread
+    emit: EventSink  # output to the instance's clients
