@@ -80,4 +80,4 @@ USAGE = "usage: attention-window PROMPT SINK WINDOW MAX_NEW_TOKENS [TOP_K]"
 ])
 def test_bad_arguments_fail_clearly(loop, args, error):
     (inst,) = run(loop, "attention-window", [args])
-    assert inst.exit_code != 0 and inst.error.endswith(f"(ValueError: {error})"), inst.error
+    assert (inst.exit_code, inst.error) == (1, f"ValueError: {error}")
