@@ -37,7 +37,9 @@ mod io;
 mod join;
 mod model;
 mod pages;
-mod sampler;
+mod promise;
+mod queue;
+mod sampling;
 mod stop;
 
 pub use context::Context;
@@ -45,9 +47,11 @@ pub use executor::{spawn, IntoExitCode, JoinHandle};
 pub use host_future::HostFuture;
 pub use io::{arguments, broadcast, fetch, instance_id, now_ms, receive, send, sleep, subscribe};
 pub use join::{join, join_all, Join, JoinAll};
+pub use promise::Promise;
+pub use queue::Queue;
 pub use model::{available_traits, detokenize, models, page_size, render_chat, stop_tokens, tokenize, vocab_size};
 pub use oven_raw::futures::{Distribution, HttpResponse};
-pub use sampler::{Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
+pub use sampling::{draw, Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
 pub use stop::Stop;
 
 /// The raw bindings, for calls the SDK does not wrap (embeds, release-export, ...).
