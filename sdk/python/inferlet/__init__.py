@@ -20,11 +20,11 @@ from .host import (args, available_traits, broadcast, decode, encode, fetch, ins
 from .queue import Queue
 from .sampling import Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP, draw
 from .stop import Stop
-from .tasks import Future, OvenError, Task, gather, run, spawn
+from .tasks import Future, HostFuture, OvenError, Task, gather, run, spawn
 
 __all__ = [
     "Context", "Queue", "Stop", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP", "Rng", "draw",
-    "Future", "Task", "OvenError", "run", "spawn", "gather",
+    "Future", "HostFuture", "Task", "OvenError", "run", "spawn", "gather",
     "args", "instance_id", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
     "encode", "decode", "render_chat", "page_size", "stop_tokens", "vocab_size", "models", "available_traits",
 ]

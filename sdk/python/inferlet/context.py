@@ -21,7 +21,7 @@ from .queue import Queue
 from .sampling import Greedy, Sampler
 from .sharing import Sharing
 from .stop import Stop
-from .tasks import HostFuture, spawn
+from .tasks import HostFuture, OvenError, spawn
 
 # While generating, pages are allocated this many tokens ahead of need (4 pages of 16).
 ALLOC_AHEAD_TOKENS = 64
@@ -263,6 +263,6 @@ async def _free_spare(spare: HostFuture) -> None:
     """Free pages allocated ahead for a context that closed before using them."""
     try:
         pages = await spare.poll_now()
-    except Exception:  # noqa: BLE001 - an allocation that failed left nothing to free
+    except OvenError:  # the allocation failed: nothing to free
         return
     futures.discard(kvpages.dealloc_kvpages(0, pages))

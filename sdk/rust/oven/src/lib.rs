@@ -1,4 +1,6 @@
-//! The oven inferlet SDK for Rust: the Rust twin of the Python SDK, over [`oven_raw`].
+//! The oven inferlet SDK for Rust: the Rust twin of the Python SDK, over [`oven_raw`]. The two
+//! offer the same features and issue the same host calls (`sdk/README.md` has the table of both;
+//! `tests/test_sdk_conformance.py` holds them together).
 //!
 //! An inferlet is an `async fn main`, wired to the world's `start`/`resume` exports by
 //! [`main!`]; a small single-threaded executor runs it and any tasks it [`spawn`]s. Awaiting a
@@ -18,10 +20,13 @@
 //! oven::main!(main);
 //! ```
 //!
-//! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`].
+//! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`], [`Promise`] (a value another
+//!   task sets).
 //! * Messages and I/O: [`send`], [`receive`], [`broadcast`], [`subscribe`], [`fetch`].
 //! * Generation: [`Context`] (fill, flush, next_dist, dists, decode_step, generate, fork,
-//!   drop_range, truncate, offload/restore, evict, export/imported), samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`]) and [`Stop`].
+//!   drop_range, truncate, offload/restore, evict, export/imported/release_export) on its own
+//!   [`Queue`], samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`], drawing from
+//!   the seeded [`Rng`] with [`draw`], as the Python SDK does bit for bit) and [`Stop`].
 //! * The model: [`tokenize`], [`detokenize`], [`render_chat`], [`stop_tokens`], ...
 //!
 //! Errors are `String`s, as in the raw API: a failed host call's message, or the SDK's own.

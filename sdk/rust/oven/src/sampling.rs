@@ -183,16 +183,6 @@ impl Temperature {
     }
 }
 
-impl Sampler for Temperature {
-    fn top_k(&self) -> u32 {
-        0
-    }
-
-    fn sample(&mut self, dist: &Distribution) -> u32 {
-        dist.token_ids[draw(&dist.probs, self.keep(&dist.probs), self.temperature, &mut self.rng)]
-    }
-}
-
 /// The `k` most probable tokens (the host is asked for exactly `k`).
 #[derive(Clone, Debug)]
 pub struct TopK {
@@ -211,16 +201,6 @@ impl TopK {
 
     pub fn keep(&self, probs: &[f32]) -> usize {
         (self.k as usize).min(probs.len())
-    }
-}
-
-impl Sampler for TopK {
-    fn top_k(&self) -> u32 {
-        self.k
-    }
-
-    fn sample(&mut self, dist: &Distribution) -> u32 {
-        dist.token_ids[draw(&dist.probs, self.keep(&dist.probs), self.temperature, &mut self.rng)]
     }
 }
 
@@ -253,16 +233,6 @@ impl TopP {
     }
 }
 
-impl Sampler for TopP {
-    fn top_k(&self) -> u32 {
-        0
-    }
-
-    fn sample(&mut self, dist: &Distribution) -> u32 {
-        dist.token_ids[draw(&dist.probs, self.keep(&dist.probs), self.temperature, &mut self.rng)]
-    }
-}
-
 /// The tokens at least `p` times as probable as the most probable one.
 #[derive(Clone, Debug)]
 pub struct MinP {
@@ -285,15 +255,26 @@ impl MinP {
     }
 }
 
-impl Sampler for MinP {
-    fn top_k(&self) -> u32 {
-        0
-    }
+/// `Sampler` for a sampler with `keep`, `temperature` and `rng`: ask the host for `$top_k`
+/// candidates, keep some, draw among them.
+macro_rules! truncating_sampler {
+    ($name:ident, $top_k:expr) => {
+        impl Sampler for $name {
+            fn top_k(&self) -> u32 {
+                $top_k(self)
+            }
 
-    fn sample(&mut self, dist: &Distribution) -> u32 {
-        dist.token_ids[draw(&dist.probs, self.keep(&dist.probs), self.temperature, &mut self.rng)]
-    }
+            fn sample(&mut self, dist: &Distribution) -> u32 {
+                dist.token_ids[draw(&dist.probs, self.keep(&dist.probs), self.temperature, &mut self.rng)]
+            }
+        }
+    };
 }
+
+truncating_sampler!(Temperature, |_| 0);
+truncating_sampler!(TopK, |s: &TopK| s.k);
+truncating_sampler!(TopP, |_| 0);
+truncating_sampler!(MinP, |_| 0);
 
 #[cfg(test)]
 mod tests {
