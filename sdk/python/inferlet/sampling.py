@@ -5,7 +5,7 @@ The algorithm is the one the Rust SDK runs (``sdk/rust/oven/src/sampling.rs``), 
 operation, so that a seed gives the same tokens in both SDKs; ``sdk/README.md`` ("Seeded sampling")
 specifies it, with test vectors. Every step is an IEEE-754 binary64 operation (+, -, *, /, floor,
 comparisons, scaling by a power of two), all exactly rounded, so the result does not depend on the
-platform's math library: ``weight`` computes ``x ** a`` from its own series rather than ``pow``.
+platform's math library: ``_weights`` computes ``x ** a`` from its own series rather than ``pow``.
 """
 
 from __future__ import annotations
@@ -16,17 +16,6 @@ from math import floor, frexp, ldexp
 
 _MASK64 = (1 << 64) - 1
 _LN2 = 0.6931471805599453
-_SQRT_HALF = 0.7071067811865476
-_MIN_NORMAL = 2.2250738585072014e-308
-# 1 / (2k + 1), k = 0..10: the series of atanh, which gives ln.
-_LN_TERMS = (0.047619047619047616, 0.05263157894736842, 0.058823529411764705, 0.06666666666666667,
-             0.07692307692307693, 0.09090909090909091, 0.1111111111111111, 0.14285714285714285, 0.2,
-             0.3333333333333333, 1.0)  # highest first, for Horner's rule
-# c_0 = 1, c_j = c_(j-1) / j, j = 1..14: the Taylor series of exp.
-_EXP_TERMS = (1.1470745597729726e-11, 1.6059043836821616e-10, 2.08767569878681e-09, 2.505210838544172e-08,
-              2.7557319223985894e-07, 2.7557319223985893e-06, 2.48015873015873e-05, 0.0001984126984126984,
-              0.001388888888888889, 0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5,
-              1.0, 1.0)  # highest first
 
 
 class Rng:
@@ -48,38 +37,41 @@ class Rng:
         return (self.next_u64() >> 11) * 1.1102230246251565e-16
 
 
-def _ln(x: float) -> float:
-    """Natural logarithm of a positive normal ``x``, to about 1e-15."""
-    m, e = frexp(x)  # x = m * 2**e, 0.5 <= m < 1
-    if m < _SQRT_HALF:
-        m, e = m * 2.0, e - 1
-    s = (m - 1.0) / (m + 1.0)
-    z = s * s
-    poly = 0.0
-    for c in _LN_TERMS:
-        poly = poly * z + c
-    return e * _LN2 + 2.0 * s * poly
-
-
-def _exp(y: float) -> float:
-    """e**y for y <= 0, to about 1e-15; 0 below -708 (where the result would leave the normal range)."""
-    if y < -708.0:
-        return 0.0
-    k = floor(y / _LN2 + 0.5)
-    r = y - k * _LN2
-    q = 0.0
-    for c in _EXP_TERMS:
-        q = q * r + c
-    return ldexp(q, k)
-
-
-def weight(x: float, a: float) -> float:
-    """``x ** a`` for 0 <= x <= 1 and a >= 0, as every SDK computes it: exp(a * ln x)."""
-    if x >= 1.0:
-        return 1.0
-    if x < _MIN_NORMAL:
-        return 0.0
-    return _exp(a * _ln(x))
+def _weights(probs: list[float], top: float, a: float) -> list[float]:
+    """``(p / top) ** a`` for each p (0 <= p <= top, a >= 0), as every SDK computes it (sdk/README.md,
+    "weight"): 1 at 1 or above; 0 below 2**-1022; else exp(a * ln(p / top)), ln from the atanh series
+    and exp from the Taylor series, each Horner loop written out with its coefficients (L_10..L_0 and
+    E_14..E_0 of the spec): three times faster in CPython than looping over them."""
+    out = []
+    for p in probs:
+        x = p / top
+        if x >= 1.0:
+            out.append(1.0)
+            continue
+        if x < 2.2250738585072014e-308:
+            out.append(0.0)
+            continue
+        m, e = frexp(x)  # x = m * 2**e, 0.5 <= m < 1
+        if m < 0.7071067811865476:
+            m, e = m * 2.0, e - 1
+        s = (m - 1.0) / (m + 1.0)
+        z = s * s
+        y = a * (e * _LN2 + 2.0 * s * ((((((((((
+            0.047619047619047616 * z + 0.05263157894736842) * z + 0.058823529411764705) * z
+            + 0.06666666666666667) * z + 0.07692307692307693) * z + 0.09090909090909091) * z
+            + 0.1111111111111111) * z + 0.14285714285714285) * z + 0.2) * z + 0.3333333333333333) * z + 1.0))
+        if y < -708.0:  # the result would leave the normal range
+            out.append(0.0)
+            continue
+        k = floor(y / _LN2 + 0.5)
+        r = y - k * _LN2
+        out.append(ldexp((((((((((((((
+            1.1470745597729726e-11 * r + 1.6059043836821616e-10) * r + 2.08767569878681e-09) * r
+            + 2.505210838544172e-08) * r + 2.7557319223985894e-07) * r + 2.7557319223985893e-06) * r
+            + 2.48015873015873e-05) * r + 0.0001984126984126984) * r + 0.001388888888888889) * r
+            + 0.008333333333333333) * r + 0.041666666666666664) * r + 0.16666666666666666) * r + 0.5) * r
+            + 1.0) * r + 1.0, k))  # times 2**k, exactly: -1021 <= k <= 0
+    return out
 
 
 def draw(probs: list[float], n: int, temperature: float, rng: Rng) -> int:
@@ -94,8 +86,7 @@ def draw(probs: list[float], n: int, temperature: float, rng: Rng) -> int:
     if temperature == 1.0:
         weights = [p / top for p in probs[:n]]
     else:
-        a = 1.0 / temperature
-        weights = [weight(p / top, a) for p in probs[:n]]
+        weights = _weights(probs[:n], top, 1.0 / temperature)
     cumulative = list(accumulate(weights))  # left to right, each sum rounded: not math.fsum, not sum()
     return min(bisect_right(cumulative, u * cumulative[-1]), n - 1)
 

@@ -7,7 +7,7 @@
 //! The algorithm is the Python SDK's (`sdk/python/inferlet/sampling.py`), operation for operation,
 //! so that a seed gives the same tokens in both SDKs; `sdk/README.md` ("Seeded sampling")
 //! specifies it, with test vectors. Every step is an exactly rounded IEEE-754 binary64 operation,
-//! so the result does not depend on the platform's math library: [`weight`] computes `x^a` from
+//! so the result does not depend on the platform's math library: `weight` computes `x^a` from
 //! its own series rather than `powf`.
 
 use oven_raw::futures::Distribution;
@@ -101,7 +101,7 @@ fn exp(y: f64) -> f64 {
 }
 
 /// `x^a` for 0 <= x <= 1 and a >= 0, as every SDK computes it: exp(a * ln x).
-pub fn weight(x: f64, a: f64) -> f64 {
+fn weight(x: f64, a: f64) -> f64 {
     if x >= 1.0 {
         1.0
     } else if x < f64::MIN_POSITIVE {
