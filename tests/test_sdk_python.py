@@ -31,7 +31,7 @@ def load(module: str):
     return mod
 
 
-sampling, stop = load("sampling"), load("stop")
+sampling, stop, pages = load("sampling"), load("stop"), load("pages")
 IDS, PROBS = [7, 3, 9, 1], [0.5, 0.3, 0.15, 0.05]
 
 
@@ -138,6 +138,46 @@ def test_stop_conditions():
     assert s.find_string("abc END x\n\n") == 4 and s.find_string("abc") is None
     with pytest.raises(TypeError, match="strings is a tuple of strings"):
         stop.Stop(strings="\n")
+
+
+def table(handles: list[int]):
+    t = pages.PageTable()
+    for handle in handles:
+        t.push(handle)
+    return t
+
+
+# The PageTable tests of the Rust crate (sdk/rust/oven/src/pages.rs), case for case.
+def test_shared_pages_are_freed_by_the_last_holder():
+    parent = table([1, 2, 3])
+    child = parent.share_prefix(2)
+    child.push(9)
+    assert [parent.is_shared(i) for i in range(3)] == [True, True, False]
+    assert parent.truncate(0) == [3]  # 1 and 2 are still the child's
+    assert not child.is_shared(0)
+    assert child.truncate(0) == [1, 2, 9]
+
+
+def test_replacing_a_shared_page_keeps_it_for_the_other_holder():
+    parent = table([1, 2])
+    child = parent.share_prefix(2)
+    assert parent.replace(1, 7) is None
+    assert parent.handles == [1, 7]
+    assert not child.is_shared(1)
+    assert parent.replace(1, 8) == 7
+    assert parent.truncate(5) == []
+
+
+def test_exported_pages_stay_shared_but_are_freed_by_their_last_holder():
+    parent = table([1, 2, 3])
+    parent.mark_exported(2)
+    child = parent.share_prefix(2)
+    assert [parent.is_shared(i) for i in range(3)] == [True, True, False]
+    assert parent.truncate(0) == [3]
+    assert child.is_shared(0) and child.is_shared(1)  # still exported
+    assert child.replace(1, 7) == 2  # our handle on the export is let go
+    assert not child.is_shared(1)
+    assert child.truncate(0) == [1, 7]
 
 
 PROGRAMS = ["text-completion"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)

@@ -111,7 +111,8 @@ class Context(Editing, Sharing):
         """
         sampler = sampler or Greedy()
         stop_ids = stop.stop_token_ids(host.stop_tokens())
-        top_k, sample, limit, strings, tail = sampler.top_k, sampler.sample, stop.max_tokens, stop.strings, stop.tail_tokens()
+        top_k, sample, limit = sampler.top_k, sampler.sample, stop.max_tokens
+        strings, tail = stop.strings, stop.tail_tokens()
         generated, ps, handles = [], self.page_size, self.pages.handles
         self.generated, self._planned_len = generated, len(self) + limit
         try:

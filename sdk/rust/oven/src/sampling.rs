@@ -10,10 +10,10 @@
 //! so the result does not depend on the platform's math library: `weight` computes `x^a` from
 //! its own series rather than `powf`.
 
+use std::f64::consts::{FRAC_1_SQRT_2 as SQRT_HALF, LN_2 as LN2};
+
 use oven_raw::futures::Distribution;
 
-const LN2: f64 = 0.6931471805599453;
-const SQRT_HALF: f64 = 0.7071067811865476;
 /// 1 / (2k + 1), k = 10 down to 0: the series of atanh, which gives ln.
 const LN_TERMS: [f64; 11] = [
     0.047619047619047616,
@@ -117,7 +117,7 @@ pub fn draw(probs: &[f32], n: usize, temperature: f64, rng: &mut Rng) -> usize {
     let u = rng.next_f64();
     let n = n.max(1).min(probs.len());
     let top = probs[0] as f64;
-    if n == 1 || temperature == 0.0 || !(top > 0.0) {
+    if n == 1 || temperature == 0.0 || top.is_nan() || top <= 0.0 {
         return 0;
     }
     let a = 1.0 / temperature;
