@@ -44,7 +44,7 @@ def greedy(loop, inference):
     return {(prompt, n): direct_greedy(inference, loop, prompt, n) for prompt, n in [(FOX, 12), (PARTIAL, 24)]}
 
 
-def scenarios() -> dict[str, str]:
+def scenarios(greedy) -> dict[str, str]:
     return {
         "greedy": f"generate|greedy|{FOX}|12",
         **{f"sample {spec}": f"generate|{spec}|{PARTIAL}|24" for spec in SAMPLERS},
@@ -54,8 +54,8 @@ def scenarios() -> dict[str, str]:
         "drop": f"drop|{LONG}|2|18",
         "share": f"share|{PARTIAL}|8",
         "truncate": f"truncate|{PARTIAL}|12|10",
-        "offload": f"kv|{PARTIAL}|8|offload",
-        "evict": f"kv|{PARTIAL}|8|evict",
+        **{mode: f"kv|{PARTIAL}|3|8|{mode}" for mode in ("offload", "evict", "ahead")},
+        "ahead of a stop": f"ahead|{PARTIAL}|40|{greedy[PARTIAL, 24][0]}",
         "dists": f"dists|{PARTIAL}|3",
         "vectors": "vectors",
         "errors": "errors",
@@ -98,7 +98,7 @@ def run_both(loop, named: dict[str, str], out: dict[str, dict[str, dict]]) -> No
 def reports(loop, tokenizer, greedy) -> dict[str, dict[str, dict]]:
     """{program: {scenario: its report}}: the scenarios, then stops placed in a sampled generation."""
     out = {program: {} for program in PROGRAMS}
-    run_both(loop, scenarios(), out)
+    run_both(loop, scenarios(greedy), out)
     sampled = out[PROGRAMS[0]][f"sample {SAMPLERS[0]}"]["tokens"]
     run_both(loop, {name: arg for name, (arg, _, _) in stop_scenarios(tokenizer, sampled).items()}, out)
     assert_pools_full(loop)
@@ -186,9 +186,19 @@ def test_truncate_then_generate(reports, loop, inference, tokenizer, greedy):
     assert len(report["truncated_pages"]) == 1
 
 
-@pytest.mark.parametrize("mode", ["offload", "evict"])
-def test_offload_and_evict_change_no_token(reports, greedy, mode):
-    assert both(reports, mode)["tokens"] == greedy[PARTIAL, 24][:8]
+@pytest.mark.parametrize("mode, pages_after", [("offload", 1), ("evict", 0), ("ahead", 1)])
+def test_offload_evict_and_freeing_pages_ahead_change_no_token(reports, greedy, mode, pages_after):
+    """After the prefill and 3 decode steps (16 tokens forwarded, a page prefetched), each frees
+    the prefetched page; the generation goes on as if nothing happened."""
+    report = both(reports, mode)
+    assert len(report["after"]) == pages_after
+    assert report["tokens"] == greedy[PARTIAL, 24][3:11]
+
+
+def test_pages_allocated_ahead_of_an_early_stop_are_freed(reports, greedy):
+    report = both(reports, "ahead of a stop")
+    assert report["tokens"] == greedy[PARTIAL, 24][:1]
+    assert (len(report["before"]), report["after"]) == (4, report["before"][:1])  # 14 + 40 planned; 14 held
 
 
 def test_dists_give_one_distribution_per_pending_token(reports, tokenizer, greedy):

@@ -12,7 +12,11 @@ Arguments: one scenario each, its fields separated by "|":
 * ``share|PROMPT|MAX``: the prompt's pages exported, imported by a second context; both generate
   greedily -> token count, page handles, tokens, the error importing after the release
 * ``truncate|PROMPT|MAX|KEEP``: generate, truncate to KEEP tokens, generate again -> tokens, pages
-* ``kv|PROMPT|MAX|offload`` or ``|evict``: after the prefill -> tokens, page handles
+* ``kv|PROMPT|STEPS|MAX|MODE``: prefill, STEPS decode steps (a page prefetched), then MODE
+  (``offload`` and restore, ``evict``, or ``ahead``: free the pages allocated ahead), then generate
+  greedily -> page handles after MODE, tokens, page handles
+* ``ahead|PROMPT|MAX|TOKEN``: generate up to MAX tokens, stopping at TOKEN, then free the pages
+  allocated ahead -> tokens, page handles before and after
 * ``dists|PROMPT|K``: one distribution per prompt token -> their token ids
 * ``vectors``: the seeded-sampling test vectors of sdk/README.md, computed here
 * ``errors``: the messages of an empty decode, a bad drop range and a missing import
@@ -139,17 +143,31 @@ async def truncate(prompt, max_tokens, keep):
         return {"tokens": [first, second], "truncated_pages": pages, "pages": handles(ctx)}
 
 
-async def kv(prompt, max_tokens, mode):
+async def kv(prompt, steps, max_tokens, mode):
     with inferlet.Context() as ctx:
         ctx.fill(prompt)
         await ctx.flush()
+        for _ in range(int(steps)):
+            await ctx.decode_step(GREEDY)
         if mode == "offload":
             await ctx.offload()
             await ctx.restore()
-        else:
+        elif mode == "evict":
             ctx.evict()
+        else:
+            ctx.free_pages_ahead()
+        after = handles(ctx)
         tokens = await ctx.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens)))
-        return {"tokens": tokens, "pages": handles(ctx)}
+        return {"after": after, "tokens": tokens, "pages": handles(ctx)}
+
+
+async def ahead(prompt, max_tokens, token):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        tokens = await ctx.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens), tokens=(int(token),)))
+        before = handles(ctx)
+        ctx.free_pages_ahead()
+        return {"tokens": tokens, "before": before, "after": handles(ctx)}
 
 
 async def dists(prompt, k):
@@ -190,7 +208,7 @@ async def errors():
     return messages
 
 
-SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, dists, vectors, errors)}
+SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, dists, vectors, errors)}
 
 
 async def main(args: list[str]) -> None:

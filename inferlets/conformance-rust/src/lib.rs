@@ -156,18 +156,34 @@ async fn truncate(prompt: &str, max_tokens: &str, keep: &str) -> Outcome {
     ]))
 }
 
-async fn kv(prompt: &str, max_tokens: &str, mode: &str) -> Outcome {
+async fn kv(prompt: &str, steps: &str, max_tokens: &str, mode: &str) -> Outcome {
     let mut ctx = Context::new();
     ctx.fill(prompt);
     ctx.flush().await?;
-    if mode == "offload" {
-        ctx.offload().await?;
-        ctx.restore().await?;
-    } else {
-        ctx.evict();
+    for _ in 0..number::<usize>(steps)? {
+        ctx.decode_step(&mut Greedy).await?;
     }
+    match mode {
+        "offload" => {
+            ctx.offload().await?;
+            ctx.restore().await?;
+        }
+        "evict" => ctx.evict(),
+        _ => ctx.free_pages_ahead(),
+    }
+    let after = handles(&ctx);
     let tokens = ctx.generate_tokens(&mut Greedy, &Stop::max_tokens(number(max_tokens)?)).await?;
-    Ok(object(&[("tokens", ints(&tokens)), ("pages", handles(&ctx))]))
+    Ok(object(&[("after", after), ("tokens", ints(&tokens)), ("pages", handles(&ctx))]))
+}
+
+async fn ahead(prompt: &str, max_tokens: &str, token: &str) -> Outcome {
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let stop = Stop::max_tokens(number(max_tokens)?).with_tokens(&[number(token)?]);
+    let tokens = ctx.generate_tokens(&mut Greedy, &stop).await?;
+    let before = handles(&ctx);
+    ctx.free_pages_ahead();
+    Ok(object(&[("tokens", ints(&tokens)), ("before", before), ("after", handles(&ctx))]))
 }
 
 async fn dists(prompt: &str, k: &str) -> Outcome {
@@ -225,7 +241,8 @@ async fn scenario(arg: &str) -> Outcome {
         ("drop", [prompt, start, end]) => drop_range(prompt, start, end).await,
         ("share", [prompt, max]) => share(prompt, max).await,
         ("truncate", [prompt, max, keep]) => truncate(prompt, max, keep).await,
-        ("kv", [prompt, max, mode]) => kv(prompt, max, mode).await,
+        ("kv", [prompt, steps, max, mode]) => kv(prompt, steps, max, mode).await,
+        ("ahead", [prompt, max, token]) => ahead(prompt, max, token).await,
         ("dists", [prompt, k]) => dists(prompt, k).await,
         ("vectors", []) => vectors(),
         ("errors", []) => errors().await,

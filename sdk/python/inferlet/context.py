@@ -234,13 +234,24 @@ class Context(Editing, Sharing):
             self.queue.later(kvpages.dealloc_kvpages(self.queue.id, [old]))
 
     # -- freeing ------------------------------------------------------------------------------
+    def free_pages_ahead(self) -> None:
+        """Free the pages allocated ahead of need: those past the forwarded tokens, and a prefetch
+        (a context about to wait then holds only the pages of its K/V; offload and evict do this)."""
+        self._free_spare()
+        freed = self.pages.truncate(-(-len(self.tokens) // self.page_size))
+        if freed:
+            self.queue.later(kvpages.dealloc_kvpages(self.queue.id, freed))
+
+    def _free_spare(self) -> None:
+        if self._spare is not None:
+            spawn(_dealloc_when_allocated(self._spare))
+            self._spare = None
+
     def close(self) -> None:
         """Free the pages (shared ones once their last holder closes) and give the queue back."""
         if self.queue is None:
             return
-        if self._spare is not None:
-            spawn(_free_spare(self._spare))
-            self._spare = None
+        self._free_spare()
         freed = self.pages.truncate(0)
         if freed:
             futures.discard(kvpages.dealloc_kvpages(self.queue.id, freed))
@@ -260,8 +271,8 @@ class Context(Editing, Sharing):
             pass
 
 
-async def _free_spare(spare: HostFuture) -> None:
-    """Free pages allocated ahead for a context that closed before using them."""
+async def _dealloc_when_allocated(spare: HostFuture) -> None:
+    """Free the pages of a prefetch the context no longer wants, once they are allocated."""
     try:
         pages = await spare.poll_now()
     except OvenError:  # the allocation failed: nothing to free

@@ -16,8 +16,9 @@ class Sharing:
     """Part of ``Context`` (its attributes are documented there)."""
 
     async def offload(self) -> None:
-        """Move this context's pages to the host tier; they stay its pages, but must be restored
-        before it (or a fork sharing them) forwards again."""
+        """Move the pages of this context's K/V to the host tier (those allocated ahead are freed);
+        they stay its pages, but must be restored before it (or a fork sharing them) forwards again."""
+        self.free_pages_ahead()
         await self.queue.unit(kvpages.offload_kvpages(self.queue.id, self.pages.handles))
 
     async def restore(self) -> None:
@@ -27,6 +28,7 @@ class Sharing:
     def evict(self) -> None:
         """Free the pages and keep the tokens: the next forward recomputes their K/V (a re-prefill).
         Dropped tokens are shown again."""
+        self._free_spare()
         freed = self.pages.truncate(0)
         if freed:
             self.queue.later(kvpages.dealloc_kvpages(self.queue.id, freed))

@@ -300,6 +300,27 @@ impl Context {
         }
     }
 
+    /// Free the pages allocated ahead of need: those past the forwarded tokens, and a prefetch (a
+    /// context about to wait then holds only the pages of its K/V; offload and evict do this).
+    pub fn free_pages_ahead(&mut self) {
+        self.free_spare();
+        let freed = self.pages.truncate((self.num_committed + self.page_size - 1) / self.page_size);
+        if !freed.is_empty() {
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue.id(), &freed));
+        }
+    }
+
+    /// Free the pages of a prefetch, once it has allocated them.
+    fn free_spare(&mut self) {
+        if let Some(spare) = self.spare.take() {
+            spawn(async move {
+                if let Ok(pages) = spare.await {
+                    raw_futures::discard(kvpages::dealloc_kvpages(0, &pages));
+                }
+            });
+        }
+    }
+
     fn check_side_calls(&mut self) -> Result<(), String> {
         if self.side_calls.is_empty() {
             return Ok(());
@@ -321,13 +342,7 @@ impl Drop for Context {
         for handle in self.side_calls.drain(..) {
             raw_futures::discard(handle);
         }
-        if let Some(spare) = self.spare.take() {
-            spawn(async move {
-                if let Ok(pages) = spare.await {
-                    raw_futures::discard(kvpages::dealloc_kvpages(0, &pages));
-                }
-            });
-        }
+        self.free_spare();
         let freed = self.pages.truncate(0);
         if !freed.is_empty() {
             raw_futures::discard(kvpages::dealloc_kvpages(self.queue.id(), &freed));

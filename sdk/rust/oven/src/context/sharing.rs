@@ -8,9 +8,11 @@ use super::Context;
 use crate::HostFuture;
 
 impl Context {
-    /// Move this context's pages to the host tier; they stay its pages, but must be
-    /// [`restore`](Context::restore)d before it (or a fork sharing them) forwards again.
+    /// Move the pages of this context's K/V to the host tier (those allocated ahead are freed);
+    /// they stay its pages, but must be [`restore`](Context::restore)d before it (or a fork
+    /// sharing them) forwards again.
     pub async fn offload(&mut self) -> Result<(), String> {
+        self.free_pages_ahead();
         HostFuture::unit(kvpages::offload_kvpages(self.queue.id(), self.pages.handles())).await
     }
 
@@ -22,6 +24,7 @@ impl Context {
     /// Free the pages and keep the tokens: the next forward recomputes their K/V (a re-prefill).
     /// Dropped tokens are shown again.
     pub fn evict(&mut self) {
+        self.free_spare();
         let freed = self.pages.truncate(0);
         if !freed.is_empty() {
             self.side_calls.push(kvpages::dealloc_kvpages(self.queue.id(), &freed));
