@@ -93,6 +93,7 @@ class TrapHandler:
 
     async def wait(self, ctx, until, expected_wait_ms: int, policy: str | None = None) -> str:
         """Wait for ``until()`` with the KV cache kept, offloaded or dropped; ready to forward after."""
+        ctx.free_pages_ahead()  # while waiting, hold no page but those of the K/V
         decision = policy or await self.decide(ctx, expected_wait_ms)
         pages, freed_at = len(ctx.pages), inferlet.now_ms()
         self.report({"type": "kv", "decision": decision, "tokens": len(ctx.tokens), "pages": pages,

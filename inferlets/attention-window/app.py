@@ -4,7 +4,7 @@ Arguments: PROMPT SINK WINDOW MAX_NEW_TOKENS [TOP_K=5]
 
 At every decode step the token being forwarded, at position n-1, sees only the first SINK
 tokens and the last WINDOW ones (positions n-WINDOW .. n-1, itself included); the tokens in
-between are hidden with mask-kvpage (``Context.drop``) and stay hidden, keeping their positions.
+between are hidden with mask-kvpage (``Context.drop_range``) and stay hidden, keeping their positions.
 The prompt but its last token is prefilled with ordinary causal attention; the window applies
 from the distribution after the prompt on. Hidden tokens keep their pages (this shows the
 masking, not memory savings). Greedy. Sends one JSON message per step: the top-k of the
@@ -35,7 +35,7 @@ async def main(args: list[str]) -> None:
         hidden_end = sink  # tokens [sink, hidden_end) are hidden
         for _ in range(max_new):
             if len(ctx) - window > hidden_end:
-                await ctx.drop(hidden_end, len(ctx) - window)
+                await ctx.drop_range(hidden_end, len(ctx) - window)
                 hidden_end = len(ctx) - window
             dist = await ctx.next_dist(top_k)
             inferlet.send(json.dumps({"token_ids": dist.token_ids, "probs": dist.probs}))

@@ -17,6 +17,7 @@ is forwarded once and the choices decode in one batch.
 """
 
 import json
+import random
 
 import inferlet
 
@@ -27,7 +28,8 @@ def sampler_for(request: dict, index: int) -> inferlet.Sampler:
     temperature, top_p, seed = request["temperature"], request["top_p"], request["seed"]
     if temperature == 0:
         return inferlet.Greedy()
-    seed = None if seed is None else seed + index
+    # No seed: a fresh one per choice (OpenAI's requests without a seed are not repeatable).
+    seed = random.SystemRandom().getrandbits(64) if seed is None else seed + index
     if top_p < 1:
         return inferlet.TopP(top_p, temperature, seed)
     return inferlet.Temperature(temperature, seed)

@@ -38,7 +38,7 @@ async def prefix_context(prefix: list[int], cache: bool) -> tuple[inferlet.Conte
     await ctx.flush()
     if cache:
         try:
-            ctx.export(name)
+            await ctx.export(name)
         except inferlet.OvenError:  # another instance exported it meanwhile
             pass
     return ctx, False

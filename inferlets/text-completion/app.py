@@ -33,8 +33,7 @@ async def main(args: list[str]) -> None:
     max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
     temperature = option(args, "--temperature")
     seed = option(args, "--seed")
-    sampler = (inferlet.Temperature(float(temperature), int(seed) if seed else None) if temperature
-               else inferlet.Greedy())
+    sampler = inferlet.Temperature(float(temperature), int(seed or 0)) if temperature else inferlet.Greedy()
 
     with inferlet.Context() as ctx:
         if "--chat" in args:

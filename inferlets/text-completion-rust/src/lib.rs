@@ -26,7 +26,7 @@ struct Options {
     prompt: String,
     max_new_tokens: usize,
     chat: bool,
-    temperature: f32,
+    temperature: f64,
     seed: u64,
     num_completions: usize,
     import: Option<String>,

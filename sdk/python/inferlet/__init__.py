@@ -1,5 +1,6 @@
 """oven's Python inferlet SDK: async/await over the host API, a ``Context`` for token sequences
-and their KV cache, samplers and stop conditions.
+and their KV cache, samplers and stop conditions. The Rust SDK (``sdk/rust/oven``) offers the same;
+``sdk/README.md`` has the table of both.
 
 An inferlet's ``app.py``::
 
@@ -14,16 +15,16 @@ An inferlet's ``app.py``::
 """
 
 from .context import Context
-from .host import (args, broadcast, decode, encode, fetch, now_ms, page_size, receive, render_chat, send, sleep,
-                   stop_tokens, subscribe)
+from .host import (args, available_traits, broadcast, decode, encode, fetch, instance_id, models, now_ms, page_size,
+                   receive, render_chat, send, sleep, stop_tokens, subscribe, vocab_size)
 from .queue import Queue
-from .sampling import Greedy, MinP, Sampler, Temperature, TopK, TopP
+from .sampling import Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP, draw
 from .stop import Stop
-from .tasks import Future, OvenError, Task, gather, run, spawn
+from .tasks import Future, HostFuture, OvenError, Task, gather, run, spawn
 
 __all__ = [
-    "Context", "Queue", "Stop", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP",
-    "Future", "Task", "OvenError", "run", "spawn", "gather",
-    "args", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
-    "encode", "decode", "render_chat", "page_size", "stop_tokens",
+    "Context", "Queue", "Stop", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP", "Rng", "draw",
+    "Future", "HostFuture", "Task", "OvenError", "run", "spawn", "gather",
+    "args", "instance_id", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
+    "encode", "decode", "render_chat", "page_size", "stop_tokens", "vocab_size", "models", "available_traits",
 ]

@@ -1,46 +1,48 @@
 """Context: a token sequence and the KvPages that hold its K/V, on a queue of its own.
 
-Token i sits at position i in slot i of the context's pages. Filled tokens wait in
-``pending`` until the next forward, so a decode step is one fused ``forward-text``
-call. A flush (the prefill) forwards every pending token but the last, which the next
-decode step feeds and gets the distribution after it from the same call; a decode step
-with nothing pending feeds the last forwarded token again. Forks share full pages by
-reference (counted here) and copy the partial last page; a page shared with another
-context, imported or exported, is copied before it is written or masked (copy-on-write).
+Token i sits at position i in slot i of the context's pages. Filled tokens wait in ``pending``
+until the next forward, so a decode step is one fused ``forward-text`` call. A flush (the
+prefill) forwards every pending token but the last, which the next decode step feeds and gets the
+distribution after it from the same call; a decode step with nothing pending feeds the last
+forwarded token again. While generating, pages are allocated ahead of need and prefetched. This
+is the Rust SDK's ``Context`` (``sdk/rust/oven/src/context.rs``) call for call: the same host calls
+in the same order, so the same pages; editing (fork, masks, truncate) is in ``edit.py``, moving
+and sharing the KV cache (offload, evict, export, import) in ``sharing.py``.
 """
 
 from __future__ import annotations
 
-from componentize_py_types import Err
 from wit_world.imports import forward, futures, kvpages
 
 from . import host
+from .edit import Editing
+from .pages import PageTable
 from .queue import Queue
 from .sampling import Greedy, Sampler
+from .sharing import Sharing
 from .stop import Stop
-from .tasks import OvenError
+from .tasks import HostFuture, OvenError, spawn
 
-_refs: dict[int, int] = {}  # page handle -> contexts holding it, for pages held by more than one
-_imported: set[int] = set()  # handles onto exported pages (imported, or our own export): never written
-
-
-def _pages_for(tokens: int) -> int:
-    return -(-tokens // host.page_size())
+# While generating, pages are allocated this many tokens ahead of need (4 pages of 16).
+ALLOC_AHEAD_TOKENS = 64
 
 
-def _shared(page: int) -> bool:
-    """Held by another context too, or exported: copied before it is written or masked."""
-    return page in _imported or _refs.get(page, 1) > 1
+class Context(Editing, Sharing):
+    """A token sequence being generated, with its KV cache. ``close()`` (or leaving a ``with``
+    block) frees what it alone holds: its pages (shared ones stay with the contexts that still hold
+    them) and its queue."""
 
-
-class Context:
-    def __init__(self, priority: int = 0, queue: Queue | None = None):
-        self.queue = queue or Queue(priority)
+    def __init__(self, priority: int = 0):
+        self.priority = priority
+        self.queue = Queue(priority)
         self.tokens: list[int] = []   # forwarded: their K/V is in the pages
         self.pending: list[int] = []  # filled, forwarded with the next step
-        self.pages: list[int] = []
+        self.pages = PageTable()
         self.page_size = host.page_size()
-        self._hidden: set[int] = set()
+        self.generated: list[int] = []  # the tokens of the last generate
+        self._hidden: set[int] = set()  # token indices masked out of attention (drop_range)
+        self._planned_len = 0  # while generate runs: the length it may reach (pages are allocated ahead)
+        self._spare: HostFuture | None = None  # pages allocated ahead of need (see _prefetch)
 
     def __len__(self) -> int:
         return len(self.tokens) + len(self.pending)
@@ -55,6 +57,15 @@ class Context:
     def fill_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> None:
         self.fill(host.render_chat(messages, add_generation_prompt))
 
+    # -- the queue ------------------------------------------------------------------------------
+    def set_priority(self, priority: int) -> None:
+        self.priority = priority
+        self.queue.set_priority(priority)
+
+    def synchronize(self) -> HostFuture:
+        """Completes once every call this context issued has."""
+        return self.queue.synchronize()
+
     # -- forwarding ---------------------------------------------------------------------------
     async def flush(self) -> None:
         """Prefill: forward every pending token but the last, keeping no distribution.
@@ -63,26 +74,26 @@ class Context:
         it from the same call (a fork carries it, so each fork feeds it itself).
         """
         if len(self.pending) > 1:
-            await self._forward([], 1, len(self.pending) - 1)
+            await self._forward([], 0, len(self.pending) - 1)
 
     async def next_dist(self, top_k: int = 0):
-        """Forward the pending tokens; the distribution after the last (``token_ids``, ``probs``).
+        """Forward the pending tokens; the distribution after the last (``token_ids``, ``probs``,
+        most probable first; ``top_k`` 0 = the server's default K).
 
         With nothing pending, the last token is forwarded again (its K/V slot rewritten with the
         same values). Raises ValueError if the context is empty.
         """
-        self._feed_last_again()
-        (dist,) = await self._forward([len(self.pending) - 1], top_k)
+        (dist,) = await self._forward_pending(top_k, False)
         return dist
 
     async def dists(self, top_k: int = 0) -> list:
-        """Forward the pending tokens; the distribution after each of them (speculative decoding).
+        """Forward the pending tokens; the distribution after each of them (speculative decoding:
+        fill the drafted tokens, check each against the distribution before it, then ``truncate``).
 
         With nothing pending, the last token is forwarded again: one distribution, after it.
         Raises ValueError if the context is empty.
         """
-        self._feed_last_again()
-        return await self._forward(list(range(len(self.pending))), top_k)
+        return await self._forward_pending(top_k, True)
 
     async def decode_step(self, sampler: Sampler | None = None) -> int:
         """Sample the next token and fill it (it is forwarded with the next step); as ``next_dist``."""
@@ -92,41 +103,48 @@ class Context:
         self.pending.append(token)
         return token
 
-    async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> str:
-        """Decode until ``stop``; the text generated (end tokens and stop strings cut off). With
-        nothing pending, the first step feeds the last token again; an empty context raises
-        ValueError.
+    async def generate_tokens(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> list[int]:
+        """Decode until ``stop``; the new tokens, a final stop token included (also ``self.generated``).
 
         The loop is ``decode_step`` written out: it is the per-token path of most inferlets,
         and every coroutine frame costs microseconds in WebAssembly.
         """
         sampler = sampler or Greedy()
-        end, generated, shown = host.stop_tokens(), [], []  # shown: generated less end tokens
+        stop_ids = stop.stop_token_ids(host.stop_tokens())
         top_k, sample, limit = sampler.top_k, sampler.sample, stop.max_tokens
-        eos = end if stop.eos else ()
-        # A stop string that appears now ends in the newest token, so it lies within the last
-        # len(string) tokens (a token is at least one character): decode only those, not all.
-        tail = max(map(len, stop.strings), default=0) + 1
-        self._feed_last_again()
-        while True:
-            end_of_pending = len(self.tokens) + len(self.pending)
-            if not self._has_room(end_of_pending):
-                await self._make_room(end_of_pending)
-            (dist,) = await self._issue_forward([len(self.pending) - 1], top_k, len(self.pending))
-            token = sample(dist.token_ids, dist.probs)
-            self.pending.append(token)
-            generated.append(token)
-            if len(generated) >= limit or token in eos:
-                break
-            if stop.strings and token not in end:
-                shown.append(token)
-                if stop.reached(generated, host.decode(shown[-tail:]), end):
+        strings, tail = stop.strings, stop.tail_tokens()
+        generated, ps, handles = [], self.page_size, self.pages.handles
+        self.generated, self._planned_len = generated, len(self) + limit
+        try:
+            while len(generated) < limit:
+                self._feed_last_again()
+                end = len(self.tokens) + len(self.pending)
+                if -(-end // ps) > len(handles) or self.pages.is_shared(len(self.tokens) // ps):
+                    await self._reserve(end)
+                one = len(self.pending) == 1
+                (dist,) = await self._issue_forward([len(self.pending) - 1], top_k, len(self.pending))
+                if one and self._spare is None and len(handles) * ps - len(self.tokens) <= ps // 2:
+                    self._prefetch()
+                token = sample(dist.token_ids, dist.probs)
+                self.pending.append(token)
+                generated.append(token)
+                if token in stop_ids:
                     break
-        self.generated = generated
-        return stop.cut(host.decode([t for t in generated if t not in end]))
+                if strings and stop.find_string(host.decode(generated[-tail:])) is not None:
+                    break
+        finally:
+            self._planned_len = 0
+        return generated
 
-    async def generate_until(self, *strings: str, max_tokens: int = 256, sampler: Sampler | None = None) -> str:
-        return await self.generate(sampler, Stop(max_tokens=max_tokens, strings=strings))
+    async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> str:
+        """Decode until ``stop``; the new text, without stop tokens and cut before the earliest stop
+        string (the tokens are in ``self.generated``). With nothing pending, the first step feeds the
+        last token again; an empty context raises ValueError."""
+        generated = await self.generate_tokens(sampler, stop)
+        stop_ids = stop.stop_token_ids(host.stop_tokens())
+        text = host.decode([t for t in generated if t not in stop_ids])
+        at = stop.find_string(text)
+        return text if at is None else text[:at]
 
     def _feed_last_again(self) -> None:
         """With nothing pending, make the last forwarded token pending again, so that a decode step
@@ -138,163 +156,107 @@ class Context:
         self.pending = [self.tokens.pop()]
         self._hidden.discard(len(self.tokens))
 
-    async def _forward(self, output_indices: list[int], top_k: int, count: int | None = None) -> list:
-        """Forward the first ``count`` pending tokens (all of them by default)."""
-        count = len(self.pending) if count is None else count
-        end = len(self.tokens) + count
-        if not self._has_room(end):
-            await self._make_room(end)
+    async def _forward_pending(self, top_k: int, each: bool) -> list:
+        """Forward every pending token (the last one again if none is pending); the distribution
+        after the last, or after ``each`` one."""
+        self._feed_last_again()
+        count = len(self.pending)
+        dists = await self._forward(list(range(count)) if each else [count - 1], top_k, count)
+        if count == 1:
+            self._prefetch()  # decoding
+        return dists
+
+    async def _forward(self, output_indices: list[int], top_k: int, count: int) -> list:
+        """Forward the first ``count`` pending tokens; the distributions after ``output_indices``."""
+        await self._reserve(len(self.tokens) + count)
         return await self._issue_forward(output_indices, top_k, count)
 
-    def _has_room(self, end: int) -> bool:
-        """Do the pages cover the tokens up to ``end``, and are the ones the pending tokens before it
-        go to ours alone (nothing to allocate or copy first)?"""
-        used = -(-end // self.page_size)
-        if used > len(self.pages):
-            return False
-        if not (_refs or _imported):  # the common case: nothing is shared anywhere
-            return True
-        return not any(_shared(page) for page in self.pages[len(self.tokens) // self.page_size:used])
-
-    async def _make_room(self, end: int) -> None:
-        await self._reserve(end)
-        for index in range(len(self.tokens) // self.page_size, _pages_for(end)):
-            await self._own(index)
-
-    def _issue_forward(self, output_indices: list[int], top_k: int, count: int):
-        """The ``forward-text`` call for the first ``count`` pending tokens (``_has_room`` must hold
-        up to them); its future."""
+    def _issue_forward(self, output_indices: list[int], top_k: int, count: int) -> HostFuture:
+        """The ``forward-text`` call for the first ``count`` pending tokens (their pages reserved)."""
         tokens, start = self.pending[:count], len(self.tokens)
         end = start + count
         used = -(-end // self.page_size)
-        positions = [start] if end == start + 1 else list(range(start, end))
-        handle = forward.forward_text(self.queue.id, tokens, positions, self.pages[:used],
+        positions = [start] if count == 1 else list(range(start, end))
+        handle = forward.forward_text(self.queue.id, tokens, positions, self.pages.handles[:used],
                                       end - (used - 1) * self.page_size, output_indices, top_k)
         self.tokens += tokens
         self.pending = self.pending[count:]
         return self.queue.result(handle, futures.take_dists)
 
-    async def _reserve(self, tokens: int) -> None:
-        missing = _pages_for(tokens) - len(self.pages)
-        if missing > 0:
-            self.pages += await self.queue.result(kvpages.alloc_kvpages(self.queue.id, missing), futures.take_handles)
-
-    async def _own(self, index: int) -> None:
-        """Make page ``index`` this context's alone before it is written or masked."""
-        page = self.pages[index]
-        if not _shared(page):
+    # -- pages ----------------------------------------------------------------------------------
+    async def _reserve(self, end: int) -> None:
+        """Pages for the tokens up to ``end`` (topped up to the planned length, see ``_pages_ahead``),
+        and a page of our own where the next forward starts writing."""
+        ps, pages = self.page_size, self.pages
+        needed = -(-end // ps)
+        write_page = len(self.tokens) // ps
+        copy_first = write_page < min(len(pages), needed) and pages.is_shared(write_page)
+        if needed <= len(pages) and not copy_first:
             return
-        (fresh,) = await self.queue.result(kvpages.alloc_kvpages(self.queue.id, 1), futures.take_handles)
-        self.queue.later(kvpages.copy_kvpage(self.queue.id, page, fresh, 0, 0, self.page_size))
-        self.pages[index] = fresh
-        self._release([page])
+        missing = max(max(needed, self._pages_ahead(end)) - len(pages), 0) + copy_first
+        fresh = []
+        if self._spare is not None:
+            spare, self._spare = self._spare, None
+            fresh = await spare.poll_now()
+        if len(fresh) < missing:
+            fresh += await self.queue.result(kvpages.alloc_kvpages(self.queue.id, missing - len(fresh)),
+                                             futures.take_handles)
+        if copy_first:
+            self._copy_on_write(write_page, fresh.pop(0))
+        for page in fresh:
+            pages.push(page)
 
-    # -- forking, hiding, truncating ----------------------------------------------------------
-    async def fork(self, priority: int = 0) -> "Context":
-        """A copy that continues independently: full pages shared, the partial last page copied."""
-        if self.queue._unchecked:  # a mask may still be in flight on our queue: let it land first
-            await self.queue.synchronize()
-        child = Context(priority)
-        child.tokens, child.pending, child._hidden = list(self.tokens), list(self.pending), set(self._hidden)
-        full, rest = divmod(len(self.tokens), self.page_size)
-        child.pages = self.pages[:full]
-        for page in child.pages:
-            _refs[page] = _refs.get(page, 1) + 1
-        if rest:
-            await child._reserve(len(self.tokens))
-            child.queue.later(kvpages.copy_kvpage(child.queue.id, self.pages[full], child.pages[full], 0, 0, rest))
-        return child
+    def _pages_ahead(self, end: int) -> int:
+        """How many pages to hold once ``end`` tokens are in: while generating, enough for the planned
+        length but at most ALLOC_AHEAD_TOKENS past ``end`` (one allocation per few pages, not per
+        page, without holding a long budget's pages that an early stop would never use)."""
+        return -(-max(min(self._planned_len, end + ALLOC_AHEAD_TOKENS), end) // self.page_size)
 
-    async def drop(self, start: int, end: int) -> None:
-        """Hide forwarded tokens ``[start, end)`` from every later forward (they keep their positions)."""
-        self._hidden.update(range(start, end))
-        await self._apply_mask(start, end)
-
-    async def undrop(self, start: int, end: int) -> None:
-        self._hidden.difference_update(range(start, end))
-        await self._apply_mask(start, end)
-
-    async def _apply_mask(self, start: int, end: int) -> None:
-        if not 0 <= start < end <= len(self.tokens):
-            raise ValueError(f"[{start}, {end}) is not a range of the {len(self.tokens)} forwarded tokens")
-        page_size = self.page_size
-        for index in range(start // page_size, (end - 1) // page_size + 1):
-            await self._own(index)
-            base = index * page_size
-            bits = [base + i in self._hidden or base + i >= len(self.tokens) for i in range(page_size)]
-            self.queue.later(kvpages.mask_kvpage(self.queue.id, self.pages[index], bits))
-
-    def truncate(self, length: int) -> None:
-        """Keep the first ``length`` tokens (forwarded or pending); later slots are rewritten."""
-        if length >= len(self.tokens):
-            self.pending = self.pending[:length - len(self.tokens)]
+    def _prefetch(self) -> None:
+        """While decoding, allocate the next pages once the last one is half full, so a decode step
+        never waits for an allocation. On queue 0: its fresh-page masking then runs apart from this
+        context's forwards instead of in front of the next one."""
+        free_slots = len(self.pages) * self.page_size - len(self.tokens)
+        if self._spare is not None or free_slots > self.page_size // 2:
             return
-        self.tokens, self.pending = self.tokens[:length], []
-        self._hidden = {i for i in self._hidden if i < length}
-        keep = _pages_for(length)
-        self._release(self.pages[keep:])
-        self.pages = self.pages[:keep]
+        count = 1 if self._planned_len == 0 else max(self._pages_ahead(len(self.tokens)) - len(self.pages), 0)
+        if count > 0:
+            self._spare = HostFuture(kvpages.alloc_kvpages(0, count), futures.take_handles)
 
-    # -- while waiting: move the KV cache out of the device tier -------------------------------
-    async def offload(self) -> None:
-        """Move this context's pages to the host tier (they stay its pages; restore before forwarding)."""
-        await self.queue.unit(kvpages.offload_kvpages(self.queue.id, self.pages))
-
-    async def restore(self) -> None:
-        await self.queue.unit(kvpages.restore_kvpages(self.queue.id, self.pages))
-
-    def evict(self) -> None:
-        """Free the pages and keep the tokens: the next forward recomputes their K/V (a re-prefill)."""
-        self._release(self.pages)
-        self.pages, self._hidden = [], set()
-        self.pending, self.tokens = self.tokens + self.pending, []
-
-    # -- sharing across inferlets -------------------------------------------------------------
-    def export(self, name: str) -> int:
-        """Publish the pages of the forwarded tokens under ``name``; returns how many tokens they hold."""
-        pages = self.pages[:_pages_for(len(self.tokens))]
-        try:
-            kvpages.export_kvpages(pages, name)
-        except Err as err:
-            raise OvenError(err.value) from None
-        _imported.update(pages)  # later writes and masks copy first
-        return len(self.tokens)
-
-    @classmethod
-    def imported(cls, name: str, tokens: list[int], priority: int = 0) -> "Context":
-        """A context over the pages exported as ``name``, which hold ``tokens`` (the exporter's prefix)."""
-        try:
-            pages = kvpages.import_kvpages(name)
-        except Err as err:
-            raise OvenError(err.value) from None
-        if len(pages) != _pages_for(len(tokens)):
-            kvpages.dealloc_kvpages(0, pages)
-            raise ValueError(f"export {name!r} has {len(pages)} pages; {len(tokens)} tokens need {_pages_for(len(tokens))}")
-        ctx = cls(priority)
-        ctx.tokens, ctx.pages = list(tokens), pages
-        _imported.update(pages)
-        return ctx
+    def _copy_on_write(self, index: int, page: int) -> None:
+        """Put ``page`` in place of shared page ``index``, copying the forwarded tokens it holds."""
+        ps = self.page_size
+        count = min(max(len(self.tokens) - index * ps, 0), ps)
+        if count > 0:
+            self.queue.later(kvpages.copy_kvpage(self.queue.id, self.pages.handles[index], page, 0, 0, count))
+        old = self.pages.replace(index, page)  # our handle on an exported page is ours to free
+        if old is not None:
+            self.queue.later(kvpages.dealloc_kvpages(self.queue.id, [old]))
 
     # -- freeing ------------------------------------------------------------------------------
-    def _release(self, pages: list[int]) -> None:
-        free = []
-        for page in pages:
-            holders = _refs.pop(page, 1) - 1
-            if holders > 1:
-                _refs[page] = holders
-            elif holders == 0:
-                _imported.discard(page)
-                free.append(page)
-        if free:
-            futures.discard(kvpages.dealloc_kvpages(self.queue.id, free))
+    def free_pages_ahead(self) -> None:
+        """Free the pages allocated ahead of need: those past the forwarded tokens, and a prefetch
+        (a context about to wait then holds only the pages of its K/V; offload and evict do this)."""
+        self._free_spare()
+        freed = self.pages.truncate(-(-len(self.tokens) // self.page_size))
+        if freed:
+            self.queue.later(kvpages.dealloc_kvpages(self.queue.id, freed))
+
+    def _free_spare(self) -> None:
+        if self._spare is not None:
+            spawn(_dealloc_when_allocated(self._spare))
+            self._spare = None
 
     def close(self) -> None:
         """Free the pages (shared ones once their last holder closes) and give the queue back."""
-        if self.queue is not None:
-            self._release(self.pages)
-            self.pages = []
-            self.queue.close()
-            self.queue = None
+        if self.queue is None:
+            return
+        self._free_spare()
+        freed = self.pages.truncate(0)
+        if freed:
+            futures.discard(kvpages.dealloc_kvpages(self.queue.id, freed))
+        self.queue.close()
+        self.queue = None
 
     def __enter__(self) -> "Context":
         return self
@@ -307,3 +269,12 @@ class Context:
             self.close()
         except Exception:  # noqa: BLE001 - the host may be gone when the interpreter is torn down
             pass
+
+
+async def _dealloc_when_allocated(spare: HostFuture) -> None:
+    """Free the pages of a prefetch the context no longer wants, once they are allocated."""
+    try:
+        pages = await spare.poll_now()
+    except OvenError:  # the allocation failed: nothing to free
+        return
+    futures.discard(kvpages.dealloc_kvpages(0, pages))

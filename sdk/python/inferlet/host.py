@@ -13,7 +13,12 @@ def args() -> list[str]:
     return runtime.arguments()
 
 
+def instance_id() -> str:
+    return runtime.instance_id()
+
+
 def now_ms() -> int:
+    """Monotonic milliseconds."""
     return runtime.now_ms()
 
 
@@ -47,11 +52,27 @@ def fetch(method: str, url: str, headers: list[str] = (), body: bytes = b"") -> 
 
 @cache
 def page_size() -> int:
+    """Tokens per KvPage."""
     return runtime.page_size()
+
+
+def models() -> list[str]:
+    """Names of the served models; the first is the default (the one this API drives)."""
+    return runtime.models()
+
+
+def available_traits() -> list[str]:
+    """Traits of the default model, e.g. "forward-text", "kvpage-host-tier"."""
+    return runtime.available_traits()
+
+
+def vocab_size() -> int:
+    return tokenize.vocab_size()
 
 
 @cache
 def stop_tokens() -> frozenset[int]:
+    """End-of-sequence and end-of-turn tokens."""
     return frozenset(tokenize.stop_tokens())
 
 

@@ -31,6 +31,9 @@ class Queue:
         """A unit call issued on this queue whose completion nobody waits for."""
         self._unchecked.append(handle)
 
+    def has_unchecked(self) -> bool:
+        return bool(self._unchecked)
+
     def result(self, handle: int, take) -> HostFuture:
         """The awaitable result of a call on this queue; completing it checks the earlier unit calls."""
         if not self._unchecked:
@@ -67,5 +70,10 @@ class Queue:
         queues.set_priority(self.id, priority)
 
     def close(self) -> None:
+        """Forget the unchecked calls (their errors would otherwise surface in the queue's next user)
+        and keep the queue for reuse."""
+        for handle in self._unchecked:
+            futures.discard(handle)
+        self._unchecked = []
         if self.id != 0:
             _idle.append(self.id)

@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from componentize_py_types import Err
-from wit_world.imports import runtime
+from wit_world.imports import futures, runtime
 
 
 class OvenError(Exception):
@@ -80,6 +80,13 @@ class HostFuture(Future):
         else:
             LOOP.waiting[self.handle] = self
             self._callbacks.append(callback)
+
+    def poll_now(self) -> "HostFuture":
+        """Ask the host whether the call has completed, and take its value if so, instead of waiting
+        to be told: for a call issued long before it is awaited, which has likely completed."""
+        if not self._done and futures.poll([self.handle]):
+            self.complete()
+        return self
 
     def complete(self) -> None:
         try:

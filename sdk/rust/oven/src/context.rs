@@ -7,11 +7,11 @@
 //! many contexts (forks, concurrent tasks) horizontally.
 
 use oven_raw::futures::{self as raw_futures, Distribution};
-use oven_raw::{forward, kvpages, queues, runtime};
+use oven_raw::{forward, kvpages, runtime};
 
 use crate::model::{detokenize, render_chat, tokenize};
 use crate::pages::PageTable;
-use crate::{spawn, HostFuture, Sampler, Stop};
+use crate::{spawn, HostFuture, Queue, Sampler, Stop};
 
 mod edit;
 mod sharing;
@@ -24,7 +24,7 @@ const ALLOC_AHEAD_TOKENS: usize = 64;
 /// Dropping it frees what it alone holds: its pages (shared ones stay with the contexts that
 /// still hold them) and its queue, whose unfinished calls are cancelled.
 pub struct Context {
-    queue: u32,
+    queue: Queue,
     priority: u32,
     page_size: usize,
     token_ids: Vec<u32>,
@@ -57,7 +57,7 @@ impl Context {
     /// An empty context on a new queue of `priority` (higher is dispatched first).
     pub fn with_priority(priority: u32) -> Self {
         Context {
-            queue: queues::create_queue(priority),
+            queue: Queue::new(priority),
             priority,
             page_size: runtime::page_size() as usize,
             token_ids: Vec::new(),
@@ -104,8 +104,8 @@ impl Context {
     }
 
     /// The context's command queue.
-    pub fn queue(&self) -> u32 {
-        self.queue
+    pub fn queue(&self) -> &Queue {
+        &self.queue
     }
 
     /// Handles of the KV pages holding the forwarded tokens (and any allocated ahead).
@@ -115,12 +115,12 @@ impl Context {
 
     pub fn set_priority(&mut self, priority: u32) {
         self.priority = priority;
-        queues::set_priority(self.queue, priority);
+        self.queue.set_priority(priority);
     }
 
     /// Completes once every call this context issued has.
     pub fn synchronize(&self) -> HostFuture<()> {
-        HostFuture::unit(queues::synchronize(self.queue))
+        self.queue.synchronize()
     }
 
     /// Prefill: forward every pending token but the last (which the next decode step feeds).
@@ -159,7 +159,10 @@ impl Context {
             if self.num_committed == 0 {
                 return Err("the context is empty: fill it before decoding".to_string());
             }
-            self.num_committed -= 1; // rewriting its K/V slot is harmless
+            self.num_committed -= 1; // rewriting its K/V slot is harmless, and shows it if it was hidden
+            if let Some(dropped) = self.dropped.get_mut(self.num_committed) {
+                *dropped = false;
+            }
         }
         let pending = self.num_pending() as u32;
         let outputs: Vec<u32> = if each { (0..pending).collect() } else { vec![pending - 1] };
@@ -192,20 +195,22 @@ impl Context {
 
     async fn decode_until<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop, generated: &mut Vec<u32>) -> Result<(), String> {
         let stop_token_ids = stop.stop_token_ids();
+        let tail = stop.tail_tokens();
         while generated.len() < stop.max_new_tokens() {
             let token = self.decode_step(sampler).await?;
             generated.push(token);
             if stop_token_ids.contains(&token) {
                 break;
             }
-            if !stop.strings().is_empty() && stop.find_string(&detokenize(generated)).is_some() {
+            // A stop string that appears now lies within the newest `tail` tokens: decode only those.
+            if !stop.strings().is_empty() && stop.find_string(&detokenize(&generated[generated.len().saturating_sub(tail)..])).is_some() {
                 break;
             }
         }
         Ok(())
     }
 
-    /// Decode until `stop`; the new text, without stop tokens and cut before a stop string.
+    /// Decode until `stop`; the new text, without stop tokens and cut before the earliest stop string.
     pub async fn generate<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<String, String> {
         let generated = self.generate_tokens(sampler, stop).await?;
         let stop_token_ids = stop.stop_token_ids();
@@ -227,7 +232,7 @@ impl Context {
         let last_page_len = (upto - (num_pages - 1) * ps) as u32;
         let positions: Vec<u32> = (first as u32..upto as u32).collect();
         let call = forward::forward_text(
-            self.queue,
+            self.queue.id(),
             &self.token_ids[first..upto],
             &positions,
             &self.pages.handles()[..num_pages],
@@ -259,7 +264,7 @@ impl Context {
         };
         if fresh.len() < missing {
             let count = (missing - fresh.len()) as u32;
-            fresh.extend(HostFuture::handles(kvpages::alloc_kvpages(self.queue, count)).await?);
+            fresh.extend(HostFuture::handles(kvpages::alloc_kvpages(self.queue.id(), count)).await?);
         }
         let mut fresh = fresh.into_iter();
         if copy_first {
@@ -295,6 +300,27 @@ impl Context {
         }
     }
 
+    /// Free the pages allocated ahead of need: those past the forwarded tokens, and a prefetch (a
+    /// context about to wait then holds only the pages of its K/V; offload and evict do this).
+    pub fn free_pages_ahead(&mut self) {
+        self.free_spare();
+        let freed = self.pages.truncate((self.num_committed + self.page_size - 1) / self.page_size);
+        if !freed.is_empty() {
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue.id(), &freed));
+        }
+    }
+
+    /// Free the pages of a prefetch, once it has allocated them.
+    fn free_spare(&mut self) {
+        if let Some(spare) = self.spare.take() {
+            spawn(async move {
+                if let Ok(pages) = spare.await {
+                    raw_futures::discard(kvpages::dealloc_kvpages(0, &pages));
+                }
+            });
+        }
+    }
+
     fn check_side_calls(&mut self) -> Result<(), String> {
         if self.side_calls.is_empty() {
             return Ok(());
@@ -316,17 +342,11 @@ impl Drop for Context {
         for handle in self.side_calls.drain(..) {
             raw_futures::discard(handle);
         }
-        if let Some(spare) = self.spare.take() {
-            spawn(async move {
-                if let Ok(pages) = spare.await {
-                    raw_futures::discard(kvpages::dealloc_kvpages(0, &pages));
-                }
-            });
-        }
+        self.free_spare();
         let freed = self.pages.truncate(0);
         if !freed.is_empty() {
-            raw_futures::discard(kvpages::dealloc_kvpages(self.queue, &freed));
+            raw_futures::discard(kvpages::dealloc_kvpages(self.queue.id(), &freed));
         }
-        queues::destroy_queue(self.queue);
+        // The queue is destroyed next, as the field is dropped.
     }
 }

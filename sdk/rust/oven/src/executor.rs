@@ -254,7 +254,7 @@ fn run_slice() -> Vec<u32> {
 }
 
 /// Poll woken tasks until none is left or `main` has returned.
-fn run_tasks() {
+pub(crate) fn run_tasks() {
     loop {
         let slot = match RUN_QUEUE.with(|q| q.borrow_mut().pop_front()) {
             Some(slot) => slot,

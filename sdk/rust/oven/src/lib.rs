@@ -1,4 +1,6 @@
-//! The oven inferlet SDK for Rust: the Rust twin of the Python SDK, over [`oven_raw`].
+//! The oven inferlet SDK for Rust: the Rust twin of the Python SDK, over [`oven_raw`]. The two
+//! offer the same features and issue the same host calls (`sdk/README.md` has the table of both;
+//! `tests/test_sdk_conformance.py` holds them together).
 //!
 //! An inferlet is an `async fn main`, wired to the world's `start`/`resume` exports by
 //! [`main!`]; a small single-threaded executor runs it and any tasks it [`spawn`]s. Awaiting a
@@ -18,10 +20,13 @@
 //! oven::main!(main);
 //! ```
 //!
-//! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`].
+//! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`], [`Promise`] (a value another
+//!   task sets).
 //! * Messages and I/O: [`send`], [`receive`], [`broadcast`], [`subscribe`], [`fetch`].
 //! * Generation: [`Context`] (fill, flush, next_dist, dists, decode_step, generate, fork,
-//!   drop_range, truncate, offload/restore, evict, export/imported), samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`]) and [`Stop`].
+//!   drop_range, truncate, offload/restore, evict, export/imported/release_export) on its own
+//!   [`Queue`], samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`], drawing from
+//!   the seeded [`Rng`] with [`draw`], as the Python SDK does bit for bit) and [`Stop`].
 //! * The model: [`tokenize`], [`detokenize`], [`render_chat`], [`stop_tokens`], ...
 //!
 //! Errors are `String`s, as in the raw API: a failed host call's message, or the SDK's own.
@@ -37,7 +42,9 @@ mod io;
 mod join;
 mod model;
 mod pages;
-mod sampler;
+mod promise;
+mod queue;
+mod sampling;
 mod stop;
 
 pub use context::Context;
@@ -45,9 +52,11 @@ pub use executor::{spawn, IntoExitCode, JoinHandle};
 pub use host_future::HostFuture;
 pub use io::{arguments, broadcast, fetch, instance_id, now_ms, receive, send, sleep, subscribe};
 pub use join::{join, join_all, Join, JoinAll};
+pub use promise::Promise;
+pub use queue::Queue;
 pub use model::{available_traits, detokenize, models, page_size, render_chat, stop_tokens, tokenize, vocab_size};
 pub use oven_raw::futures::{Distribution, HttpResponse};
-pub use sampler::{Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
+pub use sampling::{draw, Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
 pub use stop::Stop;
 
 /// The raw bindings, for calls the SDK does not wrap (embeds, release-export, ...).

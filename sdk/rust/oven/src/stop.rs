@@ -5,8 +5,8 @@ use crate::model;
 /// Generation ends at the first condition met: `max_tokens` new tokens, one of the model's
 /// end-of-sequence / end-of-turn tokens (unless [`Stop::without_eos`]) or of the extra stop
 /// tokens, or a stop string in the detokenized output. A stop token is kept in the generated
-/// tokens; [`crate::Context::generate`]'s text leaves stop tokens out and is cut before a stop
-/// string. Like the Python SDK's `Stop(max_tokens=256, eos=True, strings=())`.
+/// tokens; [`crate::Context::generate`]'s text leaves stop tokens out and is cut before the earliest
+/// stop string. Like the Python SDK's `Stop(max_tokens=256, eos=True, strings=(), tokens=())`.
 #[derive(Clone, Debug)]
 pub struct Stop {
     max_tokens: usize,
@@ -66,6 +66,11 @@ impl Stop {
         &self.strings
     }
 
+    /// The extra stop tokens (not the model's end tokens).
+    pub fn token_ids(&self) -> &[u32] {
+        &self.token_ids
+    }
+
     /// Every stop token: the extra ones, and the model's end tokens if `eos` (a host call).
     pub fn stop_token_ids(&self) -> Vec<u32> {
         let mut ids = self.token_ids.clone();
@@ -73,6 +78,12 @@ impl Stop {
             ids.extend(model::stop_tokens());
         }
         ids
+    }
+
+    /// How many of the newest tokens a stop string that has just appeared lies within (a token is
+    /// at least one character): the longest stop string's length in characters, plus one.
+    pub fn tail_tokens(&self) -> usize {
+        self.strings.iter().map(|s| s.chars().count()).max().unwrap_or(0) + 1
     }
 
     /// The byte offset in `text` where the earliest stop string begins, if any.
@@ -90,8 +101,11 @@ mod tests {
         let stop = Stop::max_tokens(8).without_eos().with_tokens(&[2, 3]).with_string("\n\n").with_string("END");
         assert_eq!(stop.max_new_tokens(), 8);
         assert!(!stop.eos());
+        assert_eq!(stop.token_ids(), &[2, 3]);
+        assert_eq!(stop.tail_tokens(), 4);
         assert_eq!(stop.with_string("").strings().len(), 2);
         assert!(Stop::default().eos() && Stop::default().max_new_tokens() == 256);
+        assert_eq!(Stop::max_tokens(1).with_string("né").tail_tokens(), 3); // characters, not bytes
     }
 
     #[test]

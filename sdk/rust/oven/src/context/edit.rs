@@ -20,10 +20,10 @@ impl Context {
         child.pages = self.pages.share_prefix(num_full);
         if num_partial > 0 {
             // On the parent's queue, after its writes, and awaited before the child forwards.
-            let page = HostFuture::handles(kvpages::alloc_kvpages(self.queue, 1)).await?[0];
+            let page = HostFuture::handles(kvpages::alloc_kvpages(self.queue.id(), 1)).await?[0];
             child.pages.push(page); // the child frees it, even if the copy fails
             let src = self.pages.handles()[num_full];
-            HostFuture::unit(kvpages::copy_kvpage(self.queue, src, page, 0, 0, num_partial as u32)).await?;
+            HostFuture::unit(kvpages::copy_kvpage(self.queue.id(), src, page, 0, 0, num_partial as u32)).await?;
         }
         Ok(child)
     }
@@ -54,7 +54,7 @@ impl Context {
         let touched = start / ps..(end + ps - 1) / ps;
         let shared: Vec<usize> = touched.clone().filter(|i| self.pages.is_shared(*i)).collect();
         if !shared.is_empty() {
-            let fresh = HostFuture::handles(kvpages::alloc_kvpages(self.queue, shared.len() as u32)).await?;
+            let fresh = HostFuture::handles(kvpages::alloc_kvpages(self.queue.id(), shared.len() as u32)).await?;
             for (index, page) in shared.into_iter().zip(fresh) {
                 self.copy_on_write(index, page);
             }
@@ -64,7 +64,7 @@ impl Context {
             let row: Vec<bool> = (index * ps..(index + 1) * ps)
                 .map(|t| t >= self.num_committed || self.dropped[t])
                 .collect();
-            self.side_calls.push(kvpages::mask_kvpage(self.queue, self.pages.handles()[index], &row));
+            self.side_calls.push(kvpages::mask_kvpage(self.queue.id(), self.pages.handles()[index], &row));
         }
         Ok(())
     }
@@ -79,7 +79,7 @@ impl Context {
         self.num_committed = self.num_committed.min(len);
         let freed = self.pages.truncate((len + self.page_size - 1) / self.page_size);
         if !freed.is_empty() {
-            self.side_calls.push(kvpages::dealloc_kvpages(self.queue, &freed));
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue.id(), &freed));
         }
     }
 
@@ -89,11 +89,11 @@ impl Context {
         let count = self.num_committed.saturating_sub(index * ps).min(ps) as u32;
         if count > 0 {
             let src = self.pages.handles()[index];
-            self.side_calls.push(kvpages::copy_kvpage(self.queue, src, page, 0, 0, count));
+            self.side_calls.push(kvpages::copy_kvpage(self.queue.id(), src, page, 0, 0, count));
         }
         // Our handle on an exported page is ours to free; the export keeps the page.
         if let Some(old) = self.pages.replace(index, page) {
-            self.side_calls.push(kvpages::dealloc_kvpages(self.queue, &[old]));
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue.id(), &[old]));
         }
     }
 }

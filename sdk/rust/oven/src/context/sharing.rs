@@ -8,23 +8,26 @@ use super::Context;
 use crate::HostFuture;
 
 impl Context {
-    /// Move this context's pages to the host tier; they stay its pages, but must be
-    /// [`restore`](Context::restore)d before it (or a fork sharing them) forwards again.
+    /// Move the pages of this context's K/V to the host tier (those allocated ahead are freed);
+    /// they stay its pages, but must be [`restore`](Context::restore)d before it (or a fork
+    /// sharing them) forwards again.
     pub async fn offload(&mut self) -> Result<(), String> {
-        HostFuture::unit(kvpages::offload_kvpages(self.queue, self.pages.handles())).await
+        self.free_pages_ahead();
+        HostFuture::unit(kvpages::offload_kvpages(self.queue.id(), self.pages.handles())).await
     }
 
     /// Bring the pages [`offload`](Context::offload) moved back to the device tier.
     pub async fn restore(&mut self) -> Result<(), String> {
-        HostFuture::unit(kvpages::restore_kvpages(self.queue, self.pages.handles())).await
+        HostFuture::unit(kvpages::restore_kvpages(self.queue.id(), self.pages.handles())).await
     }
 
     /// Free the pages and keep the tokens: the next forward recomputes their K/V (a re-prefill).
     /// Dropped tokens are shown again.
     pub fn evict(&mut self) {
+        self.free_spare();
         let freed = self.pages.truncate(0);
         if !freed.is_empty() {
-            self.side_calls.push(kvpages::dealloc_kvpages(self.queue, &freed));
+            self.side_calls.push(kvpages::dealloc_kvpages(self.queue.id(), &freed));
         }
         self.num_committed = 0;
         self.dropped.clear();
@@ -66,5 +69,11 @@ impl Context {
         ctx.token_ids = token_ids.to_vec();
         ctx.num_committed = token_ids.len();
         Ok(ctx)
+    }
+
+    /// Release an export this instance made (its pages stay with the contexts holding them).
+    /// `Err` if this instance exported no such name.
+    pub fn release_export(name: &str) -> Result<(), String> {
+        kvpages::release_export(name)
     }
 }

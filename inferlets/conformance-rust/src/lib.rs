@@ -1,0 +1,260 @@
+//! conformance-rust: the scenarios of `inferlets/conformance` (whose docstring lists them) on the
+//! Rust SDK, one JSON message each, written to equal its twin's message for message;
+//! `tests/test_sdk_conformance.py` runs both and compares.
+
+mod json;
+
+use oven::{join, join_all, Context, Distribution, Greedy, MinP, Rng, Sampler, Stop, Temperature, TopK, TopP};
+
+use json::{dist, ints, list, object, text};
+
+type Outcome = Result<String, String>;
+
+fn number<T: std::str::FromStr>(value: &str) -> Result<T, String> {
+    value.parse().map_err(|_| format!("bad number {:?}", value))
+}
+
+fn sampler(spec: &str) -> Result<Box<dyn Sampler>, String> {
+    let fields: Vec<&str> = spec.split(':').collect();
+    let seed = || number::<u64>(fields[fields.len() - 1]);
+    Ok(match fields[0] {
+        "greedy" => Box::new(Greedy),
+        "temperature" => Box::new(Temperature::new(number(fields[1])?, seed()?)),
+        "top_k" => Box::new(TopK::new(number(fields[1])?, number(fields[2])?, seed()?)),
+        "top_p" => Box::new(TopP::new(number(fields[1])?, number(fields[2])?, seed()?)),
+        "min_p" => Box::new(MinP::new(number(fields[1])?, number(fields[2])?, seed()?)),
+        _ => return Err(format!("unknown sampler {:?}", spec)),
+    })
+}
+
+fn stop(max_tokens: &str, options: &[&str]) -> Result<Stop, String> {
+    let mut stop = Stop::max_tokens(number(max_tokens)?);
+    for option in options {
+        if let Some(token) = option.strip_prefix("token=") {
+            stop = stop.with_tokens(&[number(token)?]);
+        } else if let Some(string) = option.strip_prefix("string=") {
+            stop = stop.with_string(string);
+        } else if *option == "noeos" {
+            stop = stop.without_eos();
+        }
+    }
+    Ok(stop)
+}
+
+fn handles(ctx: &Context) -> String {
+    ints(ctx.page_handles())
+}
+
+async fn generate(spec: &str, prompt: &str, max_tokens: &str, options: &[&str]) -> Outcome {
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let start = ctx.len();
+    let text_out = ctx.generate(sampler(spec)?.as_mut(), &stop(max_tokens, options)?).await?;
+    Ok(object(&[("tokens", ints(&ctx.token_ids()[start..])), ("text", text(&text_out)), ("pages", handles(&ctx))]))
+}
+
+async fn steps(spec: &str, prompt: &str, max_tokens: &str) -> Outcome {
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    ctx.flush().await?;
+    let mut chosen = sampler(spec)?;
+    let mut tokens = Vec::new();
+    for _ in 0..number::<usize>(max_tokens)? {
+        tokens.push(ctx.decode_step(chosen.as_mut()).await?);
+    }
+    Ok(object(&[("tokens", ints(&tokens)), ("pages", handles(&ctx))]))
+}
+
+async fn fork(prompt: &str, n: &str, max_tokens: &str) -> Outcome {
+    let mut root = Context::new();
+    root.fill(prompt);
+    let mut forks = Vec::new();
+    for _ in 0..number::<usize>(n)? {
+        forks.push(root.fork().await?);
+    }
+    forks.insert(0, root);
+    let after_fork = list(forks.iter().map(handles));
+    let stop = &Stop::max_tokens(number(max_tokens)?);
+    let generated = join_all(forks.iter_mut().enumerate().map(|(i, ctx)| async move {
+        ctx.generate_tokens(&mut TopK::new(50, 1.0, i as u64), stop).await
+    }))
+    .await;
+    let tokens = generated.into_iter().collect::<Result<Vec<_>, String>>()?;
+    Ok(object(&[
+        ("after_fork", after_fork),
+        ("tokens", list(tokens.iter().map(|t| ints(t)))),
+        ("after_generate", list(forks.iter().map(handles))),
+    ]))
+}
+
+async fn drop_range(prompt: &str, start: &str, end: &str) -> Outcome {
+    let (start, end) = (number(start)?, number(end)?);
+    let mut root = Context::new();
+    root.fill(prompt);
+    root.flush().await?;
+    let (before, hidden, shown, after) = {
+        let mut child = root.fork().await?;
+        let before = handles(&child);
+        child.drop_range(start, end).await?;
+        let hidden = child.next_dist(5).await?;
+        child.undrop_range(start, end).await?;
+        let shown = child.next_dist(5).await?;
+        (before, hidden, shown, handles(&child))
+    };
+    let root_dist = root.next_dist(5).await?;
+    Ok(object(&[
+        ("before", before),
+        ("after", after),
+        ("root", handles(&root)),
+        ("hidden", dist(&hidden)),
+        ("shown", dist(&shown)),
+        ("root_dist", dist(&root_dist)),
+    ]))
+}
+
+async fn share(prompt: &str, max_tokens: &str) -> Outcome {
+    let name = format!("conformance/{}", oven::instance_id());
+    let tokens = oven::tokenize(prompt);
+    let stop = Stop::max_tokens(number(max_tokens)?);
+    let mut exporter = Context::new();
+    exporter.fill_tokens(&tokens);
+    exporter.flush().await?;
+    let count = exporter.export(&name).await?;
+    let (imported, generated, after) = {
+        let mut importer = Context::imported(&name, &tokens[..count])?;
+        importer.fill_tokens(&tokens[count..]);
+        let imported = handles(&importer);
+        let (a, b) = join(exporter.generate_tokens(&mut Greedy, &stop), importer.generate_tokens(&mut Greedy, &stop)).await;
+        (imported, list([ints(&a?), ints(&b?)].iter().cloned()), list([handles(&exporter), handles(&importer)].iter().cloned()))
+    };
+    Context::release_export(&name)?;
+    let missing = match Context::imported(&name, &tokens[..count]) {
+        Ok(_) => "null".to_string(),
+        Err(message) => text(&message),
+    };
+    Ok(object(&[
+        ("count", count.to_string()),
+        ("imported", imported),
+        ("tokens", generated),
+        ("after", after),
+        ("missing", missing),
+    ]))
+}
+
+async fn truncate(prompt: &str, max_tokens: &str, keep: &str) -> Outcome {
+    let stop = Stop::max_tokens(number(max_tokens)?);
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let first = ctx.generate_tokens(&mut Greedy, &stop).await?;
+    ctx.truncate(number(keep)?);
+    let pages = handles(&ctx);
+    let second = ctx.generate_tokens(&mut Greedy, &stop).await?;
+    Ok(object(&[
+        ("tokens", list([ints(&first), ints(&second)].iter().cloned())),
+        ("truncated_pages", pages),
+        ("pages", handles(&ctx)),
+    ]))
+}
+
+async fn kv(prompt: &str, steps: &str, max_tokens: &str, mode: &str) -> Outcome {
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    ctx.flush().await?;
+    for _ in 0..number::<usize>(steps)? {
+        ctx.decode_step(&mut Greedy).await?;
+    }
+    match mode {
+        "offload" => {
+            ctx.offload().await?;
+            ctx.restore().await?;
+        }
+        "evict" => ctx.evict(),
+        _ => ctx.free_pages_ahead(),
+    }
+    let after = handles(&ctx);
+    let tokens = ctx.generate_tokens(&mut Greedy, &Stop::max_tokens(number(max_tokens)?)).await?;
+    Ok(object(&[("after", after), ("tokens", ints(&tokens)), ("pages", handles(&ctx))]))
+}
+
+async fn ahead(prompt: &str, max_tokens: &str, token: &str) -> Outcome {
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let stop = Stop::max_tokens(number(max_tokens)?).with_tokens(&[number(token)?]);
+    let tokens = ctx.generate_tokens(&mut Greedy, &stop).await?;
+    let before = handles(&ctx);
+    ctx.free_pages_ahead();
+    Ok(object(&[("tokens", ints(&tokens)), ("before", before), ("after", handles(&ctx))]))
+}
+
+async fn dists(prompt: &str, k: &str) -> Outcome {
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let dists = ctx.dists(number(k)?).await?;
+    Ok(object(&[("token_ids", list(dists.iter().map(|d| ints(&d.token_ids))))]))
+}
+
+fn vectors() -> Outcome {
+    let mut rng = Rng::new(1234567);
+    let u64s: Vec<u64> = (0..3).map(|_| rng.next_u64()).collect();
+    let mut rng = Rng::new(42);
+    let f64s: Vec<String> = (0..3).map(|_| rng.next_f64().to_string()).collect();
+    let d = Distribution { token_ids: vec![0, 1, 2, 3, 4], probs: vec![0.4, 0.3, 0.15, 0.1, 0.05] };
+    let samplers: Vec<(&str, Box<dyn Sampler>)> = vec![
+        ("temperature-1", Box::new(Temperature::new(1.0, 7))),
+        ("temperature-0.7", Box::new(Temperature::new(0.7, 7))),
+        ("top-k", Box::new(TopK::new(3, 1.5, 7))),
+        ("top-p", Box::new(TopP::new(0.8, 0.7, 7))),
+        ("min-p", Box::new(MinP::new(0.3, 1.0, 7))),
+        ("temperature-0", Box::new(Temperature::new(0.0, 7))),
+    ];
+    let draws: Vec<(&str, String)> = samplers
+        .into_iter()
+        .map(|(name, mut s)| (name, text(&(0..20).map(|_| s.sample(&d).to_string()).collect::<String>())))
+        .collect();
+    Ok(object(&[("u64", ints(&u64s)), ("f64", format!("[{}]", f64s.join(","))), ("draws", object(&draws))]))
+}
+
+async fn errors() -> Outcome {
+    let mut messages = Vec::new();
+    let mut ctx = Context::new();
+    if let Err(message) = ctx.next_dist(0).await {
+        messages.push(("empty", text(&message)));
+    }
+    ctx.fill("one two three");
+    let len = ctx.len();
+    if let Err(message) = ctx.drop_range(0, len).await {
+        messages.push(("range", text(&message)));
+    }
+    drop(ctx);
+    if let Err(message) = Context::imported("conformance/none", &[1, 2]) {
+        messages.push(("import", text(&message)));
+    }
+    Ok(object(&messages))
+}
+
+async fn scenario(arg: &str) -> Outcome {
+    let fields: Vec<&str> = arg.split('|').collect();
+    match (fields[0], &fields[1..]) {
+        ("generate", [spec, prompt, max, options @ ..]) => generate(spec, prompt, max, options).await,
+        ("steps", [spec, prompt, max]) => steps(spec, prompt, max).await,
+        ("fork", [prompt, n, max]) => fork(prompt, n, max).await,
+        ("drop", [prompt, start, end]) => drop_range(prompt, start, end).await,
+        ("share", [prompt, max]) => share(prompt, max).await,
+        ("truncate", [prompt, max, keep]) => truncate(prompt, max, keep).await,
+        ("kv", [prompt, steps, max, mode]) => kv(prompt, steps, max, mode).await,
+        ("ahead", [prompt, max, token]) => ahead(prompt, max, token).await,
+        ("dists", [prompt, k]) => dists(prompt, k).await,
+        ("vectors", []) => vectors(),
+        ("errors", []) => errors().await,
+        _ => Err(format!("unknown scenario {:?}", arg)),
+    }
+}
+
+async fn main(args: Vec<String>) -> Result<(), String> {
+    for arg in &args {
+        oven::send(&scenario(arg).await?);
+    }
+    Ok(())
+}
+
+oven::main!(main);

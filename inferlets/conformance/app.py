@@ -1,0 +1,220 @@
+"""conformance: SDK scenarios on the Python SDK, one JSON message each; ``conformance-rust`` is its
+twin on the Rust SDK, and ``tests/test_sdk_conformance.py`` runs both and compares their messages.
+
+Arguments: one scenario each, its fields separated by "|":
+
+* ``generate|SAMPLER|PROMPT|MAX[|token=ID][|string=TEXT][|noeos]`` -> tokens, text, page handles
+* ``steps|SAMPLER|PROMPT|MAX``: decode_step by decode_step after a flush -> tokens, page handles
+* ``fork|PROMPT|N|MAX``: N forks of the prompt, each then samples MAX tokens (top-k 50, seed =
+  its index) concurrently -> page handles after forking and after generating, tokens
+* ``drop|PROMPT|START|END``: a fork hides tokens [START, END), then shows them again -> page
+  handles, top-5 distributions while hidden and after
+* ``share|PROMPT|MAX``: the prompt's pages exported, imported by a second context; both generate
+  greedily -> token count, page handles, tokens, the error importing after the release
+* ``truncate|PROMPT|MAX|KEEP``: generate, truncate to KEEP tokens, generate again -> tokens, pages
+* ``kv|PROMPT|STEPS|MAX|MODE``: prefill, STEPS decode steps (a page prefetched), then MODE
+  (``offload`` and restore, ``evict``, or ``ahead``: free the pages allocated ahead), then generate
+  greedily -> page handles after MODE, tokens, page handles
+* ``ahead|PROMPT|MAX|TOKEN``: generate up to MAX tokens, stopping at TOKEN, then free the pages
+  allocated ahead -> tokens, page handles before and after
+* ``dists|PROMPT|K``: one distribution per prompt token -> their token ids
+* ``vectors``: the seeded-sampling test vectors of sdk/README.md, computed here
+* ``errors``: the messages of an empty decode, a bad drop range and a missing import
+
+SAMPLER is ``greedy``, ``temperature:T:SEED``, ``top_k:K:T:SEED``, ``top_p:P:T:SEED`` or
+``min_p:P:T:SEED``.
+"""
+
+import json
+import struct
+
+import inferlet
+
+GREEDY = inferlet.Greedy()
+
+
+def sampler(spec: str) -> inferlet.Sampler:
+    kind, *values = spec.split(":")
+    if kind == "greedy":
+        return GREEDY
+    *params, seed = values
+    if kind == "temperature":
+        return inferlet.Temperature(float(params[0]), int(seed))
+    if kind == "top_k":
+        return inferlet.TopK(int(params[0]), float(params[1]), int(seed))
+    if kind == "top_p":
+        return inferlet.TopP(float(params[0]), float(params[1]), int(seed))
+    if kind == "min_p":
+        return inferlet.MinP(float(params[0]), float(params[1]), int(seed))
+    raise ValueError(f"unknown sampler {spec!r}")
+
+
+def stop(max_tokens: str, options: list[str]) -> inferlet.Stop:
+    tokens = [int(o[6:]) for o in options if o.startswith("token=")]
+    strings = [o[7:] for o in options if o.startswith("string=")]
+    return inferlet.Stop(max_tokens=int(max_tokens), eos="noeos" not in options, strings=tuple(strings),
+                         tokens=tuple(tokens))
+
+
+def handles(ctx: inferlet.Context) -> list[int]:
+    return list(ctx.pages.handles)
+
+
+def dist_json(dist) -> dict:
+    return {"token_ids": list(dist.token_ids), "probs": list(dist.probs)}
+
+
+async def generate(spec, prompt, max_tokens, *options):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        text = await ctx.generate(sampler(spec), stop(max_tokens, list(options)))
+        return {"tokens": ctx.generated, "text": text, "pages": handles(ctx)}
+
+
+async def steps(spec, prompt, max_tokens):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        await ctx.flush()
+        chosen = sampler(spec)
+        tokens = [await ctx.decode_step(chosen) for _ in range(int(max_tokens))]
+        return {"tokens": tokens, "pages": handles(ctx)}
+
+
+async def fork(prompt, n, max_tokens):
+    with inferlet.Context() as root:
+        root.fill(prompt)
+        contexts = [root]
+        for _ in range(int(n)):
+            contexts.append(await root.fork())
+        after_fork = [handles(c) for c in contexts]
+        tokens = await inferlet.gather(*(c.generate_tokens(inferlet.TopK(50, 1.0, i), inferlet.Stop(int(max_tokens)))
+                                         for i, c in enumerate(contexts)))
+        after_generate = [handles(c) for c in contexts]
+        for c in contexts[1:]:
+            c.close()
+    return {"after_fork": after_fork, "tokens": tokens, "after_generate": after_generate}
+
+
+async def drop(prompt, start, end):
+    with inferlet.Context() as root:
+        root.fill(prompt)
+        await root.flush()
+        with await root.fork() as child:
+            before = handles(child)
+            await child.drop_range(int(start), int(end))
+            hidden = await child.next_dist(5)
+            await child.undrop_range(int(start), int(end))
+            shown = await child.next_dist(5)
+            after = handles(child)
+        root_dist = await root.next_dist(5)
+        return {"before": before, "after": after, "root": handles(root), "hidden": dist_json(hidden),
+                "shown": dist_json(shown), "root_dist": dist_json(root_dist)}
+
+
+async def share(prompt, max_tokens):
+    name = "conformance/" + inferlet.instance_id()
+    tokens = inferlet.encode(prompt)
+    with inferlet.Context() as exporter:
+        exporter.fill_tokens(tokens)
+        await exporter.flush()
+        count = await exporter.export(name)
+        with inferlet.Context.imported(name, tokens[:count]) as importer:
+            importer.fill_tokens(tokens[count:])
+            imported = handles(importer)
+            generated = await inferlet.gather(
+                *(c.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens))) for c in (exporter, importer)))
+            after = [handles(exporter), handles(importer)]
+        inferlet.Context.release_export(name)
+        try:
+            inferlet.Context.imported(name, tokens[:count])
+            missing = None
+        except inferlet.OvenError as err:
+            missing = str(err)
+        return {"count": count, "imported": imported, "tokens": generated, "after": after, "missing": missing}
+
+
+async def truncate(prompt, max_tokens, keep):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        first = await ctx.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens)))
+        ctx.truncate(int(keep))
+        pages = handles(ctx)
+        second = await ctx.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens)))
+        return {"tokens": [first, second], "truncated_pages": pages, "pages": handles(ctx)}
+
+
+async def kv(prompt, steps, max_tokens, mode):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        await ctx.flush()
+        for _ in range(int(steps)):
+            await ctx.decode_step(GREEDY)
+        if mode == "offload":
+            await ctx.offload()
+            await ctx.restore()
+        elif mode == "evict":
+            ctx.evict()
+        else:
+            ctx.free_pages_ahead()
+        after = handles(ctx)
+        tokens = await ctx.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens)))
+        return {"after": after, "tokens": tokens, "pages": handles(ctx)}
+
+
+async def ahead(prompt, max_tokens, token):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        tokens = await ctx.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens), tokens=(int(token),)))
+        before = handles(ctx)
+        ctx.free_pages_ahead()
+        return {"tokens": tokens, "before": before, "after": handles(ctx)}
+
+
+async def dists(prompt, k):
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        return {"token_ids": [list(d.token_ids) for d in await ctx.dists(int(k))]}
+
+
+async def vectors():
+    rng = inferlet.Rng(1234567)
+    u64 = [rng.next_u64() for _ in range(3)]
+    rng = inferlet.Rng(42)
+    f64 = [rng.next_f64() for _ in range(3)]
+    probs = [struct.unpack("<f", struct.pack("<f", p))[0] for p in (0.4, 0.3, 0.15, 0.1, 0.05)]
+    samplers = {"temperature-1": inferlet.Temperature(1.0, 7), "temperature-0.7": inferlet.Temperature(0.7, 7),
+                "top-k": inferlet.TopK(3, 1.5, 7), "top-p": inferlet.TopP(0.8, 0.7, 7),
+                "min-p": inferlet.MinP(0.3, 1.0, 7), "temperature-0": inferlet.Temperature(0.0, 7)}
+    draws = {name: "".join(str(s.sample([0, 1, 2, 3, 4], probs)) for _ in range(20)) for name, s in samplers.items()}
+    return {"u64": u64, "f64": f64, "draws": draws}
+
+
+async def errors():
+    messages = {}
+    with inferlet.Context() as ctx:
+        try:
+            await ctx.next_dist()
+        except ValueError as err:
+            messages["empty"] = str(err)
+        ctx.fill("one two three")
+        try:
+            await ctx.drop_range(0, len(ctx))
+        except ValueError as err:
+            messages["range"] = str(err)
+    try:
+        inferlet.Context.imported("conformance/none", [1, 2])
+    except inferlet.OvenError as err:
+        messages["import"] = str(err)
+    return messages
+
+
+SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, dists, vectors, errors)}
+
+
+async def main(args: list[str]) -> None:
+    for arg in args:
+        kind, *fields = arg.split("|")
+        inferlet.send(json.dumps(await SCENARIOS[kind](*fields)))
+
+
+WitWorld = inferlet.run(main)

@@ -1,0 +1,220 @@
+"""The two SDKs behave alike: the same scenarios through ``inferlets/conformance`` (Python SDK) and
+``inferlets/conformance-rust`` (Rust SDK) on the tiny model give the same messages — the same
+tokens (greedy and seeded), the same stops, the same page handles after forks, copy-on-write,
+export/import, truncation and prefetching — and each also gives the answer the case knows.
+
+Both instances run once, one after the other, in a module-scoped fixture; the tests read its reports.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import assert_pools_full, direct_greedy, messages, run
+from oven.control.tokenizer import Tokenizer
+
+PROGRAMS = ["conformance", "conformance-rust"]  # stored in the module's ControlLoop (conftest.py)
+PARTIAL = "Once upon a time, in a land far away, there lived a"  # 14 tokens: 13 forwarded by a flush
+FULL = ("One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+        "seventeen")  # 17 tokens: a flush fills one page
+LONG = FULL + " eighteen nineteen twenty twenty-one twenty-two"  # 22 tokens: two pages
+FOX = "The quick brown fox"
+SAMPLERS = ["temperature:1.0:3", "temperature:1.0:4", "temperature:0.7:3", "top_k:20:0.8:5", "top_p:0.9:1.3:6",
+            "min_p:0.05:1.0:7"]
+
+# README "Seeded sampling" test vectors.
+VECTORS = {
+    "u64": [6457827717110365317, 3203168211198807973, 9817491932198370423],
+    "f64": [0.7415648787718233, 0.1599103928769201, 0.27860113025513866],
+    "draws": {"temperature-1": "00311010010433313012", "temperature-0.7": "00210000000332212011",
+              "top-k": "00211010000222212011", "top-p": "00210000000222112011", "min-p": "00210000000222212011",
+              "temperature-0": "00000000000000000000"},
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(loop):
+    return Tokenizer(loop.info.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def greedy(loop, inference):
+    """Greedy continuations straight from the inference process: {(prompt, max_new): tokens}."""
+    return {(prompt, n): direct_greedy(inference, loop, prompt, n) for prompt, n in [(FOX, 12), (PARTIAL, 24)]}
+
+
+def scenarios(greedy) -> dict[str, str]:
+    return {
+        "greedy": f"generate|greedy|{FOX}|12",
+        **{f"sample {spec}": f"generate|{spec}|{PARTIAL}|24" for spec in SAMPLERS},
+        "steps": f"steps|greedy|{PARTIAL}|24",
+        "fork partial": f"fork|{PARTIAL}|2|10",
+        "fork full": f"fork|{FULL}|2|10",
+        "drop": f"drop|{LONG}|2|18",
+        "share": f"share|{PARTIAL}|8",
+        "truncate": f"truncate|{PARTIAL}|12|10",
+        **{mode: f"kv|{PARTIAL}|3|8|{mode}" for mode in ("offload", "evict", "ahead")},
+        "ahead of a stop": f"ahead|{PARTIAL}|40|{greedy[PARTIAL, 24][0]}",
+        "dists": f"dists|{PARTIAL}|3",
+        "vectors": "vectors",
+        "errors": "errors",
+    }
+
+
+def stop_scenarios(tokenizer, sampled: list[int]) -> dict[str, tuple[str, list[int], str]]:
+    """Stops inside the 24 tokens that SAMPLERS[0] samples after PARTIAL (the tiny model's greedy
+    output repeats one token): {scenario: (its argument, the tokens, the text)}."""
+    generate = f"generate|{SAMPLERS[0]}|{PARTIAL}|24"
+    upto = sampled.index(sampled[6]) + 1
+    string = tokenizer.decode(sampled[8:10])[-5:]
+    return {
+        "stop token": (f"{generate}|token={sampled[6]}", sampled[:upto], tokenizer.decode(sampled[:upto - 1])),
+        "stop string": (f"{generate}|string={string}|noeos", *stopped_at_string(tokenizer, sampled, string)),
+    }
+
+
+def stopped_at_string(tokenizer, tokens: list[int], string: str) -> tuple[list[int], str]:
+    """The SDK rule (sdk/README.md): after each token, look for the string in the newest
+    len(string) + 1 tokens; the text is cut before its first occurrence."""
+    for n in range(1, len(tokens) + 1):
+        if string in tokenizer.decode(tokens[max(0, n - len(string) - 1):n]):
+            text = tokenizer.decode(tokens[:n])
+            return tokens[:n], text[:text.index(string)]
+    raise AssertionError(f"{string!r} never appears")
+
+
+def run_both(loop, named: dict[str, str], out: dict[str, dict[str, dict]]) -> None:
+    """Run the scenarios through each program in turn; their reports into ``out[program]``, the
+    instance id taken out of error messages."""
+    for program in PROGRAMS:
+        (inst,) = run(loop, program, [list(named.values())], timeout_s=60)
+        assert (inst.exit_code, inst.error) == (0, None)
+        got = [json.loads(m.replace(inst.instance_id, "<id>")) for m in messages(loop, inst)]
+        out[program].update(zip(named, got, strict=True))
+
+
+@pytest.fixture(scope="module")
+def reports(loop, tokenizer, greedy) -> dict[str, dict[str, dict]]:
+    """{program: {scenario: its report}}: the scenarios, then stops placed in a sampled generation."""
+    out = {program: {} for program in PROGRAMS}
+    run_both(loop, scenarios(greedy), out)
+    sampled = out[PROGRAMS[0]][f"sample {SAMPLERS[0]}"]["tokens"]
+    run_both(loop, {name: arg for name, (arg, _, _) in stop_scenarios(tokenizer, sampled).items()}, out)
+    assert_pools_full(loop)
+    return out
+
+
+def both(reports, scenario: str) -> dict:
+    """The scenario's report, the same from both SDKs."""
+    python, rust = (reports[program][scenario] for program in PROGRAMS)
+    assert python == rust
+    return python
+
+
+def test_greedy_generation_stops_at_its_budget(reports, tokenizer, greedy):
+    tokens = greedy[FOX, 12]
+    report = both(reports, "greedy")
+    assert (report["tokens"], report["text"], len(report["pages"])) == (tokens, tokenizer.decode(tokens), 1)
+
+
+@pytest.mark.parametrize("case", ["stop token", "stop string"])
+def test_generation_stops_at_a_token_and_at_a_string(reports, tokenizer, case):
+    sampled = both(reports, f"sample {SAMPLERS[0]}")["tokens"]
+    _, tokens, text = stop_scenarios(tokenizer, sampled)[case]
+    report = both(reports, case)
+    assert (report["tokens"], report["text"]) == (tokens, text)
+    assert len(tokens) < 24
+
+
+@pytest.mark.parametrize("spec", SAMPLERS)
+def test_seeded_sampling_gives_the_same_tokens(reports, greedy, spec):
+    report = both(reports, f"sample {spec}")
+    assert len(report["tokens"]) == 24 and report["tokens"] != greedy[PARTIAL, 24]
+
+
+def test_seeds_and_samplers_differ(reports):
+    sampled = [tuple(both(reports, f"sample {spec}")["tokens"]) for spec in SAMPLERS]
+    assert len(set(sampled)) == len(SAMPLERS)
+
+
+def test_decode_steps_equal_greedy_and_pages_are_prefetched_alike(reports, greedy):
+    report = both(reports, "steps")
+    assert report["tokens"] == greedy[PARTIAL, 24]
+    assert len(report["pages"]) == 3  # 13 + 24 tokens forwarded, a page at a time (each prefetched)
+
+
+def test_generate_allocates_ahead_alike(reports):
+    # 14 + 24 tokens: the planned length's 3 pages, allocated ahead in one call.
+    assert len(both(reports, "sample temperature:1.0:3")["pages"]) == 3
+
+
+def test_forks_share_full_pages_and_copy_the_partial_one(reports):
+    partial, full = both(reports, "fork partial"), both(reports, "fork full")
+    # 13 forwarded tokens: no full page; each fork gets a copy of the partial one.
+    assert len({pages[0] for pages in partial["after_fork"]}) == 3
+    # 16 forwarded tokens: one full page, shared by all three; each writes its own next pages.
+    assert [pages for pages in full["after_fork"]] == [full["after_fork"][0]] * 3
+    shared = full["after_fork"][0][0]
+    assert all(pages[0] == shared for pages in full["after_generate"])
+    own = [handle for pages in full["after_generate"] for handle in pages[1:]]
+    assert len(own) == len(set(own)) == 3
+    assert len({tuple(tokens) for tokens in full["tokens"]}) == 3  # seeds 0, 1, 2
+
+
+def test_masking_a_shared_page_copies_it_first(reports):
+    report = both(reports, "drop")
+    assert report["before"][0] == report["root"][0]  # the full page, shared
+    assert report["after"][0] not in report["root"] and report["after"][1] == report["before"][1]
+    assert report["hidden"] != report["shown"]
+    assert report["shown"] == report["root_dist"]  # shown again, and the root's page never written
+
+
+def test_export_and_import(reports, tokenizer, greedy):
+    report = both(reports, "share")
+    assert report["count"] == len(tokenizer.encode(PARTIAL)) - 1
+    assert report["tokens"] == [greedy[PARTIAL, 24][:8]] * 2
+    exporter_pages, importer_pages = report["after"]
+    assert importer_pages[0] != report["imported"][0]  # the shared partial page copied before writing
+    assert report["missing"] == "no kvpage export named 'conformance/<id>'"
+
+
+def test_truncate_then_generate(reports, loop, inference, tokenizer, greedy):
+    report = both(reports, "truncate")
+    assert report["tokens"][0] == greedy[PARTIAL, 24][:12]
+    assert report["tokens"][1] == direct_greedy(inference, loop, tokenizer.encode(PARTIAL)[:10], 12)
+    assert len(report["truncated_pages"]) == 1
+
+
+@pytest.mark.parametrize("mode, pages_after", [("offload", 1), ("evict", 0), ("ahead", 1)])
+def test_offload_evict_and_freeing_pages_ahead_change_no_token(reports, greedy, mode, pages_after):
+    """After the prefill and 3 decode steps (16 tokens forwarded, a page prefetched), each frees
+    the prefetched page; the generation goes on as if nothing happened."""
+    report = both(reports, mode)
+    assert len(report["after"]) == pages_after
+    assert report["tokens"] == greedy[PARTIAL, 24][3:11]
+
+
+def test_pages_allocated_ahead_of_an_early_stop_are_freed(reports, greedy):
+    report = both(reports, "ahead of a stop")
+    assert report["tokens"] == greedy[PARTIAL, 24][:1]
+    assert (len(report["before"]), report["after"]) == (4, report["before"][:1])  # 14 + 40 planned; 14 held
+
+
+def test_dists_give_one_distribution_per_pending_token(reports, tokenizer, greedy):
+    report = both(reports, "dists")
+    assert len(report["token_ids"]) == len(tokenizer.encode(PARTIAL))
+    assert all(len(ids) == 3 for ids in report["token_ids"])
+    assert report["token_ids"][-1][0] == greedy[PARTIAL, 24][0]
+
+
+def test_the_seeded_sampling_vectors_hold_in_wasm(reports):
+    assert both(reports, "vectors") == VECTORS
+
+
+def test_errors_read_alike(reports):
+    assert both(reports, "errors") == {
+        "empty": "the context is empty: fill it before decoding",
+        "range": "[0, 3) is not a range of tokens before the last of 3",
+        "import": "no kvpage export named 'conformance/none'",
+    }
