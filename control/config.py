@@ -23,7 +23,7 @@ class ControlConfig:
     dispatch_policy: str = "adaptive"  # adaptive | eager | k | t (scheduling.policy.NAMES)
     dispatch_k: int = DEFAULT_K  # the k policy: batch size that triggers a dispatch
     dispatch_t_ms: float = DEFAULT_T_S * 1000  # the t policy: oldest wait that triggers a dispatch
-    exhaustion_policy: str = "terminate-newest"  # terminate-newest | wait | offload (resources.exhaustion)
+    exhaustion_policy: str = "preempt"  # preempt | terminate-newest | wait | offload (resources.exhaustion)
     max_instances: int = 1024
     max_instances_per_client: int = 256  # running at once, per client but the operator
     finished_instances: int = 100  # ended instances `oven ps` still shows (and `oven attach` replays), newest

@@ -119,9 +119,10 @@ class Instance:
         self.error: str | None = None
         self.started = False
         self.started_at = 0.0  # monotonic launch time: exhaustion policies prefer older instances
+        self.sequence = 0  # launch order, which breaks ties in started_at (FCFS)
         self.blocked_since: float | None = None  # parked on an allocation
         self.io_wait_since: float | None = None  # waits only on I/O since then
-        self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier
+        self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier (preempted)
         self.swapping = False  # pages on their way to or from the host tier: do not run
         self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []

@@ -91,7 +91,7 @@ class ControlLoop:
         self.exports = ExportRegistry(self.kv_pool)
         self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
                                    exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
-                                   instances=self.instances, kill=self.kill)
+                                   instances=self.instances, kill=self.kill, has_calls=self.calls.has_calls)
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
@@ -122,10 +122,11 @@ class ControlLoop:
         if len(self.instances) >= self.config.max_instances:
             raise RuntimeError(f"the server runs its maximum of {self.config.max_instances} instances")
         digest = self.programs.resolve(program, owner)
-        instance_id = f"{next(self._instance_numbers):x}-{digest[:8]}"
+        sequence = next(self._instance_numbers)
+        instance_id = f"{sequence:x}-{digest[:8]}"
         inst = Instance(instance_id, digest, list(args), owner, self._host, self._limits, self.engine, self.linker,
                         self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S), self.wasm_clock)
-        inst.started_at = time.monotonic()
+        inst.started_at, inst.sequence = time.monotonic(), sequence
         inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
                                        max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
         self.calls.open_queue(inst)  # queue 0
@@ -217,7 +218,11 @@ class ControlLoop:
             for sock in extra.keys() - self._extra_polled:
                 self._poller.register(sock, zmq.POLLIN)
             self._extra_polled = set(extra)
-        busy = any(i.state is State.READY and not (i.swapping or i.output_held) for i in self.instances.values())
+        if self.allocator.num_waiting and not self.calls.num_in_flight and not self.scheduler.num_pending:
+            # The device is idle while instances wait for memory: decide again, now that the
+            # instances that were running have stopped (they may be swapped out for the oldest).
+            self.allocator.retry_parked()
+        busy = any(self._runnable(i) for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
         for sock, _ in self._poller.poll(int(wait_s * 1000)):
             if sock is self.client.socket:
@@ -248,12 +253,21 @@ class ControlLoop:
             candidates.append(wake - now)
         return max(0.0, min(candidates))
 
+    def _runnable(self, inst: Instance) -> bool:
+        """Has a slice to run now: not held for its client, not swapped out and waiting for its pages,
+        and, for an instance not started yet, admitted (no one waits for memory under FCFS)."""
+        return (inst.state is State.READY and not (inst.output_held or inst.swapping)
+                and not (inst.swapped_out and self.allocator.is_waiting(inst))
+                and (inst.started or self.allocator.admitting))
+
     def _run_ready_instances(self) -> None:
         next_reply_check = 0.0
         for inst in [i for i in self.instances.values() if i.state is State.READY and not i.output_held]:
+            if not self._runnable(inst):
+                continue
             if inst.swapped_out:
-                self.allocator.restore_before_slice(inst)
-            if inst.swapping or not inst.alive:
+                self.allocator.swap_in(inst)  # it runs once its pages are back
+            if inst.swapping or inst.swapped_out or not inst.alive:
                 continue
             self.current = inst
             try:
