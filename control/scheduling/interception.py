@@ -18,7 +18,9 @@ Waste is memory x time, in page-seconds (InferCept §3):
 
 Every iteration :func:`decide` sorts the intercepted contexts on the device by
 ``min(preserve, discard)`` descending, swaps out in that order within the swap
-budget, and preserves or discards the rest, whichever wastes less. Contexts
+budget (those whose swap would waste more than preserving them excepted: they
+return before the copies could pay off), and preserves or discards the rest,
+whichever wastes less. Contexts
 whose pages hold non-text embeds are never discarded (recomputing them needs
 inputs the control layer does not keep). Swapped-out contexts are swapped back
 in ahead of their expected return, oldest arrival first (FCFS), within the same
@@ -159,7 +161,7 @@ def decide(policy: InterceptionPolicy, contexts: Sequence[InterceptedContext], p
     on_device = [(c, wastes(c, profile, now, running_pages)) for c in contexts if c.location is Location.DEVICE]
     on_device.sort(key=lambda item: (-min(item[1][0], item[1][1]), item[0].arrival))
     for ctx, (preserve, discard, swap) in on_device:
-        action = _device_action(policy, ctx, preserve, discard, budget)
+        action = _device_action(policy, ctx, preserve, discard, swap, budget)
         if action is Action.SWAP_OUT:
             budget -= ctx.num_pages
         choices.append(Choice(ctx.context_id, action, preserve, discard, swap))
@@ -167,13 +169,14 @@ def decide(policy: InterceptionPolicy, contexts: Sequence[InterceptedContext], p
 
 
 def _device_action(policy: InterceptionPolicy, ctx: InterceptedContext, preserve: float, discard: float,
-                   budget: float) -> Action:
+                   swap: float, budget: float) -> Action:
     if policy.name == PRESERVE_ALL:
         return Action.PRESERVE
     if policy.name == DISCARD_ALL:
         return Action.PRESERVE if ctx.has_embeds else Action.DISCARD
-    if ctx.num_pages <= budget and (policy.name == SWAP_ALL or min(preserve, discard) > 0):
-        return Action.SWAP_OUT
     if policy.name == SWAP_ALL:
-        return Action.PRESERVE
+        return Action.SWAP_OUT
+    # A context back before its pages could go out and in again gains nothing from the copies.
+    if ctx.num_pages <= budget and swap < preserve:
+        return Action.SWAP_OUT
     return Action.DISCARD if discard < preserve else Action.PRESERVE
