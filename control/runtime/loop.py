@@ -5,6 +5,9 @@ Each turn of :meth:`ControlLoop.step`:
 1. runs one slice of every instance that has a completed future it waits on;
 2. asks the dispatch policy whether to form a batch now and, if so, sends the
    scheduler's batch to the inference process (several, under ``eager``);
+   then lets the interception policy swap intercepted instances' pages out or
+   back in (runtime/interceptions.py), and, if instances wait for memory while
+   the device is idle, has the allocator decide for them again;
 3. completes futures from the replies that arrived, fires due timers and runs
    callbacks posted from other threads (HTTP);
 4. blocks in ``zmq.Poller`` until a reply, a client request or a deadline.
@@ -36,6 +39,7 @@ from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
 from oven.control.scheduling import BatchScheduler
+from oven.control.scheduling.profiler import CostProfiler
 from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
@@ -46,6 +50,7 @@ from .allocator import Allocator
 from .calls import InferenceCalls
 from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
+from .interceptions import Interceptions
 from .programs import ProgramStore, engine_config
 from .services import EventSink, HostServices
 from .snapshot import LoopSnapshot
@@ -84,7 +89,8 @@ class ControlLoop:
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self.scheduler = BatchScheduler()
-        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill)
+        self.profiler = CostProfiler()
+        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill, on_batch=self.profiler.observe)
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
         self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
@@ -92,6 +98,9 @@ class ControlLoop:
         self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
                                    exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
                                    instances=self.instances, kill=self.kill, has_calls=self.calls.has_calls)
+        self.interceptions = Interceptions(config.interception, self.profiler, allocator=self.allocator,
+                                           kv_pool=self.kv_pool, page_size=self.info.page_size,
+                                           has_calls=self.calls.has_calls)
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
@@ -209,6 +218,8 @@ class ControlLoop:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
         self._run_ready_instances()
         self._dispatch()
+        self.interceptions.step(self.instances.values(), time.monotonic())
+        self._dispatch()  # the copies it chose
         if self.supervisor is not None:
             self._watch_inference(time.monotonic())
         extra = extra or {}
