@@ -78,8 +78,9 @@ class Allocator:
         self._submit, self._instances, self._kill, self._has_calls = submit, instances, kill, has_calls
         self.tiers = TierMoves(kv_pool=kv_pool, host_pool=host_pool, submit=submit, on_freed=self.retry_parked)
         self._waiters: list[_Waiter] = []  # by arrival
+        self._waiting_ids: set[str] = set()  # their instances: the loop asks about each instance every turn
         self._retrying = self._retry_again = False
-        self.num_preempted = 0  # instances swapped out so that an older one could allocate
+        self.num_preempted = 0  # instances swapped out to answer an exhausted pool
 
     # -- alloc / dealloc -------------------------------------------------------
 
@@ -196,12 +197,13 @@ class Allocator:
     def _park(self, waiter: _Waiter) -> None:
         waiter.inst.blocked_since = waiter.inst.blocked_since or time.monotonic()
         bisect.insort(self._waiters, waiter, key=lambda w: w.arrival)
+        self._waiting_ids.add(waiter.inst.instance_id)
 
     def _behind_an_older_waiter(self, inst) -> bool:
         return self.policy.fcfs and bool(self._waiters) and self._waiters[0].arrival < (inst.started_at, inst.sequence)
 
     def is_waiting(self, inst) -> bool:
-        return any(w.inst is inst for w in self._waiters)
+        return inst.instance_id in self._waiting_ids
 
     @property
     def admitting(self) -> bool:
@@ -252,6 +254,7 @@ class Allocator:
 
     def _retry_once(self) -> None:
         pending, self._waiters = self._waiters, []
+        self._waiting_ids.clear()  # _park puts back those that still wait
         for index, waiter in enumerate(pending):
             if not waiter.inst.alive:
                 continue
@@ -267,6 +270,7 @@ class Allocator:
 
     def forget(self, inst) -> None:
         self._waiters = [w for w in self._waiters if w.inst is not inst]
+        self._waiting_ids.discard(inst.instance_id)
 
     def drop_export(self, name: str, *, by: Instance | None = None, namespace: str = OPERATOR) -> None:
         """Release an export: for its exporter ``by`` (``release-export``), or for a client of the
