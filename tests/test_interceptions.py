@@ -99,3 +99,13 @@ def test_preserve_keeps_paused_instances_on_the_device(inference, expected, tmp_
     assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.interceptions.num_swapped_out) == (
         0, NUM_HOST_PAGES, 0)
     finish(loop, runs, events, expected)
+
+
+def test_a_killed_swapped_out_instance_gives_its_host_slots_back(inference, tmp_path):
+    loop, runs, _ = run_paused_pair(inference, tmp_path, "swap")
+    assert loop.run_until(lambda: all(r.record().shown_state == "swapped" for r in runs), 30)
+    loop.kill(runs[0], "the test is over")
+    assert (loop.host_pool.num_free, runs[0].state) == (NUM_HOST_PAGES - 2, State.KILLED)
+    loop.kill(runs[1], "the test is over")
+    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES)
+    loop.close()
