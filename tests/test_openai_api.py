@@ -157,10 +157,10 @@ def test_seeded_samples_repeat_and_n_gives_n_choices(api):
     (dict(temperature=3), "temperature", "3.0 is not in [0, 2] - 'temperature'"),
     (dict(n=0), "n", "n must be from 1 to 16, not 0"),
     (dict(logprobs=True), "logprobs", "'logprobs' is not supported by this server (only false)"),
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools",
-     "tools are not supported by this model yet"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}], tool_choice="required"),
+     "tool_choice", "only tool_choice 'auto' is supported (the model decides whether to call)"),
     (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role",
-     "messages[0]: a message is an object whose 'role' is one of system, developer, user, assistant"),
+     "messages[0]: a message is an object whose 'role' is one of system, developer, user, assistant, tool"),
 ])
 def test_bad_requests_get_400_naming_the_parameter(api, kwargs, param, message):
     request = dict(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=4) | kwargs

@@ -54,6 +54,16 @@ def test_64_concurrent_inferlets_match_solo_runs_and_batch(loop, inference):
     assert_pools_full(loop)
 
 
+def test_instances_in_lockstep_decode_in_one_batch_a_round(loop, inference):
+    """16 fused loops woken by one reply run before the adaptive policy dispatches: every batch holds all
+    16 steps (it split each round in two before: 24 batches for these 144 commands, 6 items on average)."""
+    before = loop.scheduler.stats()
+    instances = run(loop, "hello-python", [[f"Sequence {i:02d}: the same length", "8", "--fused"] for i in range(16)])
+    after = loop.scheduler.stats()
+    assert all(i.exit_code == 0 for i in instances)
+    assert (after.num_batches - before.num_batches, after.num_commands - before.num_commands) == (9, 144)
+
+
 @pytest.mark.parametrize("mode, fragment", [
     ("forged", "never allocated here"),
     ("double-free", "already freed"),

@@ -447,8 +447,8 @@ def test_stats_start_empty(h):
 
 
 def ask(policy: DispatchPolicy, now: float, num_pending: int, oldest: float | None,
-        idle: bool = False, in_flight: int = 1) -> bool:
-    return policy.should_dispatch(now, num_pending, oldest, idle, in_flight)
+        idle: bool = False, in_flight: int = 1, to_run: int = 0) -> bool:
+    return policy.should_dispatch(now, num_pending, oldest, idle, in_flight, to_run)
 
 
 def test_named_constructors_and_names():
@@ -509,6 +509,15 @@ def test_adaptive_dispatches_only_when_inference_is_idle():
     assert not ask(policy, 1.0, 50, 0.0, idle=True, in_flight=1)  # a notice that overtook our request
     assert not ask(policy, 1.0, 50, 0.0, idle=False, in_flight=0)
     assert policy.next_wakeup(1.0, 0.0) is None
+
+
+def test_adaptive_waits_for_the_instances_still_to_run_in_the_pass():
+    """A reply wakes a round of instances together: their steps go out as one batch, not as the first one's."""
+    policy = DispatchPolicy.adaptive()
+    assert not ask(policy, 1.0, 1, 1.0, idle=True, in_flight=0, to_run=15)
+    assert ask(policy, 1.0, 16, 1.0, idle=True, in_flight=0, to_run=0)
+    for other in (DispatchPolicy.eager(), DispatchPolicy.k(1), DispatchPolicy.t(0.0)):  # theirs is their own rule
+        assert ask(other, 1.0, 1, 1.0, idle=True, in_flight=0, to_run=15)
 
 
 def test_adaptive_grows_batches_while_the_device_is_busy(h):

@@ -27,6 +27,7 @@ from oven.proto.auth import AuthError, Token
 from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key
 from .requests import Job, parse_body, parse_job
 from .session import InferletFailed, Session
+from .tools import parse_reply
 
 
 class Api:
@@ -125,10 +126,21 @@ class Reply:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
+    def answer(self, i: int) -> tuple[str, list[dict], str | None]:
+        """Choice ``i``'s content, tool calls (with tools: the CML calls the model wrote) and finish reason."""
+        if not self.job.tools:
+            return self.texts[i], [], self.finish[i]
+        content, calls = parse_reply(self.texts[i], self.job.tools)
+        return content, calls, "tool_calls" if calls else self.finish[i]
+
     def whole(self) -> dict:
         if self.job.chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                        "logprobs": None, "finish_reason": self.finish[i]} for i, text in enumerate(self.texts)]
+            choices = []
+            for i in range(self.job.n):
+                content, calls, finish = self.answer(i)
+                message = {"role": "assistant", "content": content or (None if calls else ""), "refusal": None}
+                choices.append({"index": i, "message": message | ({"tool_calls": calls} if calls else {}),
+                                "logprobs": None, "finish_reason": finish})
         else:
             choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": self.finish[i]}
                        for i, text in enumerate(self.texts)]
@@ -144,6 +156,11 @@ class Reply:
             async for message in messages:
                 self.add(message)
                 i, finish = message["index"], message.get("finish_reason")
+                if self.job.tools:  # text or calls? known when the choice ends: sent whole then
+                    if finish:
+                        for chunk in self._tool_chunks(i):
+                            yield _sse(chunk)
+                    continue
                 if message["text"]:
                     yield _sse(self._chunk(i, self._delta(message["text"]), None))
                 if finish:
@@ -154,6 +171,13 @@ class Reply:
             failure = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), SERVER)
             yield _sse(failure.body())
         yield "data: [DONE]\n\n"
+
+    def _tool_chunks(self, i: int) -> list[dict]:
+        content, calls, finish = self.answer(i)
+        chunks = [self._chunk(i, {"content": content}, None)] if content else []
+        if calls:
+            chunks.append(self._chunk(i, {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, None))
+        return [*chunks, self._chunk(i, {}, finish)]
 
     def _delta(self, text: str) -> dict:
         return {"content": text} if self.job.chat else {"text": text}

@@ -1,8 +1,9 @@
 """Checking the JSON body of a Chat Completions or Completions request into a :class:`Job`.
 
 What the chat-completion inferlet can do is accepted; a parameter it cannot honour fails with a
-400 naming it, never silently ignored (``logprobs``, penalties, ``tools``, ...). Parameters that
-change nothing here (``user``, ``metadata``, ``store``, ...) are accepted and ignored.
+400 naming it, never silently ignored (``logprobs``, penalties, ``functions``, ...). Parameters that
+change nothing here (``user``, ``metadata``, ``store``, ...) are accepted and ignored. ``tools``
+run on AsyncLM's CML (:mod:`.tools`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from . import tools as cml_tools
 from .errors import bad_request
 
 CHAT_MAX_TOKENS = 512  # OpenAI's chat default is "until the model stops"; oven's, this many
@@ -24,7 +26,7 @@ NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "to
 COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options"}
 CHAT_ONLY = {"messages", "max_completion_tokens", "tools", "tool_choice", "functions", "function_call"}
 COMPLETION_ONLY = {"prompt"}
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -43,12 +45,16 @@ class Job:
     include_usage: bool
     messages: tuple[dict, ...] = ()
     prompt: str = ""
+    tools: tuple[dict, ...] = ()  # checked by tools.check_tools; the messages are then AsyncLM's
+    prefix: str = ""  # with tools: the open assistant turn so far (calls and their results)
 
     def inferlet_request(self) -> str:
         """The chat-completion inferlet's one argument."""
         body = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "seed": self.seed, "stop": list(self.stop), "n": self.n, "stream": self.stream}
         body.update({"messages": list(self.messages)} if self.chat else {"prompt": self.prompt})
+        if self.tools:
+            body.update(adapter=cml_tools.ADAPTER, prefix=self.prefix, stop=[*self.stop, cml_tools.STOP])
         return json.dumps(body)
 
 
@@ -74,9 +80,13 @@ def parse_job(body: dict, chat: bool) -> Job:
             raise bad_request(f"'{name}' is not supported by this server (only {json.dumps(neutral)})", name,
                               "unsupported_parameter")
     if chat:
-        for name in ("tools", "functions"):
+        for name in ("functions", "function_call"):
             if body.get(name):
-                raise bad_request("tools are not supported by this model yet", name, "unsupported_parameter")
+                raise bad_request(f"'{name}' is deprecated by OpenAI and not supported here: use 'tools'", name,
+                                  "unsupported_parameter")
+        if body.get("tool_choice") not in (None, "auto"):
+            raise bad_request("only tool_choice 'auto' is supported (the model decides whether to call)",
+                              "tool_choice", "unsupported_parameter")
     model = _get(body, "model", str, required=True)
     max_tokens = _get(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
                       int, default=CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS)
@@ -98,6 +108,10 @@ def parse_job(body: dict, chat: bool) -> Job:
     job = dict(chat=chat, model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                seed=_get(body, "seed", int, default=None), stop=_stops(body.get("stop")), n=n, stream=stream,
                include_usage=bool(options.get("include_usage")))
+    if chat and body.get("tools") is not None:
+        tools = cml_tools.check_tools(body["tools"])
+        messages, prefix = _tool_messages(body.get("messages"), tools)
+        return Job(**job, messages=messages, tools=tools, prefix=prefix)
     if chat:
         return Job(**job, messages=_messages(body.get("messages")))
     return Job(**job, prompt=_prompt(body.get("prompt")))
@@ -126,24 +140,67 @@ def _stops(value) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _messages(value) -> tuple[dict, ...]:
+def _checked_messages(value) -> list[tuple[str, dict, str]]:
+    """``(where, message, role)`` for each message (``developer`` is ``system``)."""
     if not isinstance(value, list) or not value:
         raise bad_request("'messages' must be a non-empty list of messages", "messages",
                           "missing_required_parameter" if value is None else "invalid_type")
-    messages = []
+    checked = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise bad_request(f"{where}: a message is an object whose 'role' is one of {', '.join(ROLES)}"
-                              + (" (tool messages need tools, which are not supported yet)"
-                                 if isinstance(message, dict) and message.get("role") == "tool" else ""),
+            raise bad_request(f"{where}: a message is an object whose 'role' is one of {', '.join(ROLES)}",
                               f"{where}.role")
-        if message.get("tool_calls"):
-            raise bad_request("tools are not supported by this model yet", f"{where}.tool_calls",
-                              "unsupported_parameter")
-        role = "system" if message["role"] == "developer" else message["role"]
+        checked.append((where, message, "system" if message["role"] == "developer" else message["role"]))
+    return checked
+
+
+def _messages(value) -> tuple[dict, ...]:
+    messages = []
+    for where, message, role in _checked_messages(value):
+        if role == "tool" or message.get("tool_calls"):
+            raise bad_request(f"{where}: tool calls and results need the request's 'tools'",
+                              f"{where}.role" if role == "tool" else f"{where}.tool_calls")
         messages.append({"role": role, "content": _content(message.get("content"), where)})
     return tuple(messages)
+
+
+def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], str]:
+    """The conversation for AsyncLM's CML (see :mod:`.tools`): chat messages under its system prompt,
+    and the open assistant turn (calls, their results) the model goes on writing."""
+    extra, messages, turn, owed = [], [], None, set()
+    for where, message, role in _checked_messages(value):
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if turn is None or call_id not in owed:
+                raise bad_request(f"{where}.tool_call_id {call_id!r} answers no tool call of the assistant "
+                                  "message before it", f"{where}.tool_call_id")
+            owed.discard(call_id)
+            turn += cml_tools.result_turn(call_id, _content(message.get("content"), where))
+            continue
+        content = "" if role == "assistant" and message.get("content") is None \
+            else _content(message.get("content"), where)
+        if role == "assistant":
+            calls = message.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise bad_request(f"{where}.tool_calls must be a list", f"{where}.tool_calls", "invalid_type")
+            turn = (turn or "") + (content + "\n" if content and calls else content)
+            if calls:
+                pairs = [cml_tools.call_text(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
+                turn += cml_tools.calls_turn(pairs)
+                owed |= {call_id for call_id, _ in pairs}
+                continue
+        if turn is not None:  # the assistant's turn ends here
+            messages.append({"role": "assistant", "content": turn})
+            turn, owed = None, set()
+            if role == "assistant":
+                continue
+        if role == "system" and not messages:
+            extra.append(content)  # before the conversation: after AsyncLM's rules and functions
+        else:
+            messages.append({"role": role, "content": content})
+    system = {"role": "system", "content": cml_tools.system_prompt(tools, "\n\n".join(extra))}
+    return (system, *messages), turn or ""
 
 
 def _content(content, where: str) -> str:

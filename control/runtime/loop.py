@@ -273,8 +273,9 @@ class ControlLoop:
 
     def _run_ready_instances(self) -> None:
         next_reply_check = 0.0
-        for inst in [i for i in self.instances.values() if i.state is State.READY and not i.output_held]:
-            if not self._runnable(inst):
+        ready = [i for i in self.instances.values() if i.state is State.READY and not i.output_held]
+        for position, inst in enumerate(ready):
+            if not self._runnable(inst):  # admission is decided per instance: a slice may make someone wait
                 continue
             if inst.swapped_out:
                 self.allocator.swap_in(inst)  # it runs once its pages are back
@@ -290,14 +291,14 @@ class ControlLoop:
             if inst.state is State.FINISHED:
                 self._retire(inst)
             # Keep the device busy while the other slices run (xLLM-style overlap): the
-            # policy decides, so `adaptive` sends the moment the inference layer is idle.
+            # policy decides, knowing how many instances of this pass are still to run.
             # A look costs a few us; every 0.2 ms is soon enough for a device step of milliseconds.
             if self.calls.num_in_flight and (now := time.monotonic()) >= next_reply_check:
                 self._drain_replies()
                 next_reply_check = now + REPLY_CHECK_S
-            self._dispatch()
+            self._dispatch(instances_to_run=len(ready) - position - 1)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, instances_to_run: int = 0) -> None:
         if self._info_request is not None:  # a new inference process is still loading
             return
         policy, scheduler, calls = self.config.dispatch, self.scheduler, self.calls
@@ -305,7 +306,7 @@ class ControlLoop:
             now = time.monotonic()
             in_flight = calls.num_in_flight
             if not policy.should_dispatch(now, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight,
-                                          in_flight):
+                                          in_flight, instances_to_run):
                 return
             batch = scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
             if batch is None:

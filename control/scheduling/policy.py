@@ -32,13 +32,14 @@ class DispatchPolicy(ABC):
 
     @abstractmethod
     def should_dispatch(self, now: float, num_pending_commands: int, oldest_enqueued_at: float | None,
-                        inference_idle: bool, num_in_flight_batches: int) -> bool:
+                        inference_idle: bool, num_in_flight_batches: int, instances_to_run: int = 0) -> bool:
         """True when a batch should be formed now; always False when nothing is pending.
 
         ``oldest_enqueued_at`` is that of the oldest pending command (None when
         none); ``inference_idle`` is the inference layer's own report that it has
         nothing queued; ``num_in_flight_batches`` counts batches sent and not yet
-        answered.
+        answered; ``instances_to_run`` counts the ready instances the runtime has
+        yet to run in its current pass (each may add commands).
         """
 
     def next_wakeup(self, now: float, oldest_enqueued_at: float | None) -> float | None:
@@ -89,7 +90,7 @@ class EagerPolicy(DispatchPolicy):
     """
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches) -> bool:
+                        num_in_flight_batches, instances_to_run=0) -> bool:
         return not _nothing_pending(num_pending_commands, oldest_enqueued_at)
 
     def __str__(self) -> str:
@@ -115,7 +116,7 @@ class KPolicy(DispatchPolicy):
             raise ValueError(f"max_wait_s must be positive, got {self.max_wait_s}")
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches) -> bool:
+                        num_in_flight_batches, instances_to_run=0) -> bool:
         if _nothing_pending(num_pending_commands, oldest_enqueued_at):
             return False
         return num_pending_commands >= self.k or now >= self.next_wakeup(now, oldest_enqueued_at)
@@ -138,7 +139,7 @@ class TPolicy(DispatchPolicy):
             raise ValueError(f"seconds must be non-negative, got {self.seconds}")
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches) -> bool:
+                        num_in_flight_batches, instances_to_run=0) -> bool:
         if _nothing_pending(num_pending_commands, oldest_enqueued_at):
             return False
         return now >= self.next_wakeup(now, oldest_enqueued_at)
@@ -152,19 +153,24 @@ class TPolicy(DispatchPolicy):
 
 @dataclass(frozen=True, slots=True)
 class AdaptivePolicy(DispatchPolicy):
-    """Work-conserving (Pie §6.1): dispatch the moment the inference layer is idle.
+    """Work-conserving (Pie §6.1): dispatch the moment the device is idle and the
+    control layer has nothing more to add.
 
     While a batch runs, commands pile up and become the next, larger batch; when
     load is light each command goes out alone without waiting for company. Idle
     means both views agree: the inference layer says so and the control layer
     has no batch in flight (an idle notice can overtake a request just sent).
+    The ready instances of the runtime's current pass run first: the instances a
+    batch's reply woke are ready together, and dispatching after the first one's
+    slice split every decode round in two (a batch of one, then the rest; 6.4
+    items per batch for 16 lockstep instances), each batch reading all weights.
     """
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches) -> bool:
+                        num_in_flight_batches, instances_to_run=0) -> bool:
         if _nothing_pending(num_pending_commands, oldest_enqueued_at):
             return False
-        return inference_idle and num_in_flight_batches == 0
+        return inference_idle and num_in_flight_batches == 0 and instances_to_run == 0
 
     def __str__(self) -> str:
         return "adaptive"

@@ -7,7 +7,9 @@
 Argument: one JSON object with ``messages`` (chat: a list of {"role", "content"}, through the
 model's chat template) or ``prompt`` (plain text), and optionally ``max_tokens`` (16),
 ``temperature`` (1.0; 0 is greedy), ``top_p`` (1.0), ``seed`` (choice i samples with seed + i),
-``stop`` (strings), ``n`` (1) and ``stream`` (false).
+``stop`` (strings), ``n`` (1) and ``stream`` (false); ``adapter``, the name of a LoRA adapter to
+decode on, and ``prefix``, text the assistant's turn already holds (the OpenAI endpoint's tool
+calls: AsyncLM's CML on the ``asynclm`` adapter, see client/openai_api/tools.py).
 
 It sends JSON messages to the client: first ``{"prompt_tokens": N}``; with ``stream``, text as it is
 generated, ``{"index": i, "text": DELTA}``; and last for each choice ``{"index": i, "text": REST,
@@ -21,7 +23,8 @@ import random
 
 import inferlet
 
-DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None, "stop": [], "n": 1, "stream": False}
+DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None, "stop": [], "n": 1, "stream": False,
+            "adapter": None, "prefix": ""}
 
 
 def sampler_for(request: dict, index: int) -> inferlet.Sampler:
@@ -86,11 +89,17 @@ async def main(args: list[str]) -> None:
         request = {**DEFAULTS, **json.loads(args[0])}
     except ValueError as exc:
         raise SystemExit(f"chat-completion: the request is not JSON: {exc}") from None
-    with inferlet.Context() as ctx:
+    try:
+        adapter = inferlet.open_adapter(request["adapter"]) if request["adapter"] else 0
+    except inferlet.OvenError as exc:
+        raise SystemExit(f"chat-completion: adapter {request['adapter']!r}: {exc}") from None
+    with inferlet.Context(adapter=adapter) as ctx:
         if "messages" in request:
             ctx.fill_chat(request["messages"])
         else:
             ctx.fill(request["prompt"])
+        if request["prefix"]:
+            ctx.fill(request["prefix"])
         inferlet.send(json.dumps({"prompt_tokens": len(ctx)}))
         if request["n"] == 1:  # decode on the prompt's own context: the same calls as text-completion
             await complete(ctx, request, 0)
