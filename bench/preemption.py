@@ -128,7 +128,8 @@ def main() -> None:
                             "preempted", "same tokens as preempt", "first error"], rows)
     print(table)
     command = " ".join(["python bench/preemption.py", *sys.argv[1:]])
-    path = write_results(f"preemption_{args.instances}x{args.tokens}", "Pool pressure: exhaustion policies side by side",
+    path = write_results(f"preemption_{args.instances}x{args.tokens}",
+                         "Pool pressure: exhaustion policies side by side",
                          [f"{info.model_name}, {info.num_kv_pages} KvPages of {info.page_size} tokens, "
                           f"{info.num_host_pages} host slots; {args.instances} concurrent `{PROGRAM}` x {args.tokens} "
                           f"tokens (greedy, chat prompts). Command: `{command}`", table])

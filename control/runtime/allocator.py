@@ -100,7 +100,8 @@ class Allocator:
         inst, fut = waiter.inst, waiter.fut
         table = inst.resources
         try:
-            handles = table.alloc_kvpages(waiter.count) if waiter.kind == "kvpages" else table.alloc_embeds(waiter.count)
+            alloc = table.alloc_kvpages if waiter.kind == "kvpages" else table.alloc_embeds
+            handles = alloc(waiter.count)
         except ResourceError as exc:
             inst.futures.fail(fut, str(exc))
         except PoolExhausted as exc:
@@ -230,8 +231,10 @@ class Allocator:
         inst.blocked_since = None
         if inst.swapped_out:
             short = waiter.num_kvpages - self._kv_pool.num_free
-            if short > 0 and not (self._reclaim_orphaned_exports(short) and waiter.num_kvpages <= self._kv_pool.num_free):
-                self._exhausted(waiter, waiter.num_kvpages - self._kv_pool.num_free)
+            if short > 0 and self._reclaim_orphaned_exports(short):
+                short = waiter.num_kvpages - self._kv_pool.num_free
+            if short > 0:
+                self._exhausted(waiter, short)
                 return
             self.tiers.swap_in(inst, lambda error: self._kill(inst, f"its swapped-out KV pages could not be "
                                                                     f"restored: {error}"))
