@@ -50,6 +50,12 @@ def test_infercept_never_discards_embeds_and_keeps_a_context_due_back_now():
         ("embeds", Action.PRESERVE), ("back", Action.PRESERVE)]
 
 
+def test_a_context_back_before_its_copies_would_pay_off_stays():
+    # back in 10 ms: preserving 2 pages wastes 0.02 page-s, swapping them out and in 0.08
+    soon = ctx("soon", 0.0, 2, 30, returns_at=10.01)
+    assert actions(decide(InterceptionPolicy.infercept(), [soon], PROFILE, now=10.0)) == [("soon", Action.PRESERVE)]
+
+
 def test_swap_ins_go_first_fcfs_ahead_of_the_expected_return_within_the_budget():
     pool = [
         ctx("late", 5.0, 2, 30, returns_at=10.01, location=Location.HOST),  # due: 10.01 - 0.02 <= 10

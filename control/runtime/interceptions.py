@@ -72,7 +72,8 @@ class Interceptions:
                 num_intercepted_pages += num_pages
             if num_pages:
                 by_id[inst.instance_id] = inst
-                # the control layer does not see token counts: its pages' capacity bounds them
+                # The control layer does not see token counts: its pages' capacity bounds them. Whether
+                # pages hold non-text embeds does not matter while discard is carried out as preserve.
                 contexts.append(InterceptedContext(inst.instance_id, inst.started_at, num_pages,
                                                    num_pages * self._page_size, expected_return_at(inst, now),
                                                    location))
