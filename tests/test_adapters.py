@@ -53,7 +53,8 @@ def peft_adapter(engine, folder, seed: int, targets=ALL, r: int = 8, alpha: floa
 
 
 def load(engine, name: str, folder) -> int:
-    reply = engine.handle(p.LoadAdapterRequest(name, str(folder)))
+    """Load as the next free id, as the control process would choose it."""
+    reply = engine.handle(p.LoadAdapterRequest(max(engine.adapters.by_id, default=0) + 1, name, str(folder)))
     assert isinstance(reply, p.AdapterReply), reply
     return reply.adapter.adapter_id
 
@@ -211,7 +212,7 @@ def test_info_lists_adapters_and_names_are_unique(tiny_engine, tmp_path, unload_
     num_params = mc.num_layers * 4 * (mc.hidden_size + mc.num_q_heads * mc.head_dim
                                       + mc.hidden_size + mc.intermediate_size)
     assert info.adapters == [p.AdapterInfo(adapter_id, "cml", 4, 12.0, 3.0, ["q_proj", "up_proj"], num_params)]
-    again = engine.handle(p.LoadAdapterRequest("cml", str(tmp_path)))
+    again = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "cml", str(tmp_path)))
     assert again == p.ErrorReply(p.ERR_BAD_ADAPTER,
                                  f"an adapter named 'cml' is already loaded (id {adapter_id}); unload it first")
     assert engine.handle(p.UnloadAdapterRequest("nope")) == p.ErrorReply(p.ERR_BAD_ADAPTER,
@@ -323,7 +324,7 @@ BAD = _bad_cases()
 def test_bad_adapters_are_refused(tiny_engine, tmp_path, make, message):
     folder = tmp_path / "adapter"
     make(folder, tiny_engine.model.config)
-    reply = tiny_engine.handle(p.LoadAdapterRequest("bad", str(folder)))
+    reply = tiny_engine.handle(p.LoadAdapterRequest(1, "bad", str(folder)))
     assert isinstance(reply, p.ErrorReply) and reply.code == p.ERR_BAD_ADAPTER, reply
     assert reply.message.startswith(f"{folder}: ") and "\n" not in reply.message
     assert re.search(message, reply.message), reply.message
@@ -334,7 +335,7 @@ def test_adapter_slots_are_capped(tmp_path):
     engine = make_engine("tiny", max_adapters=1, num_kv_pages=4, num_embeds=16)
     write_adapter(tmp_path / "a", engine.model.config)
     load(engine, "a", tmp_path / "a")
-    reply = engine.handle(p.LoadAdapterRequest("b", str(tmp_path / "a")))
+    reply = engine.handle(p.LoadAdapterRequest(2, "b", str(tmp_path / "a")))
     assert reply == p.ErrorReply(p.ERR_BAD_ADAPTER, "1 adapters are loaded, the most allowed (max_adapters); unload one")
 
 
@@ -375,11 +376,11 @@ def test_server_refuses_bad_adapters_and_keeps_serving(tmp_path):
         client.timeout_s = 60
         with pytest.raises(InferenceError, match=r"bad_adapter: .*foreign: lora_A of layers\.0\.self_attn\.q_proj "
                                                  r"is \[4, 32\], expected \[4, 64\]"):
-            client.call(p.LoadAdapterRequest("foreign", str(tmp_path / "foreign")))
+            client.call(p.LoadAdapterRequest(1, "foreign", str(tmp_path / "foreign")))
         with pytest.raises(InferenceError, match=r"bad_adapter: .*missing: not a folder"):
-            client.call(p.LoadAdapterRequest("missing", str(tmp_path / "missing")))
-        adapter = client.call(p.LoadAdapterRequest("good", str(tmp_path / "good"))).adapter
-        assert (adapter.adapter_id, adapter.name, adapter.rank, adapter.target_modules) == (1, "good", 4, ALL)
+            client.call(p.LoadAdapterRequest(2, "missing", str(tmp_path / "missing")))
+        adapter = client.call(p.LoadAdapterRequest(7, "good", str(tmp_path / "good"))).adapter
+        assert (adapter.adapter_id, adapter.name, adapter.rank, adapter.target_modules) == (7, "good", 4, ALL)
         assert client.call(p.InfoRequest()).adapters == [adapter]
 
         def item(page: int, adapter_id: int) -> p.ForwardTextItem:
