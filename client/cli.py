@@ -309,6 +309,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(token)
     token.set_defaults(func=commands.cmd_token)
 
+    adapters = sub.add_parser(
+        "adapters", help="list, add or remove the LoRA adapters inferlets may use",
+        description="LoRA adapters (PEFT folders: adapter_config.json + adapter_model.safetensors) that inferlets "
+                    "open by name (open_adapter). With a server running: `list` shows its adapters and their ids "
+                    "(any client); `add NAME DIR` loads DIR (a folder on the server's machine), checked against "
+                    "the served model, and keeps it in the server's adapter store; `remove NAME` unloads and "
+                    "deletes it (both operator only). With no server running, they edit the local adapter store "
+                    "that `oven serve` loads at start. The AsyncLM adapter ships with oven as `asynclm`.")
+    adapters.add_argument("action", nargs="?", default="list", choices=("list", "add", "remove"))
+    adapters.add_argument("name", nargs="?", metavar="NAME", help="1-64 of A-Z a-z 0-9 . _ -")
+    adapters.add_argument("dir", nargs="?", metavar="DIR", help="add: the PEFT LoRA folder")
+    add_client_args(adapters)
+    adapters.set_defaults(func=commands.cmd_adapters)
+
     build = sub.add_parser(
         "build", help="build inferlet folders into components (DIR/NAME.wasm)",
         description="Build each DIR into DIR/NAME.wasm (NAME: the folder's name). A folder with app.py is a "

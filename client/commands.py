@@ -1,4 +1,5 @@
-"""The client verbs of the ``oven`` CLI: serve, run, attach, asynclm, upload, ps, exports, kill, send, token.
+"""The client verbs of the ``oven`` CLI: serve, run, attach, asynclm, upload, ps, exports, kill, send, token,
+adapters.
 
 Each verb ends with one line on stderr for what went wrong (``oven: ...``) and a status: 1 for a
 failure, 2 for a usage error; it never shows a traceback for ordinary mistakes.
@@ -229,6 +230,12 @@ def cmd_kill(args: argparse.Namespace, client: OvenClient) -> None:
 def cmd_send(args: argparse.Namespace, client: OvenClient) -> None:
     client.send(args.instance_id, args.text)
     print(f"sent {len(args.text.encode())} bytes to {args.instance_id}")
+
+
+@_verb
+def cmd_adapters(args: argparse.Namespace) -> int:
+    from .adapters import adapters_verb
+    return adapters_verb(args)
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
@@ -29,10 +30,12 @@ from oven.proto.auth import OPERATOR, Admission, AuthError, secure_server, user_
 from oven.proto.codec import ProtocolError
 from oven.proto.endpoints import bind
 
+from .adapter_store import AdapterStoreError
 from .keyring import Keyring
 from .outbox import ClientOutbox
 from .output_log import OutputLog
 from .resources import ResourceError
+from .runtime.adapters import FAILED, Adapter, AdapterUnavailable
 from .runtime.instance import Instance
 from .runtime.loop import ControlLoop
 from .runtime.programs import DIGEST, LIBRARY, ProgramError
@@ -46,6 +49,9 @@ MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
 # client that sends but never reads), as if its lease had expired.
 HOLD_FRAMES = 1000
 DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
+
+
+LATER = object()  # a handler's return value: the reply is sent later, through _reply_later()
 
 
 class RequestFailed(Exception):
@@ -95,7 +101,10 @@ class ControlServer:
             c.ServerInfo: self._server_info, c.Stats: self._stats,
             c.Heartbeat: lambda _caller, _req: c.Alive(self.server_id),
             c.AddClient: self._add_client, c.RemoveClient: self._remove_client, c.ListClients: self._list_clients,
+            c.ListAdapters: self._list_adapters, c.AddAdapter: self._add_adapter,
+            c.RemoveAdapter: self._remove_adapter,
         }
+        self._replying_to: tuple[bytes, int] = (b"", 0)  # the request being handled: (route, request id)
 
     def on_event(self, inst: Instance, kind: str, payload) -> None:
         """The loop's event sink: forward instance output to attached clients."""
@@ -150,14 +159,18 @@ class ControlServer:
                 continue
             caller = Caller(frames[0].bytes, user_id(frames[-1]) or OPERATOR)  # None: an in-process peer
             self._last_heard[caller.route] = self._clock()
-            self.outbox.send(caller.route, self._handle(caller, frames[-1].bytes))
+            reply = self._handle(caller, frames[-1].bytes)
+            if reply is not None:
+                self.outbox.send(caller.route, reply)
 
-    def _handle(self, caller: Caller, payload: bytes) -> bytes:
+    def _handle(self, caller: Caller, payload: bytes) -> bytes | None:
+        """The encoded reply, or None when the handler answers later (see LATER)."""
         try:
             envelope = c.CODEC.decode(payload)
         except ProtocolError as exc:
             return c.CODEC.encode(c.ControlError("malformed", str(exc)), c.CODEC.peek_request_id(payload))
         handler = self._handlers.get(type(envelope.message))
+        self._replying_to = (caller.route, envelope.request_id)
         try:
             if handler is None:
                 raise RequestFailed("not_a_request", f"{type(envelope.message).__name__} is not a request")
@@ -167,7 +180,12 @@ class ControlServer:
         except Exception as exc:  # a bug in a handler must not take the server down
             log.exception("request %s failed", type(envelope.message).__name__)
             reply = c.ControlError("internal", f"{type(exc).__name__}: {exc}")
-        return c.CODEC.encode(reply, envelope.request_id)
+        return None if reply is LATER else c.CODEC.encode(reply, envelope.request_id)
+
+    def _reply_later(self) -> Callable[[object], None]:
+        """For a handler that returns LATER: what sends its reply when it has one."""
+        route, request_id = self._replying_to
+        return lambda reply: self.outbox.send(route, c.CODEC.encode(reply, request_id))
 
     # -- programs ------------------------------------------------------------------------------
 
@@ -316,9 +334,9 @@ class ControlServer:
 
     # -- clients -------------------------------------------------------------------------------
 
-    def _operator_only(self, caller: Caller) -> None:
+    def _operator_only(self, caller: Caller, what: str = "manage clients") -> None:
         if not caller.operator:
-            raise RequestFailed("forbidden", "only the operator may manage clients")
+            raise RequestFailed("forbidden", f"only the operator may {what}")
 
     def _add_client(self, caller: Caller, req: c.AddClient) -> c.ClientToken:
         self._operator_only(caller)
@@ -342,6 +360,38 @@ class ControlServer:
         self._operator_only(caller)
         return c.ClientList(self.keyring.names())
 
+    # -- adapters ------------------------------------------------------------------------------
+
+    def _list_adapters(self, _caller, _req) -> c.AdapterList:
+        return c.AdapterList([_adapter_entry(a) for a in self.loop.adapters.entries()])
+
+    def _add_adapter(self, caller: Caller, req: c.AddAdapter):
+        self._operator_only(caller, "add adapters")
+        folder = Path(req.path)
+        if not folder.is_absolute():
+            raise RequestFailed("bad_adapter", f"{req.path}: give the folder as an absolute path on the server's "
+                                               "machine")
+        reply = self._reply_later()
+
+        def loaded(adapter: Adapter) -> None:
+            if adapter.state == FAILED:  # the inference process names the store's copy: name the caller's
+                reply(c.ControlError("bad_adapter", adapter.error.replace(adapter.path, str(folder))))
+            else:
+                reply(_adapter_entry(adapter))
+        try:
+            self.loop.adapters.add(req.name, folder, loaded)
+        except (AdapterStoreError, AdapterUnavailable) as exc:
+            raise RequestFailed("bad_adapter", str(exc)) from None
+        return LATER
+
+    def _remove_adapter(self, caller: Caller, req: c.RemoveAdapter) -> c.Ok:
+        self._operator_only(caller, "remove adapters")
+        try:
+            self.loop.adapters.remove(req.name)
+        except AdapterStoreError as exc:
+            raise RequestFailed("bad_adapter", str(exc)) from None
+        return c.Ok()
+
     # -- leases --------------------------------------------------------------------------------
 
     def _expire_leases(self, now: float) -> None:
@@ -363,3 +413,10 @@ class ControlServer:
         self.outbox.forget(route)  # after the line above, no exit event below is queued for it again
         for instance_id in owned:
             self.loop.terminate(instance_id, reason, exit_code=143)
+
+
+def _adapter_entry(adapter: Adapter) -> c.AdapterEntry:
+    info = adapter.info
+    return c.AdapterEntry(adapter.name, adapter.adapter_id, adapter.state, adapter.error, adapter.packaged,
+                          info.rank if info else 0, list(info.target_modules) if info else [],
+                          info.num_params if info else 0)

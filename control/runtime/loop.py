@@ -67,7 +67,8 @@ class ControlLoop:
 
     The server reads it through :meth:`snapshot`, :meth:`record` and :meth:`num_instances`, and
     changes it only through :meth:`launch`, :meth:`terminate`, :meth:`deliver`,
-    :meth:`hold_output` and :meth:`drop_export`; host functions see :class:`HostServices`.
+    :meth:`hold_output`, :meth:`drop_export` and :attr:`adapters` (the LoRA adapters by name);
+    host functions see :class:`HostServices`.
     """
 
     def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink,
