@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results come back as interrupts. Prints the stream live and a summary. "
                                      "Starts an embedded server on the default model when none answers.")
     alm.add_argument("task", nargs="?", metavar="TASK",
-                     help="the request (default: a demo task whose calls are pinned, so the small model makes them)")
+                     help="the request (default: a demo task on weather and currency tools)")
     alm.add_argument("--tools", default="demo", metavar="demo|bfcl:KIND",
                      help="demo tools, or a BFCL workload: bfcl:parallel, bfcl:live_parallel, bfcl:multi_turn, "
                           "bfcl:multi_step_parallel (default %(default)s)")
@@ -247,11 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
     alm.add_argument("--stateless", action="store_true", help="sync modes: re-prefill after every call")
     alm.add_argument("--kv", default="auto", choices=["auto", "keep", "offload", "drop"],
                      help="KV cache while waiting at a trap (default %(default)s: by measured cost models)")
-    alm.add_argument("--no-plan", action="store_true",
-                     help="let the model choose its calls (the plan pins the sample's calls, like the paper's "
-                          "cheat sheet; every token is still a real decode step)")
+    alm.add_argument("--plan", action="store_true",
+                     help="pin the calls (the demo task's, or the BFCL sample's) like the paper's cheat sheet, for "
+                          "latency measurements; every token is still a real decode step (default: the model writes "
+                          "its own calls)")
+    alm.add_argument("--adapter", default="asynclm", metavar="NAME",
+                     help="the LoRA adapter to decode with (default %(default)s: fine-tuned on CML, ships with oven; "
+                          "see `oven adapters`)")
+    alm.add_argument("--no-adapter", action="store_true",
+                     help="run the base model instead, with a worked CML example in its prompt (for comparison)")
     alm.add_argument("--max-tokens", type=int, default=256, help="tokens the model may sample (pinned ones not counted)")
-    alm.add_argument("--answer-tokens", type=int, default=48, help="free tokens after the pinned calls")
+    alm.add_argument("--answer-tokens", type=int, default=48, help="--plan: free tokens after the pinned calls")
     add_client_args(alm)
     alm.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
     alm.set_defaults(func=commands.cmd_asynclm)
