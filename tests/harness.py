@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,13 +71,40 @@ def messages(loop, inst) -> list[str]:
     return events_of(loop, inst, "message")
 
 
-def direct_greedy(inference, loop, prompt: str | list[int], max_new: int) -> list[int]:
-    """Greedy tokens straight from the inference process (nothing else may run meanwhile)."""
+def direct_greedy(inference, loop, prompt: str | list[int], max_new: int, adapter_id: int = 0) -> list[int]:
+    """Greedy tokens straight from the inference process (nothing else may run meanwhile), on a LoRA
+    adapter it has loaded or (0) the base model."""
     tok = Tokenizer(loop.info.tokenizer)
     tokens = tok.encode(prompt) if isinstance(prompt, str) else prompt
     with inference.client() as client:
         return greedy_generate(client, tokens, max_new, tok.stop_token_ids, loop.info.page_size,
-                               NUM_PAGES).token_ids
+                               NUM_PAGES, adapter_id=adapter_id).token_ids
+
+
+def write_adapter(folder, cfg, targets=("q_proj", "v_proj"), r: int = 4, num_layers: int | None = None,
+                  config: dict | None = None, extra: dict | None = None) -> None:
+    """A PEFT-format folder written by hand, shaped for ``cfg`` (a ModelConfig), so each test can break one
+    thing. Random weights: its logits differ from the base model's."""
+    import torch
+    from safetensors.torch import save_file
+
+    from oven.inference.adapters import projection_shapes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = projection_shapes(cfg)
+    tensors = {}
+    for layer in range(num_layers if num_layers is not None else cfg.num_layers):
+        for proj in targets:
+            block = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{proj}"
+            fan_in, fan_out = shapes[proj]
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(r, fan_in)
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, r)
+    tensors.update(extra or {})
+    save_file(tensors, folder / "adapter_model.safetensors")
+    base = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": list(targets), "bias": "none",
+            "use_dora": False, "modules_to_save": None, "use_rslora": False}
+    (folder / "adapter_config.json").write_text(json.dumps({**base, **(config or {})}))
 
 
 def assert_pools_full(loop) -> None:
