@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -11,6 +14,8 @@ import pytest
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
 from oven.client.generate import greedy_generate
+from oven.client.rpc import OvenClient
+from oven.proto import control as c
 from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
 from oven.control.runtime.loop import ControlLoop
@@ -18,6 +23,7 @@ from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
 
 NUM_PAGES, NUM_EMBEDS = 256, 2048
+OVEN = [sys.executable, "-m", "oven.client.cli"]
 # Compiled programs persist between test runs (keyed by content hash, wasmtime version and engine
 # settings), so a Python inferlet is compiled (~10 s) only the first time a run sees it.
 PROGRAM_DIR = str(Path(default_program_dir()).parent / "test-programs")
@@ -111,3 +117,55 @@ def assert_pools_full(loop) -> None:
     assert loop.kv_pool.num_free == NUM_PAGES
     assert loop.embed_pool.num_free == NUM_EMBEDS
     assert loop.host_pool.num_free == loop.info.num_host_pages
+
+
+# -- `oven serve` processes ---------------------------------------------------------------------------
+
+class Server:
+    """An `oven serve` on the tiny model with its own state directory (keys, tokens) and program store."""
+
+    def __init__(self, root: Path, *flags: str, endpoint: str | None = None):
+        self.root = root
+        self.state = root / "state"
+        self.endpoint = endpoint or f"ipc://{root / 'control.sock'}"
+        self.proc = subprocess.Popen(
+            [*OVEN, "serve", "--model", "tiny", "--quiet", "--control-endpoint", self.endpoint, "--state-dir",
+             str(self.state), "--program-dir", str(root / "programs"), "--num-kv-pages", "256", *flags],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while not (self.state / "operator.token").exists() or not self.reachable():
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert time.monotonic() < deadline, "oven serve did not come up"
+            time.sleep(0.1)
+
+    @property
+    def operator_token(self) -> str:
+        return (self.state / "operator.token").read_text().strip()
+
+    def reachable(self) -> bool:
+        with OvenClient(self.endpoint, token=self.operator_token) as client:
+            return client.reachable()
+
+    def client(self, token: str | None = None, timeout_s: float = 60) -> OvenClient:
+        return OvenClient(self.endpoint, timeout_s, token=token or self.operator_token)
+
+    def children(self) -> list[int]:
+        return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def oven(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*OVEN, *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def wait_exit(client: OvenClient, instance_id: str, timeout_s: float = 60) -> c.InstanceEvent:
+    deadline = time.monotonic() + timeout_s
+    for event in client.events(poll_s=0.2):
+        assert time.monotonic() < deadline, f"{instance_id} did not exit"
+        if event is not None and event.instance_id == instance_id and event.kind == "exit":
+            return event

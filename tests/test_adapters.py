@@ -194,11 +194,17 @@ def test_unknown_adapter_fails_its_item_only(tiny_engine, tmp_path, unload_all):
     reply = engine.handle(p.ForwardTextRequest(items))
     assert reply.errors[0] == p.ItemError(p.ERR_BAD_ADAPTER, f"adapter {adapter_id + 100} is not loaded")
     assert reply.errors[1] is None and reply.dists[1] == alone.dists[0] and reply.dists[0] is None
-    # Unloaded, its id fails too, and ids are never handed out again.
+    # Unloaded, its id fails too. Ids are the control process's to choose (it never reuses one): an id in
+    # use is refused.
     assert engine.handle(p.UnloadAdapterRequest("a")).adapter.adapter_id == adapter_id
     reply = engine.handle(p.ForwardTextRequest(items[1:]))
     assert reply.errors[0].code == p.ERR_BAD_ADAPTER
-    assert load(engine, "a", tmp_path) == adapter_id + 1
+    again = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "a", str(tmp_path)))
+    assert again.adapter.adapter_id == adapter_id + 1
+    taken = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "b", str(tmp_path)))
+    assert taken == p.ErrorReply(p.ERR_BAD_ADAPTER, f"adapter id {adapter_id + 1} is taken by 'a'")
+    assert engine.handle(p.LoadAdapterRequest(0, "c", str(tmp_path))) == p.ErrorReply(
+        p.ERR_BAD_ADAPTER, "adapter id 0 must be an integer in [1, 2**31)")
 
 
 def test_info_lists_adapters_and_names_are_unique(tiny_engine, tmp_path, unload_all):
