@@ -364,9 +364,9 @@ def test_server_refuses_bad_adapters_and_keeps_serving(tmp_path):
                                                  r"is \[4, 32\], expected \[4, 64\]"):
             client.call(p.LoadAdapterRequest(1, "foreign", str(tmp_path / "foreign")))
         with pytest.raises(InferenceError, match=r"bad_adapter: .*missing: not a folder"):
-            client.call(p.LoadAdapterRequest(2, "missing", str(tmp_path / "missing")))
-        adapter = client.call(p.LoadAdapterRequest(7, "good", str(tmp_path / "good"))).adapter
-        assert (adapter.adapter_id, adapter.name, adapter.rank, adapter.target_modules) == (7, "good", 4, ALL)
+            client.call(p.LoadAdapterRequest(1, "missing", str(tmp_path / "missing")))
+        adapter = client.call(p.LoadAdapterRequest(1, "good", str(tmp_path / "good"))).adapter
+        assert (adapter.adapter_id, adapter.name, adapter.rank, adapter.target_modules) == (1, "good", 4, ALL)
         assert client.call(p.InfoRequest()).adapters == [adapter]
 
         def item(page: int, adapter_id: int) -> p.ForwardTextItem:

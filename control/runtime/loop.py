@@ -32,6 +32,7 @@ import wasmtime
 import zmq
 from wasmtime import component
 
+from oven.control.adapter_store import AdapterStore
 from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
@@ -40,8 +41,6 @@ from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
 from oven.proto.auth import OPERATOR
-
-from oven.control.adapter_store import AdapterStore
 
 from . import host
 from .adapters import Adapters
@@ -112,8 +111,8 @@ class ControlLoop:
                                queue_per_instance=config.http_queue_per_instance, workers=config.http_workers,
                                max_body_bytes=config.http_max_body_mib << 20)
         self._host = HostServices(info=self.info, tokenizer=Tokenizer(self.info.tokenizer), calls=self.calls,
-                                  allocator=self.allocator, adapters=self.adapters, exports=self.exports, topics=self.topics,
-                                  timers=self.timers, http=self.http, emit=on_event)
+                                  allocator=self.allocator, adapters=self.adapters, exports=self.exports,
+                                  topics=self.topics, timers=self.timers, http=self.http, emit=on_event)
         self._instance_numbers = itertools.count(1)
         self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
                                       config.max_kv_pages_per_instance, config.max_embeds_per_instance,
