@@ -162,8 +162,9 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
     spec = session_spec(workload, args.mode, stateless=args.stateless or None, kv=args.kv,
                         max_tokens=args.max_tokens, answer_tokens=args.answer_tokens, adapter=adapter,
                         example=None if adapter else True)
-    print(f"task: {workload.task}\n({'the calls are pinned (--plan)' if workload.plan else 'the model writes its calls'};"
-          f" {f'adapter {adapter}' if adapter else 'the base model (--no-adapter)'})", flush=True)
+    calls = "the calls are pinned (--plan)" if workload.plan else "the model writes its calls"
+    model = f"adapter {adapter}" if adapter else "the base model (--no-adapter)"
+    print(f"task: {workload.task}\n({calls}; {model})", flush=True)
     outgoing = queue.Queue()
     if sys.stdin.isatty():
         read_user_interrupts(outgoing)

@@ -20,8 +20,6 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import zmq
 
@@ -30,12 +28,12 @@ from oven.proto.auth import OPERATOR, Admission, AuthError, secure_server, user_
 from oven.proto.codec import ProtocolError
 from oven.proto.endpoints import bind
 
-from .adapter_store import AdapterStoreError
+from .adapter_requests import AdapterRequests
 from .keyring import Keyring
 from .outbox import ClientOutbox
 from .output_log import OutputLog
+from .requests import LATER, Caller, RequestFailed
 from .resources import ResourceError
-from .runtime.adapters import FAILED, Adapter, AdapterUnavailable
 from .runtime.instance import Instance
 from .runtime.loop import ControlLoop
 from .runtime.programs import DIGEST, LIBRARY, ProgramError
@@ -51,26 +49,7 @@ HOLD_FRAMES = 1000
 DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
 
 
-LATER = object()  # a handler's return value: the reply is sent later, through _reply_later()
-
-
-class RequestFailed(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.reply = c.ControlError(code, message)
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    route: bytes  # the ZeroMQ routing id: one connection, which holds the lease
-    name: str  # the client it authenticated as
-
-    @property
-    def operator(self) -> bool:
-        return self.name == OPERATOR
-
-
-class ControlServer:
+class ControlServer(AdapterRequests):
     """Binds at once, so an endpoint in use fails before a model loads; serves once ``loop`` is set.
 
     ``clock`` (monotonic seconds) times the clients' leases.
@@ -360,38 +339,6 @@ class ControlServer:
         self._operator_only(caller)
         return c.ClientList(self.keyring.names())
 
-    # -- adapters ------------------------------------------------------------------------------
-
-    def _list_adapters(self, _caller, _req) -> c.AdapterList:
-        return c.AdapterList([_adapter_entry(a) for a in self.loop.adapters.entries()])
-
-    def _add_adapter(self, caller: Caller, req: c.AddAdapter):
-        self._operator_only(caller, "add adapters")
-        folder = Path(req.path)
-        if not folder.is_absolute():
-            raise RequestFailed("bad_adapter", f"{req.path}: give the folder as an absolute path on the server's "
-                                               "machine")
-        reply = self._reply_later()
-
-        def loaded(adapter: Adapter) -> None:
-            if adapter.state == FAILED:  # the inference process names the store's copy: name the caller's
-                reply(c.ControlError("bad_adapter", adapter.error.replace(adapter.path, str(folder))))
-            else:
-                reply(_adapter_entry(adapter))
-        try:
-            self.loop.adapters.add(req.name, folder, loaded)
-        except (AdapterStoreError, AdapterUnavailable) as exc:
-            raise RequestFailed("bad_adapter", str(exc)) from None
-        return LATER
-
-    def _remove_adapter(self, caller: Caller, req: c.RemoveAdapter) -> c.Ok:
-        self._operator_only(caller, "remove adapters")
-        try:
-            self.loop.adapters.remove(req.name)
-        except AdapterStoreError as exc:
-            raise RequestFailed("bad_adapter", str(exc)) from None
-        return c.Ok()
-
     # -- leases --------------------------------------------------------------------------------
 
     def _expire_leases(self, now: float) -> None:
@@ -413,10 +360,3 @@ class ControlServer:
         self.outbox.forget(route)  # after the line above, no exit event below is queued for it again
         for instance_id in owned:
             self.loop.terminate(instance_id, reason, exit_code=143)
-
-
-def _adapter_entry(adapter: Adapter) -> c.AdapterEntry:
-    info = adapter.info
-    return c.AdapterEntry(adapter.name, adapter.adapter_id, adapter.state, adapter.error, adapter.packaged,
-                          info.rank if info else 0, list(info.target_modules) if info else [],
-                          info.num_params if info else 0)
