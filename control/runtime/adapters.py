@@ -52,7 +52,8 @@ class Adapters:
 
     def __init__(self, store: AdapterStore, send: Callable[[object], int], info: p.InfoReply):
         self.store, self._send = store, send
-        self.supported = p.TRAIT_LORA_ADAPTERS in info.traits and info.max_adapters > 0
+        self.supported = p.TRAIT_LORA_ADAPTERS in info.traits
+        self._unsupported = f"this server takes no LoRA adapters ({info.model_name} lacks the lora-adapters trait)"
         self.model_name = info.model_name
         self._by_name: dict[str, Adapter] = {}
         self._ids = itertools.count(1)
@@ -66,7 +67,7 @@ class Adapters:
     def open(self, name: str) -> int:
         """The id of the loaded adapter ``name``; AdapterUnavailable saying why not."""
         if not self.supported:
-            raise AdapterUnavailable("this server's model does not take LoRA adapters (no lora-adapters trait)")
+            raise AdapterUnavailable(self._unsupported)
         adapter = self._by_name.get(name)
         if adapter is None:
             known = ", ".join(sorted(self._by_name)) or "none; an operator adds them with `oven adapters add`"
@@ -87,8 +88,7 @@ class Adapters:
         for each reply with ``wait(request_id)``."""
         if not self.supported:
             if self.store.names():
-                log.warning("the served model takes no LoRA adapters: the %d stored ones are not loaded",
-                            len(self.store.names()))
+                log.warning("%s: the %d stored ones are not loaded", self._unsupported, len(self.store.names()))
             return
         packaged = packaged_adapters(self.model_name)
         folders = {**{name: (path, True) for name, path in packaged.items()},
@@ -104,7 +104,7 @@ class Adapters:
         inference process answered (a refused one is then gone from the store and from here).
         AdapterStoreError / AdapterUnavailable for what is refused at once."""
         if not self.supported:
-            raise AdapterUnavailable("this server's model does not take LoRA adapters (no lora-adapters trait)")
+            raise AdapterUnavailable(self._unsupported)
         if name in self._by_name:
             raise AdapterStoreError(f"an adapter named {name!r} exists; remove it first (oven adapters remove {name})")
         path = self.store.add(name, folder)
