@@ -22,11 +22,12 @@ from .rpc import OvenClient
 
 
 def adapters_verb(args: argparse.Namespace) -> int:
-    """Run ``oven adapters`` (errors are left to the caller's one-line reporting)."""
+    """Run ``oven adapters``; a usage mistake or a refused folder is one ``oven: ...`` line here, the
+    server's refusals are left to the caller (``commands._verb``)."""
     needs = {"add": ("name", "dir"), "remove": ("name",), "list": ()}[args.action]
     missing = [arg.upper() for arg in needs if not getattr(args, arg)]
     if missing:
-        print(f"oven: oven adapters {args.action}: {' and '.join(missing)} required", file=sys.stderr)
+        print(f"oven adapters {args.action}: {' and '.join(missing)} required", file=sys.stderr)
         return EXIT_USAGE
     target = target_of(args)
     try:
