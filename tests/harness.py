@@ -122,17 +122,18 @@ def assert_pools_full(loop) -> None:
 # -- `oven serve` processes ---------------------------------------------------------------------------
 
 class Server:
-    """An `oven serve` on the tiny model with its own state directory (keys, tokens) and program store."""
+    """An `oven serve` (the tiny model unless ``model``) with its own state directory (keys, tokens) and
+    program store."""
 
-    def __init__(self, root: Path, *flags: str, endpoint: str | None = None):
+    def __init__(self, root: Path, *flags: str, endpoint: str | None = None, model: str = "tiny"):
         self.root = root
         self.state = root / "state"
         self.endpoint = endpoint or f"ipc://{root / 'control.sock'}"
         self.proc = subprocess.Popen(
-            [*OVEN, "serve", "--model", "tiny", "--quiet", "--control-endpoint", self.endpoint, "--state-dir",
+            [*OVEN, "serve", "--model", model, "--quiet", "--control-endpoint", self.endpoint, "--state-dir",
              str(self.state), "--program-dir", str(root / "programs"), "--num-kv-pages", "256", *flags],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while not (self.state / "operator.token").exists() or not self.reachable():
             assert self.proc.poll() is None, self.proc.stderr.read()
             assert time.monotonic() < deadline, "oven serve did not come up"
