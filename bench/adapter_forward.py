@@ -129,7 +129,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:
             paths = save_peft_adapters(engine, Path(tmp) / shape_name(shape), max(SPLITS.values()), *shape)
-            replies = [engine.handle(p.LoadAdapterRequest(f"{shape_name(shape)} {k}", str(path)))
+            replies = [engine.handle(p.LoadAdapterRequest(len(engine.adapters.by_id) + 1, f"{shape_name(shape)} {k}",
+                                                          str(path)))
                        for k, path in enumerate(paths)]
             if not all(isinstance(reply, p.AdapterReply) for reply in replies):
                 raise SystemExit(f"loading a benchmark adapter failed: {replies}")

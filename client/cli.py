@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results come back as interrupts. Prints the stream live and a summary. "
                                      "Starts an embedded server on the default model when none answers.")
     alm.add_argument("task", nargs="?", metavar="TASK",
-                     help="the request (default: a demo task whose calls are pinned, so the small model makes them)")
+                     help="the request (default: a demo task on weather and currency tools)")
     alm.add_argument("--tools", default="demo", metavar="demo|bfcl:KIND",
                      help="demo tools, or a BFCL workload: bfcl:parallel, bfcl:live_parallel, bfcl:multi_turn, "
                           "bfcl:multi_step_parallel (default %(default)s)")
@@ -248,11 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     alm.add_argument("--kv", default="auto", choices=["auto", "keep", "offload", "drop"],
                      help="KV cache while waiting at a trap (default %(default)s: placed by the server's interception "
                           "policy, told the expected wait)")
-    alm.add_argument("--no-plan", action="store_true",
-                     help="let the model choose its calls (the plan pins the sample's calls, like the paper's "
-                          "cheat sheet; every token is still a real decode step)")
+    alm.add_argument("--plan", action="store_true",
+                     help="pin the calls (the demo task's, or the BFCL sample's) like the paper's cheat sheet, for "
+                          "latency measurements; every token is still a real decode step (default: the model writes "
+                          "its own calls)")
+    alm.add_argument("--adapter", default="asynclm", metavar="NAME",
+                     help="the LoRA adapter to decode with (default %(default)s: fine-tuned on CML, ships with oven; "
+                          "see `oven adapters`)")
+    alm.add_argument("--no-adapter", action="store_true",
+                     help="run the base model instead, with a worked CML example in its prompt (for comparison)")
     alm.add_argument("--max-tokens", type=int, default=256, help="tokens the model may sample (pinned ones not counted)")
-    alm.add_argument("--answer-tokens", type=int, default=48, help="free tokens after the pinned calls")
+    alm.add_argument("--answer-tokens", type=int, default=48, help="--plan: free tokens after the pinned calls")
     add_client_args(alm)
     alm.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
     alm.set_defaults(func=commands.cmd_asynclm)
@@ -309,6 +315,20 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("name", nargs="?", metavar="NAME", help="a lowercase letter, then up to 31 of a-z 0-9 _ -")
     add_client_args(token)
     token.set_defaults(func=commands.cmd_token)
+
+    adapters = sub.add_parser(
+        "adapters", help="list, add or remove the LoRA adapters inferlets may use",
+        description="LoRA adapters (PEFT folders: adapter_config.json + adapter_model.safetensors) that inferlets "
+                    "open by name (open_adapter). With a server running: `list` shows its adapters and their ids "
+                    "(any client); `add NAME DIR` loads DIR (a folder on the server's machine), checked against "
+                    "the served model, and keeps it in the server's adapter store; `remove NAME` unloads and "
+                    "deletes it (both operator only). With no server running, they edit the local adapter store "
+                    "that `oven serve` loads at start. The AsyncLM adapter ships with oven as `asynclm`.")
+    adapters.add_argument("action", nargs="?", default="list", choices=("list", "add", "remove"))
+    adapters.add_argument("name", nargs="?", metavar="NAME", help="1-64 of A-Z a-z 0-9 . _ -")
+    adapters.add_argument("dir", nargs="?", metavar="DIR", help="add: the PEFT LoRA folder")
+    add_client_args(adapters)
+    adapters.set_defaults(func=commands.cmd_adapters)
 
     build = sub.add_parser(
         "build", help="build inferlet folders into components (DIR/NAME.wasm)",

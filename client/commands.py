@@ -1,4 +1,5 @@
-"""The client verbs of the ``oven`` CLI: serve, run, attach, asynclm, upload, ps, exports, kill, send, token.
+"""The client verbs of the ``oven`` CLI: serve, run, attach, asynclm, upload, ps, exports, kill, send, token,
+adapters.
 
 Each verb ends with one line on stderr for what went wrong (``oven: ...``) and a status: 1 for a
 failure, 2 for a usage error; it never shows a traceback for ordinary mistakes.
@@ -146,19 +147,24 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
     program = library_program("asynclm")
     try:
         if args.tools == "demo":
-            workload = demo_workload(args.task, plan=not args.no_plan)
+            workload = demo_workload(args.task, plan=args.plan)
         else:
             workload = bfcl_workload(args.tools.split(":", 1)[1], args.sample)
             if args.task:
                 workload.task = args.task
-            if args.no_plan:
+            if not args.plan:
                 workload.plan = None
     except (FileNotFoundError, ValueError, IndexError) as exc:
         say(str(exc))
         return EXIT_USAGE
+    adapter = None if args.no_adapter else args.adapter
+    # The adapter was trained on the bare prompt; the base model gets a worked example (few-shot) instead.
     spec = session_spec(workload, args.mode, stateless=args.stateless or None, kv=args.kv,
-                        max_tokens=args.max_tokens, answer_tokens=args.answer_tokens)
-    print(f"task: {workload.task}", flush=True)
+                        max_tokens=args.max_tokens, answer_tokens=args.answer_tokens, adapter=adapter,
+                        example=None if adapter else True)
+    calls = "the calls are pinned (--plan)" if workload.plan else "the model writes its calls"
+    model = f"adapter {adapter}" if adapter else "the base model (--no-adapter)"
+    print(f"task: {workload.task}\n({calls}; {model})", flush=True)
     outgoing = queue.Queue()
     if sys.stdin.isatty():
         read_user_interrupts(outgoing)
@@ -168,12 +174,13 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
                               results=outgoing)
         print(flush=True)  # end the streamed text before an embedded server says it is shutting down
     if session.exit_code != 0:
-        say(f"asynclm failed: {session.error}")
+        hint = " (--no-adapter runs the base model)" if adapter and "adapter" in session.error else ""
+        say(f"asynclm failed: {session.error}{hint}")
         return session.exit_code or EXIT_FAILURE
     print("\n--- " + "\n    ".join(summary_lines(session.summary)))
     if not session.summary.get("calls"):
-        say("the model made no calls (a 135M model rarely writes CML unprompted; without a TASK the demo pins "
-            "its calls)")
+        say("the model made no calls" + ("" if adapter else " (the base 135M model rarely writes CML; the default "
+                                                             "adapter was fine-tuned to)"))
     return 0
 
 
@@ -229,6 +236,12 @@ def cmd_kill(args: argparse.Namespace, client: OvenClient) -> None:
 def cmd_send(args: argparse.Namespace, client: OvenClient) -> None:
     client.send(args.instance_id, args.text)
     print(f"sent {len(args.text.encode())} bytes to {args.instance_id}")
+
+
+@_verb
+def cmd_adapters(args: argparse.Namespace) -> int:
+    from .adapters import adapters_verb
+    return adapters_verb(args)
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -58,8 +58,10 @@ def top_token(dist: p.TopKDist) -> int:
 
 def greedy_generate(client: InferenceClient, prompt_ids: list[int], max_new_tokens: int,
                     stop_token_ids: frozenset[int] | set[int], page_size: int, num_pages: int,
-                    on_token: Callable[[int], None] | None = None) -> GenerationResult:
-    """Decode greedily until a stop token (kept in the output) or ``max_new_tokens``."""
+                    on_token: Callable[[int], None] | None = None,
+                    adapter_id: int = p.BASE_MODEL) -> GenerationResult:
+    """Decode greedily until a stop token (kept in the output) or ``max_new_tokens``, on the LoRA
+    adapter ``adapter_id`` (one the inference process has loaded) or the base model."""
     if not prompt_ids:
         raise GenerationError("the prompt is empty")
     seq = PagedSequence(page_size, list(range(num_pages)))
@@ -68,7 +70,7 @@ def greedy_generate(client: InferenceClient, prompt_ids: list[int], max_new_toke
     while len(out) < max_new_tokens:
         pages, last_len = seq.extend(len(inputs))
         positions = list(range(seq.num_tokens - len(inputs), seq.num_tokens))
-        item = p.ForwardTextItem(inputs, positions, pages, last_len, [len(inputs) - 1], top_k=1)
+        item = p.ForwardTextItem(inputs, positions, pages, last_len, [len(inputs) - 1], top_k=1, adapter_id=adapter_id)
         reply = client.call(p.ForwardTextRequest([item]))
         if reply.errors[0] is not None:
             raise GenerationError(f"{reply.errors[0].code}: {reply.errors[0].message}")

@@ -199,6 +199,16 @@ class OvenClient:
     def clients(self) -> list[str]:
         return self.request(c.ListClients()).names
 
+    def adapters(self) -> list[c.AdapterEntry]:
+        return self.request(c.ListAdapters()).adapters
+
+    def add_adapter(self, name: str, path: str, timeout_s: float = 300.0) -> c.AdapterEntry:
+        """Operator only: ``path`` is a folder on the server's machine; answered once it is loaded."""
+        return self.request(c.AddAdapter(name, path), timeout_s=timeout_s)
+
+    def remove_adapter(self, name: str) -> None:
+        self.request(c.RemoveAdapter(name))
+
     def stats(self) -> c.StatsReply:
         return self.request(c.Stats())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oven.control.adapter_store import default_adapter_dir
 from oven.control.resources.exhaustion import ExhaustionPolicy
 from oven.control.runtime.http_allow import AllowList
 from oven.control.scheduling.interception import InterceptionPolicy
@@ -21,6 +22,7 @@ class ControlConfig:
     control_endpoint: str = ""  # "" = ipc://STATE_DIR/control.sock; tcp://HOST:PORT serves other machines too
     state_dir: str = ""  # keys, clients, the operator's token; "" = $OVEN_CACHE_DIR/server or ~/.cache/oven/server
     program_dir: str = ""  # "" = $OVEN_CACHE_DIR/programs or ~/.cache/oven/programs
+    adapter_dir: str = ""  # LoRA adapters loaded at start; "" = $OVEN_CACHE_DIR/adapters or ~/.cache/oven/adapters
     dispatch_policy: str = "adaptive"  # adaptive | eager | k | t (scheduling.policy.NAMES)
     dispatch_k: int = DEFAULT_K  # the k policy: batch size that triggers a dispatch
     dispatch_t_ms: float = DEFAULT_T_S * 1000  # the t policy: oldest wait that triggers a dispatch
@@ -72,6 +74,10 @@ class ControlConfig:
     @property
     def programs_path(self) -> Path:
         return Path(self.program_dir or default_program_dir())
+
+    @property
+    def adapters_path(self) -> Path:
+        return Path(self.adapter_dir) if self.adapter_dir else default_adapter_dir()
 
     @property
     def state_path(self) -> Path:

@@ -96,8 +96,8 @@ class InferenceClient:
             if message is not None:
                 self._early[message[0]] = message[1]
 
-    def wait(self, request_id: int, timeout_s: float | None = None):
-        """The reply to ``request_id``; an ErrorReply raises :class:`InferenceError`."""
+    def wait_reply(self, request_id: int, timeout_s: float | None = None):
+        """The reply to ``request_id``, an ErrorReply included."""
         reply = self._early.pop(request_id, None)
         while reply is None:
             rid, message = self.recv(timeout_s)
@@ -105,6 +105,11 @@ class InferenceClient:
                 reply = message
             else:
                 self._early[rid] = message
+        return reply
+
+    def wait(self, request_id: int, timeout_s: float | None = None):
+        """The reply to ``request_id``; an ErrorReply raises :class:`InferenceError`."""
+        reply = self.wait_reply(request_id, timeout_s)
         if isinstance(reply, p.ErrorReply):
             raise InferenceError(reply.code, reply.message)
         return reply

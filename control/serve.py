@@ -15,6 +15,7 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import ControlConfig
 from .keyring import Keyring
+from .runtime.adapters import LOADED
 from .runtime.loop import ControlLoop
 from .server import ControlServer
 from .supervisor import InferenceSupervisor, InferenceUnavailable
@@ -62,6 +63,10 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
         settle_heap()
         print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to {server.endpoint}",
               file=sys.stderr, flush=True)
+        if adapters := loop.adapters.entries():
+            print("oven: LoRA adapters: " + ", ".join(f"{a.name} (id {a.adapter_id})" if a.state == LOADED else
+                                                    f"{a.name} ({a.state}: {a.error})" for a in adapters),
+                  file=sys.stderr, flush=True)
         if on_ready is not None:
             on_ready(server.endpoint)
         try:

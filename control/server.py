@@ -20,7 +20,6 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 
@@ -29,9 +28,11 @@ from oven.proto.auth import OPERATOR, Admission, AuthError, secure_server, user_
 from oven.proto.codec import ProtocolError
 from oven.proto.endpoints import bind
 
+from .adapter_requests import AdapterRequests
 from .keyring import Keyring
 from .outbox import ClientOutbox
 from .output_log import OutputLog
+from .requests import LATER, Caller, RequestFailed
 from .resources import ResourceError
 from .runtime.instance import Instance
 from .runtime.loop import ControlLoop
@@ -48,23 +49,7 @@ HOLD_FRAMES = 1000
 DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
 
 
-class RequestFailed(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.reply = c.ControlError(code, message)
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    route: bytes  # the ZeroMQ routing id: one connection, which holds the lease
-    name: str  # the client it authenticated as
-
-    @property
-    def operator(self) -> bool:
-        return self.name == OPERATOR
-
-
-class ControlServer:
+class ControlServer(AdapterRequests):
     """Binds at once, so an endpoint in use fails before a model loads; serves once ``loop`` is set.
 
     ``clock`` (monotonic seconds) times the clients' leases.
@@ -95,7 +80,10 @@ class ControlServer:
             c.ServerInfo: self._server_info, c.Stats: self._stats,
             c.Heartbeat: lambda _caller, _req: c.Alive(self.server_id),
             c.AddClient: self._add_client, c.RemoveClient: self._remove_client, c.ListClients: self._list_clients,
+            c.ListAdapters: self._list_adapters, c.AddAdapter: self._add_adapter,
+            c.RemoveAdapter: self._remove_adapter,
         }
+        self._replying_to: tuple[bytes, int] = (b"", 0)  # the request being handled: (route, request id)
 
     def on_event(self, inst: Instance, kind: str, payload) -> None:
         """The loop's event sink: forward instance output to attached clients."""
@@ -150,14 +138,18 @@ class ControlServer:
                 continue
             caller = Caller(frames[0].bytes, user_id(frames[-1]) or OPERATOR)  # None: an in-process peer
             self._last_heard[caller.route] = self._clock()
-            self.outbox.send(caller.route, self._handle(caller, frames[-1].bytes))
+            reply = self._handle(caller, frames[-1].bytes)
+            if reply is not None:
+                self.outbox.send(caller.route, reply)
 
-    def _handle(self, caller: Caller, payload: bytes) -> bytes:
+    def _handle(self, caller: Caller, payload: bytes) -> bytes | None:
+        """The encoded reply, or None when the handler answers later (see LATER)."""
         try:
             envelope = c.CODEC.decode(payload)
         except ProtocolError as exc:
             return c.CODEC.encode(c.ControlError("malformed", str(exc)), c.CODEC.peek_request_id(payload))
         handler = self._handlers.get(type(envelope.message))
+        self._replying_to = (caller.route, envelope.request_id)
         try:
             if handler is None:
                 raise RequestFailed("not_a_request", f"{type(envelope.message).__name__} is not a request")
@@ -167,7 +159,12 @@ class ControlServer:
         except Exception as exc:  # a bug in a handler must not take the server down
             log.exception("request %s failed", type(envelope.message).__name__)
             reply = c.ControlError("internal", f"{type(exc).__name__}: {exc}")
-        return c.CODEC.encode(reply, envelope.request_id)
+        return None if reply is LATER else c.CODEC.encode(reply, envelope.request_id)
+
+    def _reply_later(self) -> Callable[[object], None]:
+        """For a handler that returns LATER: what sends its reply when it has one."""
+        route, request_id = self._replying_to
+        return lambda reply: self.outbox.send(route, c.CODEC.encode(reply, request_id))
 
     # -- programs ------------------------------------------------------------------------------
 
@@ -316,9 +313,9 @@ class ControlServer:
 
     # -- clients -------------------------------------------------------------------------------
 
-    def _operator_only(self, caller: Caller) -> None:
+    def _operator_only(self, caller: Caller, what: str = "manage clients") -> None:
         if not caller.operator:
-            raise RequestFailed("forbidden", "only the operator may manage clients")
+            raise RequestFailed("forbidden", f"only the operator may {what}")
 
     def _add_client(self, caller: Caller, req: c.AddClient) -> c.ClientToken:
         self._operator_only(caller)

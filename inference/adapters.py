@@ -296,29 +296,32 @@ def _check_coverage(folder: Path, config: dict, cfg: ModelConfig, targets, weigh
 
 
 class AdapterRegistry:
-    """The adapters loaded now, by id and by name. Ids start at 1 (0 is the base model) and are never
-    reused, so a stale id in a late item fails instead of reaching another adapter."""
+    """The adapters loaded now, by id and by name. The control process chooses the ids (0 is the base
+    model) and never gives one to another adapter, so a stale id in a late item fails instead of
+    reaching another adapter, and an adapter loaded again after a restart keeps its id."""
 
     def __init__(self, cfg: ModelConfig, limits: AdapterLimits, dtype: torch.dtype, device: torch.device):
         self.cfg, self.limits, self.dtype, self.device = cfg, limits, dtype, device
         self.by_id: dict[int, LoraAdapter] = {}
-        self._next_id = 1
 
     def by_name(self, name: str) -> LoraAdapter | None:
         return next((a for a in self.by_id.values() if a.name == name), None)
 
-    def load(self, name: str, path: str) -> LoraAdapter:
+    def load(self, adapter_id: int, name: str, path: str) -> LoraAdapter:
         if not name or len(name) > 128 or not name.isprintable():
             raise AdapterError(f"adapter name {name[:128]!r} must be 1-128 printable characters")
+        if type(adapter_id) is not int or not 1 <= adapter_id < 1 << 31:
+            raise AdapterError(f"adapter id {adapter_id!r} must be an integer in [1, 2**31)")
         taken = self.by_name(name)
         if taken is not None:
             raise AdapterError(f"an adapter named {name!r} is already loaded (id {taken.adapter_id}); unload it first")
+        if adapter_id in self.by_id:
+            raise AdapterError(f"adapter id {adapter_id} is taken by {self.by_id[adapter_id].name!r}")
         if len(self.by_id) >= self.limits.max_adapters:
             raise AdapterError(f"{len(self.by_id)} adapters are loaded, the most allowed (max_adapters); unload one")
         adapter = load_adapter(Path(path).expanduser(), self.cfg, self.limits, self.dtype, self.device,
-                               self._next_id, name)
+                               adapter_id, name)
         self.by_id[adapter.adapter_id] = adapter
-        self._next_id += 1
         return adapter
 
     def unload(self, name: str) -> LoraAdapter:

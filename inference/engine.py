@@ -250,7 +250,7 @@ class Engine:
 
     def load_adapter(self, req: p.LoadAdapterRequest) -> p.AdapterReply | p.ErrorReply:
         try:
-            adapter = self.adapters.load(req.name, req.path)
+            adapter = self.adapters.load(req.adapter_id, req.name, req.path)
         except AdapterError as exc:
             log.warning("adapter %r refused: %s", req.name, exc)
             return p.ErrorReply(p.ERR_BAD_ADAPTER, str(exc))

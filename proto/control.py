@@ -12,7 +12,8 @@ server admits only the clients it knows and names each one. Instances,
 exports and program names belong to the client that made them; another client's
 attach, send, terminate or drop gets ``forbidden``, except the ``operator``'s,
 which may act on everything, publish to the shared program library
-(``UploadChunk.shared``) and add or remove clients. ``server_id`` is new at every
+(``UploadChunk.shared``), add or remove clients, and add or remove the LoRA
+adapters the server offers (any client may list them: its inferlets open them by name). ``server_id`` is new at every
 start of a server: a client that sees it change knows its instances are gone.
 
 A client holds a lease on its attached instances by sending any message at
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 2
+CONTROL_PROTOCOL_VERSION = 3  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter)
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -233,6 +234,48 @@ class ClientList:
 
 
 @dataclass(frozen=True, slots=True)
+class ListAdapters:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterEntry:
+    """A LoRA adapter the server offers (inferlets open it by ``name``)."""
+
+    name: str
+    adapter_id: int  # what open-adapter returns; the same across restarts of the inference process
+    state: str  # loaded | loading | failed (then ``error`` says why)
+    error: str
+    packaged: bool  # ships with oven (cannot be removed)
+    rank: int  # rank, targets and size once loaded (0, [], 0 before)
+    target_modules: list[str]
+    num_params: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterList:
+    adapters: list[AdapterEntry]  # by id
+
+
+@dataclass(frozen=True, slots=True)
+class AddAdapter:
+    """Operator only: copy the PEFT LoRA folder at ``path`` (absolute, on the server's machine) into the
+    server's adapter store as ``name`` and load it; answered (an :class:`AdapterEntry`) once the
+    inference process has accepted it, or with ``bad_adapter`` and its reason (then nothing is kept)."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAdapter:
+    """Operator only: unload adapter ``name`` and delete it from the store; its id is not used again,
+    and forwards of running inferlets that name it fail."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ok:
     pass
 
@@ -240,7 +283,7 @@ class Ok:
 @dataclass(frozen=True, slots=True)
 class ControlError:
     # malformed | forbidden | unknown_program | unknown_instance | unknown_export | bad_upload | bad_program |
-    # upload_busy | launch_failed | too_many_instances | inbox_full | bad_client | ...
+    # upload_busy | launch_failed | too_many_instances | inbox_full | bad_client | bad_adapter | ...
     code: str
     message: str
 
@@ -283,6 +326,11 @@ CODEC = Codec(
         "remove_client": RemoveClient,
         "list_clients": ListClients,
         "client_list": ClientList,
+        "list_adapters": ListAdapters,
+        "adapter_entry": AdapterEntry,
+        "adapter_list": AdapterList,
+        "add_adapter": AddAdapter,
+        "remove_adapter": RemoveAdapter,
         "ok": Ok,
         "error": ControlError,
         "event": InstanceEvent,

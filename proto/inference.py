@@ -27,11 +27,14 @@ Conventions shared by the forward calls:
 LoRA adapters (Pie's ``forward_with_adapter``): ``load_adapter`` reads a PEFT
 LoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``; never a
 pickle) that the control process names, checks it against the served model and
-answers an :class:`AdapterReply` with a fresh id, or an :class:`ErrorReply` of
-code ``bad_adapter`` whose message says what is wrong. Ids are never reused
-while the process lives, so an item sent with the id of an adapter unloaded
-meanwhile fails instead of running on another adapter. ``unload_adapter``
-frees one by name; ``info`` lists those loaded.
+loads it under the id the control process chose, and answers an
+:class:`AdapterReply`, or an :class:`ErrorReply` of code ``bad_adapter`` whose
+message says what is wrong. The control process owns the ids, so that after a
+restart of this process it loads every adapter again under the same id and
+instances holding an id go on unchanged; it never gives an id to another
+adapter, so an item sent with the id of an adapter unloaded meanwhile fails
+instead of running on another adapter. ``unload_adapter`` frees one by name;
+``info`` lists those loaded.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 
-PROTOCOL_VERSION = 2  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters)
+PROTOCOL_VERSION = 3  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id
 
 # Traits (Pie §4.4) a model served by an inference process may implement.
 TRAIT_INPUT_TEXT = "input_text"
@@ -206,12 +209,13 @@ class RestoreRequest:
 
 @dataclass(frozen=True, slots=True)
 class LoadAdapterRequest:
-    """Load the PEFT LoRA folder at ``path`` (on the inference host) under ``name``.
+    """Load the PEFT LoRA folder at ``path`` (on the inference host) as ``adapter_id`` (>= 1) under ``name``.
 
-    Refused with ``ErrorReply(bad_adapter, ...)`` when ``name`` is taken, the
-    adapter slots are full, or the folder does not fit the served model.
+    Refused with ``ErrorReply(bad_adapter, ...)`` when the id or the name is
+    taken, the adapter slots are full, or the folder does not fit the served model.
     """
 
+    adapter_id: int
     name: str
     path: str
 

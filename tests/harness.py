@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -10,6 +14,8 @@ import pytest
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
 from oven.client.generate import greedy_generate
+from oven.client.rpc import OvenClient
+from oven.proto import control as c
 from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
 from oven.control.runtime.loop import ControlLoop
@@ -17,6 +23,7 @@ from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
 
 NUM_PAGES, NUM_EMBEDS = 256, 2048
+OVEN = [sys.executable, "-m", "oven.client.cli"]
 # Compiled programs persist between test runs (keyed by content hash, wasmtime version and engine
 # settings), so a Python inferlet is compiled (~10 s) only the first time a run sees it.
 PROGRAM_DIR = str(Path(default_program_dir()).parent / "test-programs")
@@ -70,16 +77,96 @@ def messages(loop, inst) -> list[str]:
     return events_of(loop, inst, "message")
 
 
-def direct_greedy(inference, loop, prompt: str | list[int], max_new: int) -> list[int]:
-    """Greedy tokens straight from the inference process (nothing else may run meanwhile)."""
+def direct_greedy(inference, loop, prompt: str | list[int], max_new: int, adapter_id: int = 0) -> list[int]:
+    """Greedy tokens straight from the inference process (nothing else may run meanwhile), on a LoRA
+    adapter it has loaded or (0) the base model."""
     tok = Tokenizer(loop.info.tokenizer)
     tokens = tok.encode(prompt) if isinstance(prompt, str) else prompt
     with inference.client() as client:
         return greedy_generate(client, tokens, max_new, tok.stop_token_ids, loop.info.page_size,
-                               NUM_PAGES).token_ids
+                               NUM_PAGES, adapter_id=adapter_id).token_ids
+
+
+def write_adapter(folder, cfg, targets=("q_proj", "v_proj"), r: int = 4, num_layers: int | None = None,
+                  config: dict | None = None, extra: dict | None = None) -> None:
+    """A PEFT-format folder written by hand, shaped for ``cfg`` (a ModelConfig), so each test can break one
+    thing. Random weights: its logits differ from the base model's."""
+    import torch
+    from safetensors.torch import save_file
+
+    from oven.inference.adapters import projection_shapes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = projection_shapes(cfg)
+    tensors = {}
+    for layer in range(num_layers if num_layers is not None else cfg.num_layers):
+        for proj in targets:
+            block = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{proj}"
+            fan_in, fan_out = shapes[proj]
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(r, fan_in)
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, r)
+    tensors.update(extra or {})
+    save_file(tensors, folder / "adapter_model.safetensors")
+    base = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": list(targets), "bias": "none",
+            "use_dora": False, "modules_to_save": None, "use_rslora": False}
+    (folder / "adapter_config.json").write_text(json.dumps({**base, **(config or {})}))
 
 
 def assert_pools_full(loop) -> None:
     assert loop.kv_pool.num_free == NUM_PAGES
     assert loop.embed_pool.num_free == NUM_EMBEDS
     assert loop.host_pool.num_free == loop.info.num_host_pages
+
+
+# -- `oven serve` processes ---------------------------------------------------------------------------
+
+class Server:
+    """An `oven serve` (the tiny model unless ``model``) with its own state directory (keys, tokens) and
+    program store."""
+
+    def __init__(self, root: Path, *flags: str, endpoint: str | None = None, model: str = "tiny"):
+        self.root = root
+        self.state = root / "state"
+        self.endpoint = endpoint or f"ipc://{root / 'control.sock'}"
+        self.proc = subprocess.Popen(
+            [*OVEN, "serve", "--model", model, "--quiet", "--control-endpoint", self.endpoint, "--state-dir",
+             str(self.state), "--program-dir", str(root / "programs"), "--num-kv-pages", "256", *flags],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not (self.state / "operator.token").exists() or not self.reachable():
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert time.monotonic() < deadline, "oven serve did not come up"
+            time.sleep(0.1)
+
+    @property
+    def operator_token(self) -> str:
+        return (self.state / "operator.token").read_text().strip()
+
+    def reachable(self) -> bool:
+        with OvenClient(self.endpoint, token=self.operator_token) as client:
+            return client.reachable()
+
+    def client(self, token: str | None = None, timeout_s: float = 60) -> OvenClient:
+        return OvenClient(self.endpoint, timeout_s, token=token or self.operator_token)
+
+    def children(self) -> list[int]:
+        return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def oven(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*OVEN, *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def wait_exit(client: OvenClient, instance_id: str, timeout_s: float = 60) -> c.InstanceEvent:
+    deadline = time.monotonic() + timeout_s
+    for event in client.events(poll_s=0.2):
+        assert time.monotonic() < deadline, f"{instance_id} did not exit"
+        if event is not None and event.instance_id == instance_id and event.kind == "exit":
+            return event

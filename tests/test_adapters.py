@@ -15,12 +15,12 @@ import re
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from oven.inference.adapters import PROJECTIONS, projection_shapes
+from oven.inference.adapters import PROJECTIONS
 from oven.proto import inference as p
 
 from conftest import hf_reference, make_engine
+from harness import write_adapter
 
 PAGE = 16
 ALL = list(PROJECTIONS)
@@ -53,7 +53,8 @@ def peft_adapter(engine, folder, seed: int, targets=ALL, r: int = 8, alpha: floa
 
 
 def load(engine, name: str, folder) -> int:
-    reply = engine.handle(p.LoadAdapterRequest(name, str(folder)))
+    """Load as the next free id, as the control process would choose it."""
+    reply = engine.handle(p.LoadAdapterRequest(max(engine.adapters.by_id, default=0) + 1, name, str(folder)))
     assert isinstance(reply, p.AdapterReply), reply
     return reply.adapter.adapter_id
 
@@ -193,11 +194,17 @@ def test_unknown_adapter_fails_its_item_only(tiny_engine, tmp_path, unload_all):
     reply = engine.handle(p.ForwardTextRequest(items))
     assert reply.errors[0] == p.ItemError(p.ERR_BAD_ADAPTER, f"adapter {adapter_id + 100} is not loaded")
     assert reply.errors[1] is None and reply.dists[1] == alone.dists[0] and reply.dists[0] is None
-    # Unloaded, its id fails too, and ids are never handed out again.
+    # Unloaded, its id fails too. Ids are the control process's to choose (it never reuses one): an id in
+    # use is refused.
     assert engine.handle(p.UnloadAdapterRequest("a")).adapter.adapter_id == adapter_id
     reply = engine.handle(p.ForwardTextRequest(items[1:]))
     assert reply.errors[0].code == p.ERR_BAD_ADAPTER
-    assert load(engine, "a", tmp_path) == adapter_id + 1
+    again = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "a", str(tmp_path)))
+    assert again.adapter.adapter_id == adapter_id + 1
+    taken = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "b", str(tmp_path)))
+    assert taken == p.ErrorReply(p.ERR_BAD_ADAPTER, f"adapter id {adapter_id + 1} is taken by 'a'")
+    assert engine.handle(p.LoadAdapterRequest(0, "c", str(tmp_path))) == p.ErrorReply(
+        p.ERR_BAD_ADAPTER, "adapter id 0 must be an integer in [1, 2**31)")
 
 
 def test_info_lists_adapters_and_names_are_unique(tiny_engine, tmp_path, unload_all):
@@ -211,7 +218,7 @@ def test_info_lists_adapters_and_names_are_unique(tiny_engine, tmp_path, unload_
     num_params = mc.num_layers * 4 * (mc.hidden_size + mc.num_q_heads * mc.head_dim
                                       + mc.hidden_size + mc.intermediate_size)
     assert info.adapters == [p.AdapterInfo(adapter_id, "cml", 4, 12.0, 3.0, ["q_proj", "up_proj"], num_params)]
-    again = engine.handle(p.LoadAdapterRequest("cml", str(tmp_path)))
+    again = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "cml", str(tmp_path)))
     assert again == p.ErrorReply(p.ERR_BAD_ADAPTER,
                                  f"an adapter named 'cml' is already loaded (id {adapter_id}); unload it first")
     assert engine.handle(p.UnloadAdapterRequest("nope")) == p.ErrorReply(p.ERR_BAD_ADAPTER,
@@ -219,26 +226,6 @@ def test_info_lists_adapters_and_names_are_unique(tiny_engine, tmp_path, unload_
 
 
 # -- bad adapters ----------------------------------------------------------------------------
-
-
-def write_adapter(folder, cfg, targets=("q_proj", "v_proj"), r: int = 4, num_layers: int | None = None,
-                  config: dict | None = None, extra: dict | None = None) -> None:
-    """A PEFT-format folder written by hand, shaped for ``cfg``, so each test can break one thing."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shapes = projection_shapes(cfg)
-    tensors = {}
-    for layer in range(num_layers if num_layers is not None else cfg.num_layers):
-        for proj in targets:
-            block = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{proj}"
-            fan_in, fan_out = shapes[proj]
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(r, fan_in)
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, r)
-    tensors.update(extra or {})
-    save_file(tensors, folder / "adapter_model.safetensors")
-    base = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": list(targets), "bias": "none",
-            "use_dora": False, "modules_to_save": None, "use_rslora": False}
-    (folder / "adapter_config.json").write_text(json.dumps({**base, **(config or {})}))
 
 
 def _bad_cases():
@@ -323,7 +310,7 @@ BAD = _bad_cases()
 def test_bad_adapters_are_refused(tiny_engine, tmp_path, make, message):
     folder = tmp_path / "adapter"
     make(folder, tiny_engine.model.config)
-    reply = tiny_engine.handle(p.LoadAdapterRequest("bad", str(folder)))
+    reply = tiny_engine.handle(p.LoadAdapterRequest(1, "bad", str(folder)))
     assert isinstance(reply, p.ErrorReply) and reply.code == p.ERR_BAD_ADAPTER, reply
     assert reply.message.startswith(f"{folder}: ") and "\n" not in reply.message
     assert re.search(message, reply.message), reply.message
@@ -334,7 +321,7 @@ def test_adapter_slots_are_capped(tmp_path):
     engine = make_engine("tiny", max_adapters=1, num_kv_pages=4, num_embeds=16)
     write_adapter(tmp_path / "a", engine.model.config)
     load(engine, "a", tmp_path / "a")
-    reply = engine.handle(p.LoadAdapterRequest("b", str(tmp_path / "a")))
+    reply = engine.handle(p.LoadAdapterRequest(2, "b", str(tmp_path / "a")))
     assert reply == p.ErrorReply(p.ERR_BAD_ADAPTER, "1 adapters are loaded, the most allowed (max_adapters); unload one")
 
 
@@ -375,10 +362,10 @@ def test_server_refuses_bad_adapters_and_keeps_serving(tmp_path):
         client.timeout_s = 60
         with pytest.raises(InferenceError, match=r"bad_adapter: .*foreign: lora_A of layers\.0\.self_attn\.q_proj "
                                                  r"is \[4, 32\], expected \[4, 64\]"):
-            client.call(p.LoadAdapterRequest("foreign", str(tmp_path / "foreign")))
+            client.call(p.LoadAdapterRequest(1, "foreign", str(tmp_path / "foreign")))
         with pytest.raises(InferenceError, match=r"bad_adapter: .*missing: not a folder"):
-            client.call(p.LoadAdapterRequest("missing", str(tmp_path / "missing")))
-        adapter = client.call(p.LoadAdapterRequest("good", str(tmp_path / "good"))).adapter
+            client.call(p.LoadAdapterRequest(1, "missing", str(tmp_path / "missing")))
+        adapter = client.call(p.LoadAdapterRequest(1, "good", str(tmp_path / "good"))).adapter
         assert (adapter.adapter_id, adapter.name, adapter.rank, adapter.target_modules) == (1, "good", 4, ALL)
         assert client.call(p.InfoRequest()).adapters == [adapter]
 

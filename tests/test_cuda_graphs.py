@@ -160,7 +160,7 @@ def test_adapter_batches_run_eagerly(hd64_model, tmp_path):
     engine = gpu_engine(hd64_model)
     torch.manual_seed(3)
     write_adapter(tmp_path / "a", engine.model.config, targets=("q_proj", "v_proj"), r=8)
-    assert isinstance(engine.handle(p.LoadAdapterRequest("a", str(tmp_path / "a"))), p.AdapterReply)
+    assert isinstance(engine.handle(p.LoadAdapterRequest(1, "a", str(tmp_path / "a"))), p.AdapterReply)
     prefill, _, decode = call_patterns(engine.model.config.vocab_size)[:3]
     engine.handle(prefill)
     items = [dataclasses.replace(it, adapter_id=1) if i == 0 else it for i, it in enumerate(decode.items)]

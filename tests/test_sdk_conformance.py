@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, run, write_adapter
 from oven.control.tokenizer import Tokenizer
+from oven.inference.models import resolve_model
 
 PROGRAMS = ["conformance", "conformance-rust"]  # stored in the module's ControlLoop (conftest.py)
 PARTIAL = "Once upon a time, in a land far away, there lived a"  # 14 tokens: 13 forwarded by a flush
@@ -20,6 +21,7 @@ FULL = ("One two three four five six seven eight nine ten eleven twelve thirteen
         "seventeen")  # 17 tokens: a flush fills one page
 LONG = FULL + " eighteen nineteen twenty twenty-one twenty-two"  # 22 tokens: two pages
 FOX = "The quick brown fox"
+ADAPTER = "tiny-lora"  # in the module loop's adapter store
 SAMPLERS = ["temperature:1.0:3", "temperature:1.0:4", "temperature:0.7:3", "top_k:20:0.8:5", "top_p:0.9:1.3:6",
             "min_p:0.05:1.0:7"]
 
@@ -34,6 +36,14 @@ VECTORS = {
 
 
 @pytest.fixture(scope="module")
+def loop_config(tmp_path_factory) -> dict:
+    """The module's loop offers one LoRA adapter (random weights), stored as `oven adapters add` stores it."""
+    store = tmp_path_factory.mktemp("adapters")
+    write_adapter(store / ADAPTER, resolve_model("tiny").config)
+    return {"adapter_dir": str(store)}
+
+
+@pytest.fixture(scope="module")
 def tokenizer(loop):
     return Tokenizer(loop.info.tokenizer)
 
@@ -41,7 +51,10 @@ def tokenizer(loop):
 @pytest.fixture(scope="module")
 def greedy(loop, inference):
     """Greedy continuations straight from the inference process: {(prompt, max_new): tokens}."""
-    return {(prompt, n): direct_greedy(inference, loop, prompt, n) for prompt, n in [(FOX, 12), (PARTIAL, 24)]}
+    runs = {(prompt, n): direct_greedy(inference, loop, prompt, n) for prompt, n in [(FOX, 12), (PARTIAL, 24)]}
+    (adapter,) = loop.adapters.entries()
+    runs[PARTIAL, 12, ADAPTER] = direct_greedy(inference, loop, PARTIAL, 12, adapter_id=adapter.adapter_id)
+    return runs
 
 
 def scenarios(greedy) -> dict[str, str]:
@@ -57,6 +70,7 @@ def scenarios(greedy) -> dict[str, str]:
         **{mode: f"kv|{PARTIAL}|3|8|{mode}" for mode in ("offload", "evict", "ahead", "pause")},
         "ahead of a stop": f"ahead|{PARTIAL}|40|{greedy[PARTIAL, 24][0]}",
         "dists": f"dists|{PARTIAL}|3",
+        "adapter": f"adapter|{ADAPTER}|{PARTIAL}|12",
         "vectors": "vectors",
         "errors": "errors",
     }
@@ -206,6 +220,17 @@ def test_dists_give_one_distribution_per_pending_token(reports, tokenizer, greed
     assert len(report["token_ids"]) == len(tokenizer.encode(PARTIAL))
     assert all(len(ids) == 3 for ids in report["token_ids"])
     assert report["token_ids"][-1][0] == greedy[PARTIAL, 24][0]
+
+
+def test_an_adapter_opened_by_name_decodes_as_the_inference_layer_does(reports, greedy):
+    """The adapter's tokens (on its context and on a fork, which inherits it) equal the inference
+    process's own greedy decode on that adapter; the base context, decoded in the same batches,
+    equals the base model alone."""
+    report = both(reports, "adapter")
+    assert report["adapted"] == report["forked"] == greedy[PARTIAL, 12, ADAPTER]
+    assert report["base"] == greedy[PARTIAL, 24][:12] != report["adapted"]
+    assert report["id"] == 1
+    assert report["missing"] == f"no adapter named 'no-such-adapter' on this server (it has: {ADAPTER})"
 
 
 def test_the_seeded_sampling_vectors_hold_in_wasm(reports):

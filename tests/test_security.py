@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,48 +24,7 @@ from oven.proto import control as c
 from oven.proto.auth import AuthError, Keypair, Token
 from oven.proto.endpoints import private_endpoint
 
-from harness import built
-
-OVEN = [sys.executable, "-m", "oven.client.cli"]
-
-
-class Server:
-    """An `oven serve` on the tiny model with its own state directory (keys, tokens) and program store."""
-
-    def __init__(self, root: Path, *flags: str, endpoint: str | None = None):
-        self.root = root
-        self.state = root / "state"
-        self.endpoint = endpoint or f"ipc://{root / 'control.sock'}"
-        self.proc = subprocess.Popen(
-            [*OVEN, "serve", "--model", "tiny", "--quiet", "--control-endpoint", self.endpoint, "--state-dir",
-             str(self.state), "--program-dir", str(root / "programs"), "--num-kv-pages", "256", *flags],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while not (self.state / "operator.token").exists() or not self.reachable():
-            assert self.proc.poll() is None, self.proc.stderr.read()
-            assert time.monotonic() < deadline, "oven serve did not come up"
-            time.sleep(0.1)
-
-    @property
-    def operator_token(self) -> str:
-        return (self.state / "operator.token").read_text().strip()
-
-    def reachable(self) -> bool:
-        with OvenClient(self.endpoint, token=self.operator_token) as client:
-            return client.reachable()
-
-    def client(self, token: str | None = None, timeout_s: float = 60) -> OvenClient:
-        return OvenClient(self.endpoint, timeout_s, token=token or self.operator_token)
-
-    def children(self) -> list[int]:
-        return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
-                                                   text=True).stdout.split()]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-
+from harness import OVEN, Server, built, oven, wait_exit
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -85,18 +43,6 @@ def alice(server):
 def bob(server):
     with server.client() as operator:
         return operator.add_client("bob")
-
-
-def oven(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*OVEN, *args], capture_output=True, text=True, timeout=timeout_s)
-
-
-def wait_exit(client: OvenClient, instance_id: str, timeout_s: float = 60) -> c.InstanceEvent:
-    deadline = time.monotonic() + timeout_s
-    for event in client.events(poll_s=0.2):
-        assert time.monotonic() < deadline, f"{instance_id} did not exit"
-        if event is not None and event.instance_id == instance_id and event.kind == "exit":
-            return event
 
 
 # -- the program store: names are never paths; only code the store compiled is loaded ------------------

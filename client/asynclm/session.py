@@ -38,6 +38,7 @@ class Workload:
 
 
 def demo_workload(task: str | None, plan: bool) -> Workload:
+    """The demo tools on ``task`` (default: the demo task); ``plan`` pins the demo task's calls."""
     registry = demo_registry()
     return Workload("demo", task or DEMO_TASK, registry, DEMO_PLAN if plan and not task else None,
                     registry.latency_s)
@@ -51,7 +52,8 @@ def bfcl_workload(kind: str, sample: int, seed: int = 0) -> Workload:
 
 
 def session_spec(workload: Workload, mode: str, **options) -> dict:
-    """The inferlet's argument (see inferlets/asynclm/app.py)."""
+    """The inferlet's argument (see inferlets/asynclm/app.py); ``options`` set to None are left out
+    (``adapter``: the LoRA adapter's name; without one the inferlet runs the base model)."""
     spec = {"task": workload.task, "mode": mode, "functions": workload.registry.describe(),
             "estimates_ms": workload.estimates_ms()}
     if workload.plan:

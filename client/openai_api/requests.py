@@ -46,7 +46,8 @@ class Job:
     messages: tuple[dict, ...] = ()
     prompt: str = ""
     tools: tuple[dict, ...] = ()  # checked by tools.check_tools; the messages are then AsyncLM's
-    prefix: str = ""  # with tools: the open assistant turn so far (calls and their results)
+    prefix: tuple[str, ...] = ()  # with tools: the open assistant turn so far, segment by segment
+    results: tuple[str, ...] = ()  # with tools: the turn's further results, given one per wait
 
     def inferlet_request(self) -> str:
         """The chat-completion inferlet's one argument."""
@@ -54,7 +55,9 @@ class Job:
                 "seed": self.seed, "stop": list(self.stop), "n": self.n, "stream": self.stream}
         body.update({"messages": list(self.messages)} if self.chat else {"prompt": self.prompt})
         if self.tools:
-            body.update(adapter=cml_tools.ADAPTER, prefix=self.prefix, stop=[*self.stop, cml_tools.STOP])
+            # Not streamed from the inferlet: text or calls is known only at the end (app.Reply).
+            body.update(adapter=cml_tools.ADAPTER, prefix=list(self.prefix), results=list(self.results),
+                        wait=cml_tools.trap_text(), stream=False)
         return json.dumps(body)
 
 
@@ -110,8 +113,8 @@ def parse_job(body: dict, chat: bool) -> Job:
                include_usage=bool(options.get("include_usage")))
     if chat and body.get("tools") is not None:
         tools = cml_tools.check_tools(body["tools"])
-        messages, prefix = _tool_messages(body.get("messages"), tools)
-        return Job(**job, messages=messages, tools=tools, prefix=prefix)
+        messages, prefix, results = _tool_messages(body.get("messages"), tools)
+        return Job(**job, messages=messages, tools=tools, prefix=prefix, results=results)
     if chat:
         return Job(**job, messages=_messages(body.get("messages")))
     return Job(**job, prompt=_prompt(body.get("prompt")))
@@ -165,9 +168,11 @@ def _messages(value) -> tuple[dict, ...]:
     return tuple(messages)
 
 
-def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], str]:
-    """The conversation for AsyncLM's CML (see :mod:`.tools`): chat messages under its system prompt,
-    and the open assistant turn (calls, their results) the model goes on writing."""
+def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], tuple[str, ...], tuple[str, ...]]:
+    """The conversation for AsyncLM's CML (see :mod:`.tools`): chat messages under its system prompt;
+    the open assistant turn the model goes on writing, as the segments the inferlet fills one by one
+    (what the model wrote, then its first result, each alone as in training); and the turn's further
+    results, which the inferlet gives the model one per wait."""
     extra, messages, turn, owed = [], [], None, set()
     for where, message, role in _checked_messages(value):
         if role == "tool":
@@ -176,7 +181,7 @@ def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], st
                 raise bad_request(f"{where}.tool_call_id {call_id!r} answers no tool call of the assistant "
                                   "message before it", f"{where}.tool_call_id")
             owed.discard(call_id)
-            turn += cml_tools.result_turn(call_id, _content(message.get("content"), where))
+            turn.append((cml_tools.result_turn(call_id, _content(message.get("content"), where)), False))
             continue
         content = "" if role == "assistant" and message.get("content") is None \
             else _content(message.get("content"), where)
@@ -184,14 +189,16 @@ def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], st
             calls = message.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise bad_request(f"{where}.tool_calls must be a list", f"{where}.tool_calls", "invalid_type")
-            turn = (turn or "") + (content + "\n" if content and calls else content)
+            turn = [] if turn is None else turn
+            text = content + "\n" if content and calls else content
             if calls:
                 pairs = [cml_tools.call_text(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
-                turn += cml_tools.calls_turn(pairs)
+                turn.append((text + cml_tools.calls_turn(pairs), True))
                 owed |= {call_id for call_id, _ in pairs}
                 continue
+            turn.append((text, True))
         if turn is not None:  # the assistant's turn ends here
-            messages.append({"role": "assistant", "content": turn})
+            messages.append({"role": "assistant", "content": "".join(_with_waits(turn))})
             turn, owed = None, set()
             if role == "assistant":
                 continue
@@ -200,7 +207,21 @@ def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], st
         else:
             messages.append({"role": role, "content": content})
     system = {"role": "system", "content": cml_tools.system_prompt(tools, "\n\n".join(extra))}
-    return (system, *messages), turn or ""
+    turn = turn or []
+    written = max((i for i, (_, by_model) in enumerate(turn) if by_model), default=-1)
+    prefix, results = turn[:written + 1], [text for text, _ in turn[written + 1:]]
+    return (system, *messages), tuple(_with_waits(prefix)) + tuple(results[:1]), tuple(results[1:])
+
+
+def _with_waits(segments: list[tuple[str, bool]]) -> list[str]:
+    """Texts of a turn whose results come one per wait, as the model learnt them: a result right after
+    another gets the ``[TRAP][END]`` the model would have written between them."""
+    texts = []
+    for i, (text, by_model) in enumerate(segments):
+        if not by_model and i > 0 and not segments[i - 1][1]:
+            texts.append(cml_tools.trap_text())
+        texts.append(text)
+    return texts
 
 
 def _content(content, where: str) -> str:

@@ -6,8 +6,10 @@ inferlet's own ``prompt.py``: the CML rules, then one line per function, its sig
 JSON schema), so the model sees the text it was trained on. The conversation so far is one open
 assistant turn: each earlier ``tool_calls`` message is its ``[CALL] id [HEAD] f(args) [END]``
 lines and a ``[TRAP][END]`` (the model waits for them), each ``tool`` message the interrupt
-``[INTR] id [HEAD] result [END]`` of its call. The model then goes on writing in that turn and
-is stopped at its next ``[TRAP]``; the calls it wrote become the reply's ``tool_calls`` (ids are
+``[INTR] id [HEAD] result [END]`` of its call, given one per wait as in training: the inferlet
+fills the first, and each further one when the model writes ``[TRAP][END]`` again (having stated
+what it got). The model goes on writing in that turn and is stopped at a wait with no result left
+to give; the calls it wrote become the reply's ``tool_calls`` (ids are
 the model's own CML ids, arguments its keyword arguments as JSON), the rest of its text the
 message's content. OpenAI's client executes the calls and sends their results back, so a call's
 result reaches the model as the interrupt it was trained on, one request later.
@@ -18,14 +20,13 @@ from __future__ import annotations
 import json
 import re
 
-from ..asynclm.tools.call import ToolError, format_call, parse_call
+from ..asynclm.tools.call import ToolError, parse_call
 from ..asynclm.tools.registry import describe_line
 from ..asynclm.tools.schema import schema_signature, schema_tool_text
 from ..asynclm.training.protocol import prompt as asynclm_prompt
 from .errors import bad_request
 
 ADAPTER = "asynclm"  # the LoRA adapter that writes CML (client/asynclm/adapter, registered by setup)
-STOP = "[TRAP]"  # the model waits for its calls here: the reply ends and the client runs them
 MAX_TOOLS = 64
 ESTIMATE_MS = 100  # the prompt states each function's expected time; OpenAI's tools carry none
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -90,13 +91,31 @@ def call_text(tool_call: dict, where: str) -> tuple[str, str]:
     if not isinstance(arguments, dict) or not all(isinstance(k, str) and _NAME.fullmatch(k) for k in arguments):
         raise bad_request(f"{where}.function.arguments must be a JSON object of Python names",
                           f"{where}.function.arguments")
-    return call_id, format_call(function["name"], arguments)
+    return call_id, f"{function['name']}({', '.join(f'{k}={_literal(v)}' for k, v in arguments.items())})"
+
+
+def _literal(value) -> str:
+    """A JSON value as the Python literal the model writes: strings in double quotes, as in its
+    training calls (``get_weather(city="Paris")``), ``True``/``None``, lists and dicts alike."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_literal(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def trap_text() -> str:
+    """The wait as the model writes it: ``[TRAP][END]``, the interrupt right after its ``[END]`` (the
+    newline of the inferlet's ``TRAP_TEXT`` is never written in training: the result comes first)."""
+    return asynclm_prompt().TRAP_TEXT.rstrip("\n")
 
 
 def calls_turn(calls: list[tuple[str, str]]) -> str:
     """An assistant's ``tool_calls`` as it wrote them: its calls, then the wait."""
     cml = asynclm_prompt()
-    return "".join(cml.call_text(call_id, call) for call_id, call in calls) + cml.TRAP_TEXT
+    return "".join(cml.call_text(call_id, call) for call_id, call in calls) + trap_text()
 
 
 def result_turn(call_id: str, content: str) -> str:

@@ -35,6 +35,7 @@ import wasmtime
 import zmq
 from wasmtime import component
 
+from oven.control.adapter_store import AdapterStore
 from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
@@ -46,6 +47,7 @@ from oven.proto import inference as p
 from oven.proto.auth import OPERATOR
 
 from . import host
+from .adapters import Adapters
 from .allocator import Allocator
 from .calls import InferenceCalls
 from .http_client import HttpClient
@@ -69,7 +71,8 @@ class ControlLoop:
 
     The server reads it through :meth:`snapshot`, :meth:`record` and :meth:`num_instances`, and
     changes it only through :meth:`launch`, :meth:`terminate`, :meth:`deliver`,
-    :meth:`hold_output` and :meth:`drop_export`; host functions see :class:`HostServices`.
+    :meth:`hold_output`, :meth:`drop_export` and :attr:`adapters` (the LoRA adapters by name);
+    host functions see :class:`HostServices`.
     """
 
     def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink,
@@ -79,6 +82,10 @@ class ControlLoop:
         self.info: p.InfoReply = client.info()
         self._info_request: int | None = None  # a restarted inference process: answers this when it serves
         self._restarted_at = 0.0
+        # Ids are the control process's (see adapters.py): every adapter is loaded before any batch is sent.
+        self.adapters = Adapters(AdapterStore(config.adapters_path), lambda request: self.client.send(request),
+                                 self.info)
+        self.adapters.load_stored(lambda request_id: self.client.wait_reply(request_id, START_TIMEOUT_S))
         self.engine = wasmtime.Engine(engine_config())
         self.programs = ProgramStore(config.programs_path, self.engine)
         self.linker = component.Linker(self.engine)
@@ -113,8 +120,8 @@ class ControlLoop:
                                queue_per_instance=config.http_queue_per_instance, workers=config.http_workers,
                                max_body_bytes=config.http_max_body_mib << 20)
         self._host = HostServices(info=self.info, tokenizer=Tokenizer(self.info.tokenizer), calls=self.calls,
-                                  allocator=self.allocator, exports=self.exports, topics=self.topics,
-                                  timers=self.timers, http=self.http, emit=on_event)
+                                  allocator=self.allocator, adapters=self.adapters, exports=self.exports,
+                                  topics=self.topics, timers=self.timers, http=self.http, emit=on_event)
         self._instance_numbers = itertools.count(1)
         self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
                                       config.max_kv_pages_per_instance, config.max_embeds_per_instance,
@@ -318,7 +325,7 @@ class ControlLoop:
             request_id, reply = message
             if request_id == self._info_request:
                 self._inference_back(reply)
-            else:
+            elif not self.adapters.settle(request_id, reply):
                 self.calls.settle(request_id, reply)
 
     # -- a dead or hung inference process -------------------------------------------------------
@@ -357,6 +364,7 @@ class ControlLoop:
         self._info_request = None
         same = ("model_name", "page_size", "num_kv_pages", "num_embeds", "num_host_pages")
         if isinstance(reply, p.InfoReply) and all(getattr(reply, f) == getattr(self.info, f) for f in same):
+            self.adapters.reload()  # sent before any batch: the process answers in order
             log.warning("the new inference process serves; dispatching again")
             return
         self.supervisor.kill(f"the new inference process does not match the old one: {reply}")

@@ -15,6 +15,7 @@ from oven.control.resources import ExportRegistry
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
 
+from .adapters import Adapters
 from .allocator import Allocator
 from .calls import InferenceCalls
 from .http_client import HttpClient
@@ -34,6 +35,7 @@ class HostServices:
     tokenizer: Tokenizer
     calls: InferenceCalls  # calls to the inference process, and the instance's command queues
     allocator: Allocator  # KvPages and Embeds: alloc, dealloc, offload/restore, releasing an export
+    adapters: Adapters  # LoRA adapters by name: open-adapter, and which ids a forward may name
     exports: ExportRegistry  # KvPage exports by name, per client
     topics: Topics  # broadcast / subscribe
     timers: Timers  # sleep

@@ -45,7 +45,8 @@ class Agent:
         estimates = spec.get("estimates_ms", {})
         estimate_ms = lambda call: estimates.get(call.split("(", 1)[0].strip(), 100)  # noqa: E731
 
-        self.ctx = inferlet.Context()
+        # The fine-tuned CML adapter, by the name the server offers it under (spec "adapter"); none: the base model.
+        self.ctx = inferlet.Context(adapter=inferlet.open_adapter(spec["adapter"]) if spec.get("adapter") else 0)
         self.monitor = TokenMonitor(lambda token: inferlet.decode([token]))
         self.interrupts = Interrupts()
         self.calls = Calls(self.interrupts, estimate_ms, int(spec.get("call_timeout_ms", 30000)),

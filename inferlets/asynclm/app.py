@@ -5,6 +5,8 @@ Argument: one JSON object (the ``oven asynclm`` command builds it):
   mode            async | async-naive | sync | sync-parallel (default async)
   stateless       sync modes: re-prefill after every wait, as over a serving API
   functions       the function definitions for the prompt, with estimated execution times
+  adapter         the LoRA adapter to decode with, by name (`oven asynclm` gives "asynclm", the fine-tuned
+                  CML adapter); absent: the base model
   example         put a worked example in the system prompt (for a model not fine-tuned on CML)
   estimates_ms    {function name: estimated execution time}, for LPT and the trap handler
   plan            pinned calls as chains [["f(1)", "g(2)"], ["h()"]] (the paper's cheat sheet)

@@ -7,9 +7,11 @@
 Argument: one JSON object with ``messages`` (chat: a list of {"role", "content"}, through the
 model's chat template) or ``prompt`` (plain text), and optionally ``max_tokens`` (16),
 ``temperature`` (1.0; 0 is greedy), ``top_p`` (1.0), ``seed`` (choice i samples with seed + i),
-``stop`` (strings), ``n`` (1) and ``stream`` (false); ``adapter``, the name of a LoRA adapter to
-decode on, and ``prefix``, text the assistant's turn already holds (the OpenAI endpoint's tool
-calls: AsyncLM's CML on the ``asynclm`` adapter, see client/openai_api/tools.py).
+``stop`` (strings), ``n`` (1) and ``stream`` (false). For the OpenAI endpoint's tool calls (AsyncLM's
+CML, client/openai_api/tools.py): ``adapter``, the name of a LoRA adapter to decode on; ``prefix``,
+texts the assistant's turn already holds, each tokenized on its own; ``wait``, the text with which
+the model waits for a result (``[TRAP][END]``), and ``results``, texts given to it one per wait
+(as AsyncLM's interrupts): a wait with no result left ends the choice (its text left out).
 
 It sends JSON messages to the client: first ``{"prompt_tokens": N}``; with ``stream``, text as it is
 generated, ``{"index": i, "text": DELTA}``; and last for each choice ``{"index": i, "text": REST,
@@ -24,7 +26,7 @@ import random
 import inferlet
 
 DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": None, "stop": [], "n": 1, "stream": False,
-            "adapter": None, "prefix": ""}
+            "adapter": None, "prefix": [], "wait": None, "results": []}
 
 
 def sampler_for(request: dict, index: int) -> inferlet.Sampler:
@@ -54,8 +56,9 @@ def held_back(text: str, stops: list[str]) -> int:
 async def complete(ctx: inferlet.Context, request: dict, index: int) -> None:
     """Decode one choice on ``ctx`` and send its text."""
     sampler, stops, end = sampler_for(request, index), request["stop"], inferlet.stop_tokens()
+    wait, results = request["wait"], list(request["results"])
     generated, shown, sent, finish = [], [], 0, "length"
-    text = ""
+    text = before = ""  # before: the text of earlier stretches, between which results went in
     while len(generated) < request["max_tokens"]:
         token = await ctx.decode_step(sampler)
         generated.append(token)
@@ -63,7 +66,16 @@ async def complete(ctx: inferlet.Context, request: dict, index: int) -> None:
             finish = "stop"
             break
         shown.append(token)
-        text = inferlet.decode(shown)
+        text = before + inferlet.decode(shown)
+        waits = text.find(wait, len(before)) if wait else -1
+        if waits >= 0:  # the model waits for a result: the next one goes in, or the choice ends here
+            text = text[:waits]
+            if not results:
+                finish = "stop"
+                break
+            ctx.fill(results.pop(0))
+            before, shown = text, []
+            continue
         cut = min((at for at in (text.find(s) for s in stops) if at >= 0), default=-1)
         if cut >= 0:
             text, finish = text[:cut], "stop"
@@ -98,8 +110,8 @@ async def main(args: list[str]) -> None:
             ctx.fill_chat(request["messages"])
         else:
             ctx.fill(request["prompt"])
-        if request["prefix"]:
-            ctx.fill(request["prefix"])
+        for segment in request["prefix"]:
+            ctx.fill(segment)
         inferlet.send(json.dumps({"prompt_tokens": len(ctx)}))
         if request["n"] == 1:  # decode on the prompt's own context: the same calls as text-completion
             await complete(ctx, request, 0)

@@ -19,6 +19,9 @@ Arguments: one scenario each, its fields separated by "|":
 * ``ahead|PROMPT|MAX|TOKEN``: generate up to MAX tokens, stopping at TOKEN, then free the pages
   allocated ahead -> tokens, page handles before and after
 * ``dists|PROMPT|K``: one distribution per prompt token -> their token ids
+* ``adapter|NAME|PROMPT|MAX``: a context on LoRA adapter NAME, a fork of it and a context on the
+  base model generate greedily, concurrently -> the adapter's id, the three token lists, the error
+  opening an adapter that does not exist
 * ``vectors``: the seeded-sampling test vectors of sdk/README.md, computed here
 * ``errors``: the messages of an empty decode, a bad drop range and a missing import
 
@@ -180,6 +183,23 @@ async def dists(prompt, k):
         return {"token_ids": [list(d.token_ids) for d in await ctx.dists(int(k))]}
 
 
+async def adapter(name, prompt, max_tokens):
+    adapter_id = inferlet.open_adapter(name)
+    with inferlet.Context(adapter=adapter_id) as adapted, inferlet.Context() as base:
+        adapted.fill(prompt)
+        base.fill(prompt)
+        await adapted.flush()
+        with await adapted.fork() as forked:
+            tokens = await inferlet.gather(
+                *(c.generate_tokens(GREEDY, inferlet.Stop(int(max_tokens))) for c in (adapted, forked, base)))
+    try:
+        inferlet.open_adapter("no-such-adapter")
+        missing = None
+    except inferlet.OvenError as err:
+        missing = str(err)
+    return {"id": adapter_id, "adapted": tokens[0], "forked": tokens[1], "base": tokens[2], "missing": missing}
+
+
 async def vectors():
     rng = inferlet.Rng(1234567)
     u64 = [rng.next_u64() for _ in range(3)]
@@ -212,7 +232,8 @@ async def errors():
     return messages
 
 
-SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, dists, vectors, errors)}
+SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, dists, adapter, vectors,
+                                      errors)}
 
 
 async def main(args: list[str]) -> None:

@@ -16,6 +16,7 @@ from oven_inferlet import wait_all, world
 from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime, tokenize
 
 QUEUE = 0
+BASE_MODEL = 0  # the adapter argument of forward calls: no LoRA adapter
 
 
 def main():
@@ -43,11 +44,12 @@ def main():
         used = pages[: (context + page_size - 1) // page_size]
         last_len = context - (len(used) - 1) * page_size
         if "--fused" in args:
-            dist = forward.forward_text(QUEUE, step_tokens, positions, used, last_len, [len(step_tokens) - 1], 1)
+            dist = forward.forward_text(QUEUE, step_tokens, positions, used, last_len, [len(step_tokens) - 1], 1,
+                                        BASE_MODEL)
             yield [dist]
         else:
             embedded = embeds.embed_text(QUEUE, step_tokens, positions, inputs)
-            forwarded = forward.forward(QUEUE, used, last_len, inputs, [len(inputs) - 1], [output], [])
+            forwarded = forward.forward(QUEUE, used, last_len, inputs, [len(inputs) - 1], [output], [], BASE_MODEL)
             dist = forward.get_next_dist(QUEUE, output, 1)
             yield [dist]
             futures.take_unit(embedded)  # completed before dist (same queue); raises on error

@@ -67,13 +67,13 @@ def main():
         kvpages.export_kvpages(pages, "hostile/export-trap")
         raise RuntimeError("hostile inferlet exported, then gave up")
     if mode == "forged":
-        f = forward.forward(0, [pages[0] + 1000], 1, [slots[0]], [0], [slots[1]], [])
+        f = forward.forward(0, [pages[0] + 1000], 1, [slots[0]], [0], [slots[1]], [], 0)
     elif mode == "double-free":
         yield from wait_all([kvpages.dealloc_kvpages(0, pages)])
         f = kvpages.dealloc_kvpages(0, pages)
     elif mode == "use-after-free":
         yield from wait_all([kvpages.dealloc_kvpages(0, pages)])
-        f = forward.forward(0, pages, 1, [slots[0]], [0], [slots[1]], [])
+        f = forward.forward(0, pages, 1, [slots[0]], [0], [slots[1]], [], 0)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     yield from wait_all([f])

@@ -20,6 +20,7 @@ from wasmtime.component._enter import catch_exceptions
 from wasmtime.component._types import FuncType
 
 from . import (
+    adapters,
     embeds,
     forward,
     futures,
@@ -33,7 +34,7 @@ from . import (
 from .convert import lifter, lowerer
 
 PACKAGE = "oven:inferlet"
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 INTERFACES: dict[str, dict[str, Callable]] = {
     "futures": futures.FUNCS,
@@ -43,6 +44,7 @@ INTERFACES: dict[str, dict[str, Callable]] = {
     "queues": queues.FUNCS,
     "kvpages": kvpages.FUNCS,
     "embeds": embeds.FUNCS,
+    "adapters": adapters.FUNCS,
     "forward": forward.FUNCS,
     "tokenize": tokenize.FUNCS,
 }

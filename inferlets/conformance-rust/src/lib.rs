@@ -199,6 +199,32 @@ async fn dists(prompt: &str, k: &str) -> Outcome {
     Ok(object(&[("token_ids", list(dists.iter().map(|d| ints(&d.token_ids))))]))
 }
 
+async fn adapter(name: &str, prompt: &str, max_tokens: &str) -> Outcome {
+    let adapter_id = oven::open_adapter(name)?;
+    let mut adapted = Context::new().with_adapter(adapter_id);
+    let mut base = Context::new();
+    adapted.fill(prompt);
+    base.fill(prompt);
+    adapted.flush().await?;
+    let forked = adapted.fork().await?;
+    let mut contexts = vec![adapted, forked, base];
+    let stop = &Stop::max_tokens(number(max_tokens)?);
+    let generated =
+        join_all(contexts.iter_mut().map(|ctx| async move { ctx.generate_tokens(&mut Greedy, stop).await })).await;
+    let tokens = generated.into_iter().collect::<Result<Vec<_>, String>>()?;
+    let missing = match oven::open_adapter("no-such-adapter") {
+        Ok(_) => "null".to_string(),
+        Err(message) => text(&message),
+    };
+    Ok(object(&[
+        ("id", adapter_id.to_string()),
+        ("adapted", ints(&tokens[0])),
+        ("forked", ints(&tokens[1])),
+        ("base", ints(&tokens[2])),
+        ("missing", missing),
+    ]))
+}
+
 fn vectors() -> Outcome {
     let mut rng = Rng::new(1234567);
     let u64s: Vec<u64> = (0..3).map(|_| rng.next_u64()).collect();
@@ -250,6 +276,7 @@ async fn scenario(arg: &str) -> Outcome {
         ("kv", [prompt, steps, max, mode]) => kv(prompt, steps, max, mode).await,
         ("ahead", [prompt, max, token]) => ahead(prompt, max, token).await,
         ("dists", [prompt, k]) => dists(prompt, k).await,
+        ("adapter", [name, prompt, max]) => adapter(name, prompt, max).await,
         ("vectors", []) => vectors(),
         ("errors", []) => errors().await,
         _ => Err(format!("unknown scenario {:?}", arg)),

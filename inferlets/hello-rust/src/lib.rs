@@ -20,6 +20,8 @@ use std::cell::RefCell;
 use oven_raw::{embeds, forward, futures, kvpages, messaging, runtime, tokenize};
 
 const QUEUE: u32 = 0;
+/// The `adapter` argument of the forward calls: no LoRA adapter.
+const BASE_MODEL: u32 = 0;
 const DEFAULT_MAX_NEW_TOKENS: usize = 32;
 
 /// What stays fixed, and what grows, over the decode loop.
@@ -125,11 +127,12 @@ fn step_or_finish(mut gen: Generation, step_tokens: Vec<u32>) -> Next {
     let last_page_len = (gen.num_context_tokens - (used.len() - 1) * gen.page_size) as u32;
     let last_input = inputs.len() as u32 - 1;
     if gen.fused {
-        let dist = forward::forward_text(QUEUE, &step_tokens, &positions, used, last_page_len, &[last_input], 1);
+        let dist =
+            forward::forward_text(QUEUE, &step_tokens, &positions, used, last_page_len, &[last_input], 1, BASE_MODEL);
         return Some((State::Decoding { gen, embedded: NO_FUTURE, forwarded: NO_FUTURE, dist }, vec![dist]));
     }
     let embedded = embeds::embed_text(QUEUE, &step_tokens, &positions, inputs);
-    let forwarded = forward::forward(QUEUE, used, last_page_len, inputs, &[last_input], &[output], &[]);
+    let forwarded = forward::forward(QUEUE, used, last_page_len, inputs, &[last_input], &[output], &[], BASE_MODEL);
     let dist = forward::get_next_dist(QUEUE, output, 1);
     Some((State::Decoding { gen, embedded, forwarded, dist }, vec![dist]))
 }

@@ -30,10 +30,14 @@ ALLOC_AHEAD_TOKENS = 64
 class Context(Editing, Sharing):
     """A token sequence being generated, with its KV cache. ``close()`` (or leaving a ``with``
     block) frees what it alone holds: its pages (shared ones stay with the contexts that still hold
-    them) and its queue."""
+    them) and its queue.
 
-    def __init__(self, priority: int = 0):
+    ``adapter`` is the LoRA adapter its forwards run through: 0, the base model, or an id from
+    ``open_adapter``; forks inherit it, and it may be changed between forwards."""
+
+    def __init__(self, priority: int = 0, adapter: int = 0):
         self.priority = priority
+        self.adapter = adapter
         self.queue = Queue(priority)
         self.tokens: list[int] = []   # forwarded: their K/V is in the pages
         self.pending: list[int] = []  # filled, forwarded with the next step
@@ -178,7 +182,7 @@ class Context(Editing, Sharing):
         used = -(-end // self.page_size)
         positions = [start] if count == 1 else list(range(start, end))
         handle = forward.forward_text(self.queue.id, tokens, positions, self.pages.handles[:used],
-                                      end - (used - 1) * self.page_size, output_indices, top_k)
+                                      end - (used - 1) * self.page_size, output_indices, top_k, self.adapter)
         self.tokens += tokens
         self.pending = self.pending[count:]
         return self.queue.result(handle, futures.take_dists)

@@ -12,12 +12,12 @@ class Editing:
     """Part of ``Context`` (its attributes are documented there)."""
 
     async def fork(self):
-        """A copy that continues independently, on a queue of its own with this one's priority.
+        """A copy that continues independently, on a queue of its own with this one's priority and adapter.
         Pending tokens are flushed first (but the last, which the copy carries); full pages are then
         shared (by reference) and the partial last page is copied."""
         await self.flush()
         num_full, num_partial = divmod(len(self.tokens), self.page_size)
-        child = type(self)(self.priority)
+        child = type(self)(self.priority, self.adapter)
         child.tokens, child.pending, child._hidden = list(self.tokens), list(self.pending), set(self._hidden)
         child.pages = self.pages.share_prefix(num_full)
         if num_partial:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import cache
 
-from wit_world.imports import futures, http, messaging, runtime, tokenize
+from componentize_py_types import Err
+from wit_world.imports import adapters, futures, http, messaging, runtime, tokenize
 
-from .tasks import HostFuture
+from .tasks import HostFuture, OvenError
 
 
 def args() -> list[str]:
@@ -70,6 +71,15 @@ def models() -> list[str]:
 def available_traits() -> list[str]:
     """Traits of the default model, e.g. "forward-text", "kvpage-host-tier"."""
     return runtime.available_traits()
+
+
+def open_adapter(name: str) -> int:
+    """The id of the server's LoRA adapter ``name``, for ``Context(adapter=...)`` (0 is the base model).
+    Raises OvenError naming why not: an unknown name, a model without the "lora-adapters" trait."""
+    try:
+        return adapters.open_adapter(name)
+    except Err as err:
+        raise OvenError(err.value) from None
 
 
 def vocab_size() -> int:

@@ -1,6 +1,6 @@
 //! `oven:inferlet/embeds`: token embeddings (input) and hidden states (output), one per handle.
 
-#[link(wasm_import_module = "oven:inferlet/embeds@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/embeds@0.2.0")]
 extern "C" {
     #[link_name = "alloc-embeds"]
     fn raw_alloc_embeds(q: u32, count: u32) -> u32;

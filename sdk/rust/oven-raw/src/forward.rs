@@ -2,7 +2,7 @@
 
 use crate::abi::RawList;
 
-#[link(wasm_import_module = "oven:inferlet/forward@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/forward@0.2.0")]
 extern "C" {
     #[link_name = "forward"]
     fn raw_forward(
@@ -18,6 +18,7 @@ extern "C" {
         outputs_len: usize,
         mask_ptr: *const RawList<u8>,
         mask_len: usize,
+        adapter: u32,
     ) -> u32;
     #[link_name = "get-next-dist"]
     fn raw_get_next_dist(q: u32, embed: u32, top_k: u32) -> u32;
@@ -34,12 +35,15 @@ extern "C" {
         output_indices_ptr: *const u32,
         output_indices_len: usize,
         top_k: u32,
+        adapter: u32,
     ) -> u32;
 }
 
 /// Run `inputs` as the last tokens of the context in `pages` (`last_page_len` valid tokens in the
 /// last page, inputs included); the hidden state of input `output_indices[j]` goes to
-/// `outputs[j]`. `mask` is empty or one packed-bits row per input (take-unit).
+/// `outputs[j]`. `mask` is empty or one packed-bits row per input; `adapter` is 0 (the base
+/// model) or an id from [`crate::adapters::open_adapter`] (take-unit).
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     q: u32,
     pages: &[u32],
@@ -48,6 +52,7 @@ pub fn forward(
     output_indices: &[u32],
     outputs: &[u32],
     mask: &[Vec<u8>],
+    adapter: u32,
 ) -> u32 {
     // list<list<u8>>: an array of (ptr, len) pairs pointing at the borrowed rows.
     let rows: Vec<RawList<u8>> = mask.iter().map(|row| RawList::borrow(row.as_slice())).collect();
@@ -65,6 +70,7 @@ pub fn forward(
             outputs.len(),
             rows.as_ptr(),
             rows.len(),
+            adapter,
         )
     }
 }
@@ -74,7 +80,9 @@ pub fn get_next_dist(q: u32, embed: u32, top_k: u32) -> u32 {
     unsafe { raw_get_next_dist(q, embed, top_k) }
 }
 
-/// Fused fast path: tokens in, one distribution per output index out (take-dists).
+/// Fused fast path: tokens in, one distribution per output index out; `adapter` as for
+/// [`forward`] (take-dists).
+#[allow(clippy::too_many_arguments)]
 pub fn forward_text(
     q: u32,
     tokens: &[u32],
@@ -83,6 +91,7 @@ pub fn forward_text(
     last_page_len: u32,
     output_indices: &[u32],
     top_k: u32,
+    adapter: u32,
 ) -> u32 {
     unsafe {
         raw_forward_text(
@@ -97,6 +106,7 @@ pub fn forward_text(
             output_indices.as_ptr(),
             output_indices.len(),
             top_k,
+            adapter,
         )
     }
 }

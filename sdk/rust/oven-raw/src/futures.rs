@@ -22,7 +22,7 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
-#[link(wasm_import_module = "oven:inferlet/futures@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/futures@0.2.0")]
 extern "C" {
     #[link_name = "poll"]
     fn raw_poll(fs_ptr: *const u32, fs_len: usize, ret: *mut u8);

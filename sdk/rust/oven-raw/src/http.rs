@@ -2,7 +2,7 @@
 
 use crate::abi::{borrow_str, RawList};
 
-#[link(wasm_import_module = "oven:inferlet/http@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/http@0.2.0")]
 extern "C" {
     #[link_name = "fetch"]
     fn raw_fetch(

@@ -2,7 +2,7 @@
 
 use crate::abi::RetArea;
 
-#[link(wasm_import_module = "oven:inferlet/kvpages@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/kvpages@0.2.0")]
 extern "C" {
     #[link_name = "alloc-kvpages"]
     fn raw_alloc_kvpages(q: u32, count: u32) -> u32;

@@ -1,4 +1,4 @@
-//! Raw bindings to the `oven:inferlet@0.1.0` world (`proto/wit/oven.wit`), written by hand.
+//! Raw bindings to the `oven:inferlet@0.2.0` world (`proto/wit/oven.wit`), written by hand.
 //!
 //! wit-bindgen is not available offline, so this crate spells out the component-model canonical
 //! ABI itself: one module per WIT interface, each an `extern "C"` block with the flattened core
@@ -18,6 +18,7 @@
 //! An inferlet exports `start`/`resume` with [`export_inferlet!`].
 
 pub mod abi;
+pub mod adapters;
 pub mod embeds;
 pub mod forward;
 pub mod futures;

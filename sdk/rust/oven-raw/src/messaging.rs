@@ -1,6 +1,6 @@
 //! `oven:inferlet/messaging`: messages to the client and between instances.
 
-#[link(wasm_import_module = "oven:inferlet/messaging@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/messaging@0.2.0")]
 extern "C" {
     #[link_name = "send"]
     fn raw_send(ptr: *const u8, len: usize);

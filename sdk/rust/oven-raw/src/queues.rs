@@ -1,6 +1,6 @@
 //! `oven:inferlet/queues`: command queues (queue 0 exists from the start).
 
-#[link(wasm_import_module = "oven:inferlet/queues@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/queues@0.2.0")]
 extern "C" {
     #[link_name = "create-queue"]
     fn raw_create_queue(priority: u32) -> u32;

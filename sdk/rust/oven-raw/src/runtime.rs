@@ -2,7 +2,7 @@
 
 use crate::abi::RetArea;
 
-#[link(wasm_import_module = "oven:inferlet/runtime@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/runtime@0.2.0")]
 extern "C" {
     #[link_name = "arguments"]
     fn raw_arguments(ret: *mut u8);

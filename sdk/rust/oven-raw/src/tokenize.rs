@@ -2,7 +2,7 @@
 
 use crate::abi::{borrow_str, RawList, RetArea};
 
-#[link(wasm_import_module = "oven:inferlet/tokenize@0.1.0")]
+#[link(wasm_import_module = "oven:inferlet/tokenize@0.2.0")]
 extern "C" {
     #[link_name = "tokenize"]
     fn raw_tokenize(text_ptr: *const u8, text_len: usize, ret: *mut u8);

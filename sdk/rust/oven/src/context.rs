@@ -22,10 +22,13 @@ const ALLOC_AHEAD_TOKENS: usize = 64;
 /// A token sequence being generated, with its KV cache.
 ///
 /// Dropping it frees what it alone holds: its pages (shared ones stay with the contexts that
-/// still hold them) and its queue, whose unfinished calls are cancelled.
+/// still hold them) and its queue, whose unfinished calls are cancelled. Its forwards run through
+/// the LoRA adapter set by [`Context::with_adapter`] (0, the default, is the base model); forks
+/// inherit it.
 pub struct Context {
     queue: Queue,
     priority: u32,
+    adapter: u32,
     page_size: usize,
     token_ids: Vec<u32>,
     /// Tokens `[..num_committed]` have their K/V in `pages`; the rest are pending.
@@ -59,6 +62,7 @@ impl Context {
         Context {
             queue: Queue::new(priority),
             priority,
+            adapter: 0,
             page_size: runtime::page_size() as usize,
             token_ids: Vec::new(),
             num_committed: 0,
@@ -68,6 +72,23 @@ impl Context {
             spare: None,
             side_calls: Vec::new(),
         }
+    }
+
+    /// This context with its forwards running through `adapter`: 0 (the base model) or an id from
+    /// [`open_adapter`](crate::open_adapter).
+    pub fn with_adapter(mut self, adapter: u32) -> Self {
+        self.adapter = adapter;
+        self
+    }
+
+    /// The LoRA adapter its forwards run through (0: the base model).
+    pub fn adapter(&self) -> u32 {
+        self.adapter
+    }
+
+    /// Run the next forwards through `adapter` (0: the base model).
+    pub fn set_adapter(&mut self, adapter: u32) {
+        self.adapter = adapter;
     }
 
     /// Append `text`, tokenized on its own (no call to the model yet).
@@ -239,6 +260,7 @@ impl Context {
             last_page_len,
             outputs,
             top_k,
+            self.adapter,
         );
         let dists = HostFuture::dists(call).await;
         let side_calls = self.check_side_calls();

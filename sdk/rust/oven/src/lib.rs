@@ -54,7 +54,9 @@ pub use io::{arguments, broadcast, fetch, instance_id, now_ms, receive, send, sl
 pub use join::{join, join_all, Join, JoinAll};
 pub use promise::Promise;
 pub use queue::Queue;
-pub use model::{available_traits, detokenize, models, page_size, render_chat, stop_tokens, tokenize, vocab_size};
+pub use model::{
+    available_traits, detokenize, models, open_adapter, page_size, render_chat, stop_tokens, tokenize, vocab_size,
+};
 pub use oven_raw::futures::{Distribution, HttpResponse};
 pub use sampling::{draw, Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
 pub use stop::Stop;

@@ -39,3 +39,10 @@ pub fn available_traits() -> Vec<String> {
 pub fn page_size() -> u32 {
     runtime::page_size()
 }
+
+/// The id of the server's LoRA adapter `name`, for [`Context::with_adapter`](crate::Context::with_adapter)
+/// (0 is the base model), or why it cannot be used: an unknown name, a model without the
+/// "lora-adapters" trait.
+pub fn open_adapter(name: &str) -> Result<u32, String> {
+    oven_raw::adapters::open_adapter(name)
+}

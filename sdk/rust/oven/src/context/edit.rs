@@ -7,13 +7,14 @@ use super::Context;
 use crate::HostFuture;
 
 impl Context {
-    /// A copy that continues independently, on a queue of its own. Pending tokens are flushed
-    /// first; full pages are then shared (by reference) and the partial last page is copied.
+    /// A copy that continues independently, on a queue of its own with this one's priority and
+    /// adapter. Pending tokens are flushed first; full pages are then shared (by reference) and
+    /// the partial last page is copied.
     pub async fn fork(&mut self) -> Result<Context, String> {
         self.flush().await?;
         let num_full = self.num_committed / self.page_size;
         let num_partial = self.num_committed % self.page_size;
-        let mut child = Context::with_priority(self.priority);
+        let mut child = Context::with_priority(self.priority).with_adapter(self.adapter);
         child.token_ids = self.token_ids.clone();
         child.num_committed = self.num_committed;
         child.dropped = self.dropped.clone();

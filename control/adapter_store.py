@@ -1,0 +1,138 @@
+"""The adapter store: the LoRA adapters a server loads at start, one folder per name.
+
+``$OVEN_CACHE_DIR/adapters/<name>/`` holds a copy of a PEFT LoRA folder, only
+its ``adapter_config.json`` and ``adapter_model.safetensors`` (nothing else is
+copied: no pickle, no code). A name is validated like a program name and is
+never a path. Adapters that ship with oven as package data (:data:`PACKAGED`,
+the AsyncLM adapter) are offered beside the stored ones by a server whose model
+they were trained for (``base_model_name_or_path`` in their config): a newer one
+in the package is used at the next start, and no copy of it goes stale in a
+cache; their names are reserved. The store only files adapters; whether one fits the served model
+is for the inference process to say when it loads it (``oven serve`` loads every
+stored adapter at start; ``oven adapters add`` with a server running loads it
+first and keeps it only if that succeeds). Without a server the CLI edits the
+store directly, checking no more than the files' presence, size and JSON shape.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from oven.proto.auth import default_cache_dir, private_dir
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+FILES = (CONFIG_FILE, WEIGHTS_FILE)
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MAX_CONFIG_BYTES = 1 << 20
+MAX_WEIGHTS_BYTES = 1 << 30  # the inference process has its own, smaller limit (max_adapter_bytes)
+# name -> (package, folder in it): the adapters that ship with oven.
+PACKAGED = {"asynclm": ("oven.client.asynclm", "adapter")}
+
+
+class AdapterStoreError(ValueError):
+    """A refused name or folder; the message is one line."""
+
+
+def default_adapter_dir() -> Path:
+    return default_cache_dir() / "adapters"
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not ADAPTER_NAME.match(name):
+        raise AdapterStoreError(f"an adapter name is 1-64 of A-Z a-z 0-9 . _ - (not starting with . _ -); "
+                                f"not {name!r}")
+
+
+def check_folder(folder: Path) -> None:
+    """What can be checked without the model: both files present, sizes, a JSON object naming LoRA."""
+    if not folder.is_dir():
+        raise AdapterStoreError(f"{folder}: not a folder")
+    for name, limit in ((CONFIG_FILE, MAX_CONFIG_BYTES), (WEIGHTS_FILE, MAX_WEIGHTS_BYTES)):
+        path = folder / name
+        if not path.is_file():
+            raise AdapterStoreError(f"{folder}: no {name} (expected a PEFT LoRA folder)")
+        if path.stat().st_size > limit:
+            raise AdapterStoreError(f"{folder}: {name} is over {limit >> 20} MiB")
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterStoreError(f"{folder}: {CONFIG_FILE} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise AdapterStoreError(f"{folder}: {CONFIG_FILE} does not describe a LoRA adapter (peft_type LORA)")
+
+
+def packaged_adapters(model_name: str) -> dict[str, Path]:
+    """The packaged adapters trained for ``model_name``, by name (missing package data is skipped)."""
+    found = {}
+    for name, (package, folder) in PACKAGED.items():
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        path = Path(next(iter(spec.submodule_search_locations))) / folder
+        try:
+            base = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8")).get("base_model_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if base == model_name:
+            found[name] = path
+    return found
+
+
+class AdapterStore:
+    """Adapter folders under ``root`` (created 0700), by name."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else default_adapter_dir()
+
+    def names(self) -> list[str]:
+        """Stored adapters, sorted; half-written entries (see :meth:`add`) and stray files are not names."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir()
+                      if ADAPTER_NAME.match(p.name) and p.is_dir() and all((p / f).is_file() for f in FILES))
+
+    def path(self, name: str) -> Path:
+        check_name(name)
+        return self.root / name
+
+    def has(self, name: str) -> bool:
+        return name in self.names()
+
+    def add(self, name: str, folder: Path) -> Path:
+        """Copy ``folder``'s two adapter files into the store as ``name``; its path in the store.
+
+        Written to a temporary folder first and renamed into place, so a name is
+        either absent or complete. AdapterStoreError for a bad name, a taken one or a bad folder.
+        """
+        check_name(name)
+        if name in PACKAGED:
+            raise AdapterStoreError(f"{name!r} is the name of an adapter that ships with oven; choose another")
+        folder = Path(folder).expanduser()
+        check_folder(folder)
+        root = private_dir(self.root)
+        target = root / name
+        if target.exists():
+            raise AdapterStoreError(f"an adapter named {name!r} exists; remove it first (oven adapters remove {name})")
+        staging = Path(tempfile.mkdtemp(prefix=".adding-", dir=root))
+        try:
+            for file in FILES:
+                shutil.copyfile(folder / file, staging / file)
+            os.rename(staging, target)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise AdapterStoreError(f"{folder}: cannot copy it into {root} ({exc.strerror or exc})") from None
+        return target
+
+    def remove(self, name: str) -> None:
+        """AdapterStoreError for a bad or unknown name."""
+        path = self.path(name)
+        if not path.is_dir():
+            raise AdapterStoreError(f"no adapter named {name!r}")
+        shutil.rmtree(path)
