@@ -6,6 +6,7 @@ import pytest
 
 from oven.control.scheduling.interception import (Action, Choice, CostProfile, InterceptedContext, InterceptionPolicy,
                                                   Location, decide, wastes)
+from oven.control.scheduling.profiler import DEFAULT, CostProfiler
 
 # recompute of n tokens: 1e-6 n^2 + 1e-3 n s (100 tokens: 0.11 s); a page copy 0.01 s; 4 pages per iteration
 PROFILE = CostProfile(recompute_a_s=1e-6, recompute_b_s=1e-3, swap_s_per_page=0.01, swap_budget_pages=4)
@@ -93,3 +94,16 @@ def test_policy_names_and_profile_validation():
         InterceptionPolicy("lru")
     with pytest.raises(ValueError, match="costs must not be negative"):
         CostProfile(1e-6, 1e-3, -0.01, 4)
+
+
+def test_the_profiler_learns_costs_from_answered_batches():
+    profiler = CostProfiler()
+    assert profiler.profile() == DEFAULT  # nothing measured yet
+    profiler.observe("forward_text", num_items=4, num_tokens=64, seconds=0.064)  # a prefill: 1 ms a token
+    profiler.observe("offload", num_items=8, num_tokens=8, seconds=0.004)  # 0.5 ms a page
+    profiler.observe("forward_text", num_items=16, num_tokens=16, seconds=0.05)  # a decode step
+    profiler.observe("mask_kvpage", num_items=8, num_tokens=8, seconds=9.0)  # neither: ignored
+    profile = profiler.profile()
+    # the step is the running mean 0.9 * 64 ms + 0.1 * 50 ms; the budget is the pages copied in one step
+    assert (profile.recompute_a_s, profile.recompute_b_s, profile.swap_s_per_page, profile.swap_budget_pages) == (
+        0.0, pytest.approx(1e-3), pytest.approx(5e-4), 125)

@@ -376,6 +376,9 @@ class ControlLoop:
 
     def close(self) -> None:
         self._stopping = True
+        log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
+                 "ahead of their return; %d instances swapped out for the pool", self.profiler.profile(),
+                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in, self.allocator.num_preempted)
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
         self.http.close()
