@@ -55,6 +55,7 @@ class FakeDeviceConfig:
     num_host_pages: int = 4096
     max_batch_items: int = 512
     max_batch_tokens: int = 8192
+    timeline_batches: int = 0  # the server's timeline (TimelineRequest); 0: off
 
     def __post_init__(self) -> None:
         if self.base_ms < 0 or self.per_item_ms < 0:
@@ -126,7 +127,7 @@ class FakeEngine:
 
 def serve(endpoint: str, config: FakeDeviceConfig, tokenizer: p.TokenizerSpec) -> None:
     """Process entry point: serve until SIGTERM or SIGINT."""
-    server = InferenceServer(endpoint)
+    server = InferenceServer(endpoint, timeline_batches=config.timeline_batches)
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
     server.serve_forever(FakeEngine(config, tokenizer))

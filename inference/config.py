@@ -70,6 +70,7 @@ class InferenceConfig:
     max_adapter_rank: int = 256
     max_adapter_bytes: int = 64 << 20  # size of an adapter's adapter_model.safetensors
     seed: int = 0
+    timeline_batches: int = 0  # the last this many batches' start and end are kept (TimelineRequest); 0: off
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -84,6 +85,8 @@ class InferenceConfig:
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ValueError(f"{field} must be positive")
+        if self.timeline_batches < 0:
+            raise ValueError("timeline_batches must be 0 (off) or positive")
         if self.cuda_graph_max_batch < 0:
             raise ValueError("cuda_graph_max_batch must be 0 (no CUDA graphs) or positive")
         for field in ("num_embeds", "max_batch_items", "max_batch_tokens", "default_top_k", "max_adapters",

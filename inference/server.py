@@ -22,6 +22,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 
 import zmq
 
@@ -34,6 +35,7 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import InferenceConfig
 from .engine import BatchTooLarge, Engine
+from .timeline import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,11 @@ MAX_MESSAGE_BYTES = 256 << 20
 class InferenceServer:
     """Binds ``endpoint`` at once; serves once :meth:`serve_forever` is given the engine."""
 
-    def __init__(self, endpoint: str, keys: tuple[Keypair, bytes] | None = None):
-        """``keys``: this server's key pair and the one client public key it admits (else no security)."""
+    def __init__(self, endpoint: str, keys: tuple[Keypair, bytes] | None = None, timeline_batches: int = 0):
+        """``keys``: this server's key pair and the one client public key it admits (else no security);
+        ``timeline_batches``: how many batches the timeline keeps (0: none)."""
         self.engine: Engine | None = None
+        self.timeline = Timeline(timeline_batches)
         self.endpoint = endpoint
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -84,7 +88,8 @@ class InferenceServer:
         """Decode, run and encode one request; never raises."""
         codec = p.CODEC
         head = codec.peek_list_length(payload, "items")  # (request_id, class, number of items)
-        if head is not None and head[1] in p.BATCH_REQUESTS:
+        batch = head is not None and head[1] in p.BATCH_REQUESTS
+        if batch:
             try:
                 self.engine.check_batch_size(head[2])
             except BatchTooLarge as exc:  # refused before a single item is decoded
@@ -94,11 +99,16 @@ class InferenceServer:
         except ProtocolError as exc:
             return codec.encode(p.ErrorReply("malformed", str(exc)), codec.peek_request_id(payload))
         request = envelope.message
+        if isinstance(request, p.TimelineRequest):
+            return codec.encode(self.timeline.reply(request.clear), envelope.request_id)
         if type(request) not in self.engine.handlers:
             return codec.encode(p.ErrorReply("not_a_request", f"{type(request).__name__} is not a request"),
                                 envelope.request_id)
         try:
+            start_ns = time.monotonic_ns()
             reply = self.engine.handle(request)
+            if batch:  # when the device ran it
+                self.timeline.record(codec.tag(type(request)), head[2], start_ns, time.monotonic_ns())
         except BatchTooLarge as exc:
             reply = p.ErrorReply("batch_too_large", str(exc))
         except Exception as exc:  # a failing batch must not take the server down
@@ -135,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     try:
         cfg = config_from_args(InferenceConfig, args)
-        server = InferenceServer(cfg.endpoint or default_inference_endpoint(), take_inference_keys())
+        server = InferenceServer(cfg.endpoint or default_inference_endpoint(), take_inference_keys(),
+                                 cfg.timeline_batches)
         signal.signal(signal.SIGTERM, server.stop)
         signal.signal(signal.SIGINT, server.stop)
         engine = Engine(cfg, progress=not args.quiet)

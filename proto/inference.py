@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 
-PROTOCOL_VERSION = 3  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id
+PROTOCOL_VERSION = 4  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id; 4: timeline
 
 # Traits (Pie §4.4) a model served by an inference process may implement.
 TRAIT_INPUT_TEXT = "input_text"
@@ -237,6 +237,14 @@ class HealthRequest:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class TimelineRequest:
+    """The batches the server ran, as far back as its timeline keeps (``--timeline-batches``); ``clear``
+    empties it after the reply."""
+
+    clear: bool = False
+
+
 def num_batch_tokens(request) -> int:
     """What a batch request costs against ``InfoReply.max_batch_tokens``: the input tokens of its
     ``embed_text``, ``forward`` and ``forward_text`` items, 1 for any other item. A request with more
@@ -337,6 +345,18 @@ class HealthReply:
 
 
 @dataclass(frozen=True, slots=True)
+class TimelineReply:
+    """One entry per batch, oldest first: its call type, items, and start and end (ns, the server's
+    monotonic clock: only differences mean anything). ``capacity`` 0: the timeline is off."""
+
+    call_types: list[str]
+    num_items: list[int]
+    starts_ns: list[int]
+    ends_ns: list[int]
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorReply:
     """The whole message was rejected (malformed, unknown type, wrong version)."""
 
@@ -366,12 +386,14 @@ CODEC = Codec(
         "unload_adapter": UnloadAdapterRequest,
         "info": InfoRequest,
         "health": HealthRequest,
+        "timeline": TimelineRequest,
         "ack": AckReply,
         "next_dist_reply": NextDistReply,
         "forward_text_reply": ForwardTextReply,
         "adapter_reply": AdapterReply,
         "info_reply": InfoReply,
         "health_reply": HealthReply,
+        "timeline_reply": TimelineReply,
         "error": ErrorReply,
         "idle": IdleNotice,
     },

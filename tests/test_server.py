@@ -179,3 +179,21 @@ def test_sigterm_stops_the_server_cleanly():
     config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=4, num_embeds=16, torch_threads=1)
     process = start_inference_process(config, timeout_s=120)
     assert process.stop() == 0
+
+
+def test_the_timeline_keeps_the_last_batches_in_order_and_is_off_by_default(client):
+    assert client.call(p.TimelineRequest()) == p.TimelineReply([], [], [], [], 0)  # the module's server: off
+    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=NUM_PAGES, torch_threads=1,
+                             timeline_batches=3)
+    with start_inference_process(config, timeout_s=120) as process, process.client() as timed:
+        timed.call(p.ForwardTextRequest([good_item(), good_item()]))
+        for _ in range(3):
+            timed.call(p.CopyKvPageRequest([p.CopyKvPageItem(0, 1, 0, 0, 1)]))
+        timed.call(p.HealthRequest())  # not a batch: not on the timeline
+        timeline = timed.call(p.TimelineRequest(clear=True))
+        assert (timeline.call_types, timeline.num_items, timeline.capacity) == (["copy_kvpage"] * 3, [1] * 3, 3)
+        spans = list(zip(timeline.starts_ns, timeline.ends_ns))
+        assert all(start <= end for start, end in spans)
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))  # one at a time
+        timed.call(p.ForwardTextRequest([good_item()]))
+        assert timed.call(p.TimelineRequest()).call_types == ["forward_text"]  # cleared before it
