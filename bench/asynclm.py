@@ -90,12 +90,12 @@ def workload(scenario, scale: float, all_functions: bool) -> tuple[Workload, dic
     return w, options
 
 
-def run_one(client, program, scenario, kind, scale, label, args, cost_model) -> Run:
+def run_one(client, program, scenario, kind, scale, label, args) -> Run:
     mode, extra = MODES[label]
     w, options = workload(scenario, scale, args.all_functions)
     longest_s = max(w.latency(c) for chain in w.plan for c in chain)
     spec = session_spec(w, mode, **options, **extra, answer_tokens=args.answer_tokens, max_tokens=args.max_tokens,
-                        cost_model=cost_model, call_timeout_ms=int(30000 + 4000 * longest_s))
+                        call_timeout_ms=int(30000 + 4000 * longest_s))
     session = run_session(client, program, w, spec, timeout_s=30 + 4 * longest_s)
     run = Run(kind, scenario.id, scale, label, scenario.chains, session.trace,
               {t.call_id: 1000 * (t.finished_s - t.started_s) for t in session.timings if t.finished_s})
@@ -109,34 +109,32 @@ def run_one(client, program, scenario, kind, scale, label, args, cost_model) -> 
     return run
 
 
-def profile_trap_costs(client, program) -> dict | None:
-    """A warm-up session that must trap, so the trap handler profiles its cost models once."""
+def warm_up(client, program) -> None:
+    """A session that traps, so the first measured one pays for no compilation or first use."""
     scenario = load_scenarios("parallel", limit=1)[0]
     w, options = workload(scenario, 1.0, False)
     w.latency = lambda call: 3.0
-    session = run_session(client, program, w, session_spec(w, "async", **options, answer_tokens=1, kv="auto"))
-    return next((e.get("cost_model") for e in session.trace if e["type"] == "done"), None)
+    run_session(client, program, w, session_spec(w, "async", **options, answer_tokens=1, kv="auto"))
 
 
-def measure(args) -> tuple[list[Run], dict | None]:
+def measure(args) -> list[Run]:
     asynclm = library_program("asynclm")
     runs: list[Run] = []
     with embedded_server(args.model, default_state_dir()) as client:
         program = client.upload_file(asynclm.path, asynclm.name)
         t = time.perf_counter()
-        cost_model = profile_trap_costs(client, program)
-        print(f"warm-up and trap-handler profile: {time.perf_counter() - t:.0f} s, cost model {cost_model}",
-              flush=True)
+        warm_up(client, program)
+        print(f"warm-up: {time.perf_counter() - t:.0f} s", flush=True)
         for kind in args.sets:
             for i, scenario in enumerate(load_scenarios(kind, limit=args.samples)):
                 for j, scale in enumerate(args.latency_scale):
                     order = args.modes[(i + j) % len(args.modes):] + args.modes[:(i + j) % len(args.modes)]
                     for _ in range(args.reps):
                         for label in order:
-                            run = run_one(client, program, scenario, kind, scale, label, args, cost_model)
+                            run = run_one(client, program, scenario, kind, scale, label, args)
                             runs.append(run)
                             print(progress(run), flush=True)
-    return runs, cost_model
+    return runs
 
 
 def progress(run: Run) -> str:
@@ -183,7 +181,7 @@ def main() -> int:
         print("\n".join(machine_lines()), flush=True)
         raw = {"args": {k: v for k, v in vars(args).items() if k in SETTINGS}, "argv": sys.argv[1:],
                "machine": machine_lines(), "load": [os.getloadavg()[0]]}
-        runs, raw["cost_model"] = measure(args)
+        runs = measure(args)
         raw.update(load=raw["load"] + [os.getloadavg()[0]], measured=time.strftime("%Y-%m-%d %H:%M %Z"))
         if args.raw:
             args.raw.write_text(json.dumps({**raw, "runs": [dataclasses.asdict(r) for r in runs]}))

@@ -90,7 +90,8 @@ def kv_section(samples: list[Sample]) -> str:
                      f"{sum(a.text() == k.text() for a, k in same)} of {len(same)}",
                      f"{len(pairs) - len(same)} of {len(pairs)}"])
     return ("## KV memory-time: trap handler (kv=auto) against always-keep\n\nSum over the samples of "
-            "`kv_page_ms_saved` (device pages × ms not held while waiting), beside the page-ms of the waits "
+            "`kv_page_ms_saved` (device pages × ms the inferlet itself freed while waiting: 0 under auto, where "
+            "the server's interception policy places the KV), beside the page-ms of the waits "
             "(pages × wait, from the `kv` events) of the auto run and of the keep run. Same tokens: equal text "
             "events, over the pairs with the same schedule (calls, interrupts and traps in the same order); where "
             "timing moved a result or a trap, the two contexts differ and so may the tokens.\n\n"
@@ -115,8 +116,7 @@ def report(runs: list[Run], modes: list[str], args, raw: dict) -> list[str]:
                 f"latency scales {', '.join(f'{x:g}' for x in args.latency_scale)}; {args.reps} rep(s) per mode, "
                 f"the fastest kept; {args.answer_tokens} answer tokens; "
                 f"{'all functions' if args.all_functions else 'only the called functions'} in the prompt; "
-                f"{args.model} on one embedded server. Trap-handler cost model, profiled once in a warm-up "
-                f"session: `{raw['cost_model']}`. Load average (1 min) at start {raw['load'][0]:.1f}, "
+                f"{args.model} on one embedded server. Load average (1 min) at start {raw['load'][0]:.1f}, "
                 f"at end {raw['load'][1]:.1f}.")
     return [settings, per_sample_section(samples, modes), aggregate_section(samples, modes),
             theorem_62_section(points), kv_section(samples),

@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     alm.add_argument("--mode", default="async", choices=["async", "async-naive", "sync", "sync-parallel"])
     alm.add_argument("--stateless", action="store_true", help="sync modes: re-prefill after every call")
     alm.add_argument("--kv", default="auto", choices=["auto", "keep", "offload", "drop"],
-                     help="KV cache while waiting at a trap (default %(default)s: by measured cost models)")
+                     help="KV cache while waiting at a trap (default %(default)s: placed by the server's interception "
+                          "policy, told the expected wait)")
     alm.add_argument("--plan", action="store_true",
                      help="pin the calls (the demo task's, or the BFCL sample's) like the paper's cheat sheet, for "
                           "latency measurements; every token is still a real decode step (default: the model writes "

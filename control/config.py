@@ -8,6 +8,7 @@ from pathlib import Path
 from oven.control.adapter_store import default_adapter_dir
 from oven.control.resources.exhaustion import ExhaustionPolicy
 from oven.control.runtime.http_allow import AllowList
+from oven.control.scheduling.interception import InterceptionPolicy
 from oven.control.scheduling.policy import DEFAULT_K, DEFAULT_T_S, DispatchPolicy
 from oven.proto.auth import default_cache_dir, default_state_dir
 
@@ -25,7 +26,8 @@ class ControlConfig:
     dispatch_policy: str = "adaptive"  # adaptive | eager | k | t (scheduling.policy.NAMES)
     dispatch_k: int = DEFAULT_K  # the k policy: batch size that triggers a dispatch
     dispatch_t_ms: float = DEFAULT_T_S * 1000  # the t policy: oldest wait that triggers a dispatch
-    exhaustion_policy: str = "terminate-newest"  # terminate-newest | wait | offload (resources.exhaustion)
+    exhaustion_policy: str = "preempt"  # preempt | terminate-newest | wait | offload (resources.exhaustion)
+    interception_policy: str = "infercept"  # infercept | preserve | discard | swap (scheduling.interception)
     max_instances: int = 1024
     max_instances_per_client: int = 256  # running at once, per client but the operator
     finished_instances: int = 100  # ended instances `oven ps` still shows (and `oven attach` replays), newest
@@ -47,6 +49,7 @@ class ControlConfig:
     # Parsed from the settings above once, here (not settings: no flag, file entry or variable names them).
     dispatch: DispatchPolicy = field(init=False, repr=False, compare=False)
     exhaustion: ExhaustionPolicy = field(init=False, repr=False, compare=False)
+    interception: InterceptionPolicy = field(init=False, repr=False, compare=False)
     http_allow_list: AllowList = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +65,7 @@ class ControlConfig:
         parsed = {  # a bad name or entry fails here, at start, naming it
             "dispatch": DispatchPolicy.named(self.dispatch_policy, k=self.dispatch_k, t_s=self.dispatch_t_ms / 1000),
             "exhaustion": ExhaustionPolicy(self.exhaustion_policy),
+            "interception": InterceptionPolicy(self.interception_policy),
             "http_allow_list": AllowList.parse(self.http_allow),
         }
         for name, value in parsed.items():

@@ -95,7 +95,8 @@ class ListInstances:
 class InstanceEntry:
     instance_id: str
     program: str  # the name its owner (or the library) has for it, else the start of its SHA-256
-    state: str  # ready | waiting | held (a client is behind on its output) | finished | failed (a trap or an
+    state: str  # ready | waiting | held (a client is behind on its output) | preserved (intercepted: waits on I/O,
+    # its KV kept on the device) | swapped (its KV on the host tier) | finished | failed (a trap or an
     # exception: its own fault) | killed (by a client, its lease, the pool-exhaustion policy, a shutdown)
     age_s: float
     exit_code: int | None

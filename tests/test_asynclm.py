@@ -130,6 +130,27 @@ def test_sync_modes_wait_as_their_baselines_do(loop, mode, order):
     assert_no_interrupt_inside_a_call(context_text(loop, done))
 
 
+def test_auto_hands_the_wait_to_the_servers_interception_policy(loop):
+    """Under kv=auto the trap handler decides nothing itself: it tells the server how long the wait
+    should last (a pause hint, which the server holds while the instance waits) and the server's
+    interception policy places the KV."""
+    hinted, answered = [], set()
+
+    def answer_once_hinted(c):
+        kv = [e for e in c.trace if e["type"] == "kv"]
+        if len(kv) == len(hinted) or not c.inst.io_idle:
+            return  # not waiting yet, or this wait's calls are already answered
+        hinted.append(c.inst.pause_until is not None)
+        for event in c.trace:
+            if event["type"] == "call" and event["id"] not in answered:
+                answered.add(event["id"])
+                c.reply(event["id"], f"value-{event['id']}")
+    client = Client(loop, {"mode": "async", "plan": [["quick(1)", "medium(2)"]]}, answer=lambda c, e: None)
+    done = client.run(answer_once_hinted)
+    assert (done["decisions"], done["kv_page_ms_saved"], hinted) == ({"pool": 2}, 0, [True, True])
+    assert_pools_full(loop)
+
+
 def test_keep_offload_and_drop_resume_to_the_same_continuation_and_free_device_pages(loop):
     """A dependent chain forces a trap; while the model waits, offload/drop hold no device page."""
     results = {}

@@ -7,6 +7,7 @@ import pytest
 from oven.control.config import ControlConfig
 from oven.control.resources import ExhaustionPolicy
 from oven.control.scheduling import DispatchPolicy
+from oven.control.scheduling.interception import InterceptionPolicy
 from oven.inference.config import InferenceConfig
 from oven.proto.config_loader import add_config_arguments, config_from_args, config_to_argv
 
@@ -52,16 +53,18 @@ def test_unknown_file_setting_is_rejected(tmp_path):
 
 
 def test_control_policies_are_parsed_once_into_typed_values(tmp_path):
-    """``dispatch``, ``exhaustion`` and ``http_allow_list`` come from the settings and are no settings
+    """``dispatch``, ``exhaustion``, ``interception`` and ``http_allow_list`` come from the settings and are no settings
     themselves: no flag, file entry or round-trip argument names them."""
     parser = argparse.ArgumentParser()
     add_config_arguments(parser, ControlConfig)
     config = tmp_path / "oven.toml"
-    config.write_text('[control]\ndispatch_policy = "k"\ndispatch_k = 8\nexhaustion_policy = "offload"\n')
+    config.write_text('[control]\ndispatch_policy = "k"\ndispatch_k = 8\nexhaustion_policy = "offload"\n'
+                      'interception_policy = "swap"\n')
     cfg = config_from_args(ControlConfig, parser.parse_args(["--config", str(config)]), section="control")
-    assert (cfg.dispatch, cfg.exhaustion) == (DispatchPolicy.k(8), ExhaustionPolicy.offload())
+    assert (cfg.dispatch, cfg.exhaustion, cfg.interception) == (DispatchPolicy.k(8), ExhaustionPolicy.offload(),
+                                                                InterceptionPolicy.swap())
     assert config_from_args(ControlConfig, parser.parse_args(config_to_argv(cfg)), section="control") == cfg
-    derived = {"--dispatch", "--exhaustion", "--http-allow-list"}
+    derived = {"--dispatch", "--exhaustion", "--interception", "--http-allow-list"}
     assert not derived & set(config_to_argv(cfg)) and not derived & set(parser.format_help().split())
     config.write_text('[control]\ndispatch = "eager"\n')
     with pytest.raises(ValueError, match="unknown settings in \\[control\\]: dispatch$"):
@@ -70,3 +73,5 @@ def test_control_policies_are_parsed_once_into_typed_values(tmp_path):
         ControlConfig(dispatch_policy="lazy")
     with pytest.raises(ValueError, match="unknown exhaustion policy 'lifo'"):
         ControlConfig(exhaustion_policy="lifo")
+    with pytest.raises(ValueError, match="unknown interception policy 'lru'"):
+        ControlConfig(interception_policy="lru")

@@ -42,11 +42,11 @@ def expected(inference):
                 for prompt in (PROMPT_A, PROMPT_B)}
 
 
-def make_loop(inference, tmp_path, policy: str):
+def make_loop(inference, tmp_path, policy: str, programs=("hello-python", "prefix-cache")):
     events = []
     loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
-    for name in ("hello-python", "prefix-cache"):
+    for name in programs:
         loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name)
     loop.events = events
     return loop
@@ -139,4 +139,36 @@ def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expecte
     assert message(loop, waiter) == expected[PROMPT_B]
     loop.kill(holder, "the test is over")
     assert loop.kv_pool.num_free == NUM_PAGES
+    loop.close()
+
+
+def test_preempt_runs_more_instances_than_the_pool_holds_with_the_outputs_of_a_big_pool(inference, expected, tmp_path):
+    """Six completions on 5 pages (each needs 3, the SDK allocates as it goes): none is killed, each
+    output is the one a pool big enough for all gives, and every page and host slot comes back."""
+    loop = make_loop(inference, tmp_path, "preempt", ("text-completion",))
+    prompts = [PROMPT_A, PROMPT_B] * 3
+    runs = [loop.launch("text-completion", [prompt, str(NEW)]) for prompt in prompts]
+    settle(loop, *runs)
+    assert [(r.state, message(loop, r)) for r in runs] == [(State.FINISHED, expected[p]) for p in prompts]
+    assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.allocator.num_waiting) == (NUM_PAGES, 8, 0)
+    loop.close()
+
+
+def test_preempt_swaps_out_the_newer_instance_and_resumes_it_intact(inference, expected, tmp_path):
+    """The newer instance holds pages, stopped mid-generation; the older one needs them: the newer is
+    swapped to the host tier (not killed), and finishes with the same tokens once it runs again."""
+    loop = make_loop(inference, tmp_path, "preempt", ("text-completion",))
+    old = loop.launch("text-completion", [PROMPT_A, str(NEW)])
+    new = loop.launch("text-completion", [PROMPT_B, str(NEW)])
+    loop.hold_output(old.instance_id, True)
+    assert loop.run_until(lambda: new.resources.num_kvpages >= 3, 30)
+    loop.hold_output(new.instance_id, True)  # it stops between two slices, holding 3 of the 5 pages
+    loop.hold_output(old.instance_id, False)
+    settle(loop, old)
+    assert message(loop, old) == expected[PROMPT_A]
+    assert (loop.allocator.num_preempted, new.resources.num_offloaded, loop.host_pool.num_free) == (1, 3, 5)
+    loop.hold_output(new.instance_id, False)
+    settle(loop, new)
+    assert (new.state, message(loop, new)) == (State.FINISHED, expected[PROMPT_B])
+    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, 8)
     loop.close()

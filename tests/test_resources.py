@@ -485,6 +485,7 @@ def test_policy_names_and_validation():
     assert ExhaustionPolicy("terminate-newest") == ExhaustionPolicy.terminate_newest()
     assert ExhaustionPolicy.wait(5.0).max_wait_s == 5.0
     assert ExhaustionPolicy.offload().name == "offload"
+    assert ExhaustionPolicy.preempt().fcfs and not ExhaustionPolicy.wait().fcfs
     with pytest.raises(ValueError, match="unknown exhaustion policy"):
         ExhaustionPolicy("lifo")
     with pytest.raises(ValueError, match="max_wait_s"):
@@ -550,6 +551,36 @@ def test_offload_falls_back_to_terminate_newest():
     assert choose_victims(policy, fleet, "req", 2, now=9.0, num_free_host_slots=1) == Decision(terminate=("new",))
     requester_paused = [usage("req", 0.0, 5, num_offloadable=5, io_wait_since=0.0)]
     assert choose_victims(policy, requester_paused, "req", 1, now=9.0, num_free_host_slots=8).terminate == ("req",)
+
+
+def test_preempt_swaps_out_io_waiters_first_then_the_newest_newer_than_the_requester():
+    fleet = [
+        usage("req", 0.0, 2, num_offloadable=2),
+        usage("paused", 1.0, 3, num_offloadable=3, io_wait_since=5.0),
+        usage("mid", 2.0, 2, num_offloadable=2),
+        usage("busy", 3.0, 2),  # its calls are in flight: nothing to move now
+        usage("new", 4.0, 2, num_offloadable=2),
+    ]
+    policy = ExhaustionPolicy.preempt()
+    assert choose_victims(policy, fleet, "req", 3, now=9.0, num_free_host_slots=8) == Decision(offload=("paused",))
+    assert choose_victims(policy, fleet, "req", 5, now=9.0, num_free_host_slots=8) == Decision(
+        offload=("paused", "new"))
+    # "paused" does not fit in 2 host slots; the newest does
+    assert choose_victims(policy, fleet, "req", 2, now=9.0, num_free_host_slots=2) == Decision(offload=("new",))
+    # an older instance is never preempted for a newer one: "mid" only waits ("busy" can still free)
+    assert choose_victims(policy, fleet, "mid", 4, now=9.0, num_free_host_slots=2) == Decision(wait=True)
+
+
+def test_preempt_waits_while_pages_can_come_back_and_kills_only_when_nothing_can():
+    policy = ExhaustionPolicy.preempt()
+    parked = [usage("old", 0.0, 3, blocked_since=1.0), usage("req", 1.0, 2, num_offloadable=2, blocked_since=2.0)]
+    # the older parked instance will swap the requester out: it waits
+    assert choose_victims(policy, parked, "req", 1, now=3.0, num_free_host_slots=2) == Decision(wait=True)
+    # the host tier is full and every holder is parked: a deadlock no swap can break
+    assert choose_victims(policy, parked, "req", 1, now=3.0, num_free_host_slots=1) == Decision(terminate=("req",))
+    assert choose_victims(policy, parked, "old", 1, now=3.0, num_free_host_slots=1) == Decision(terminate=("req",))
+    # it needs more than everyone else holds: it can never fit
+    assert choose_victims(policy, FLEET, "old", 6, now=0.0, num_free_host_slots=99) == Decision(terminate=("old",))
 
 
 def test_choose_victims_rejects_bad_arguments():

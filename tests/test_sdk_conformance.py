@@ -67,7 +67,7 @@ def scenarios(greedy) -> dict[str, str]:
         "drop": f"drop|{LONG}|2|18",
         "share": f"share|{PARTIAL}|8",
         "truncate": f"truncate|{PARTIAL}|12|10",
-        **{mode: f"kv|{PARTIAL}|3|8|{mode}" for mode in ("offload", "evict", "ahead")},
+        **{mode: f"kv|{PARTIAL}|3|8|{mode}" for mode in ("offload", "evict", "ahead", "pause")},
         "ahead of a stop": f"ahead|{PARTIAL}|40|{greedy[PARTIAL, 24][0]}",
         "dists": f"dists|{PARTIAL}|3",
         "adapter": f"adapter|{ADAPTER}|{PARTIAL}|12",
@@ -200,10 +200,10 @@ def test_truncate_then_generate(reports, loop, inference, tokenizer, greedy):
     assert len(report["truncated_pages"]) == 1
 
 
-@pytest.mark.parametrize("mode, pages_after", [("offload", 1), ("evict", 0), ("ahead", 1)])
+@pytest.mark.parametrize("mode, pages_after", [("offload", 1), ("evict", 0), ("ahead", 1), ("pause", 1)])
 def test_offload_evict_and_freeing_pages_ahead_change_no_token(reports, greedy, mode, pages_after):
     """After the prefill and 3 decode steps (16 tokens forwarded, a page prefetched), each frees
-    the prefetched page; the generation goes on as if nothing happened."""
+    the prefetched page (a pause hint too); the generation goes on as if nothing happened."""
     report = both(reports, mode)
     assert len(report["after"]) == pages_after
     assert report["tokens"] == greedy[PARTIAL, 24][3:11]

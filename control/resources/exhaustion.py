@@ -15,6 +15,12 @@ Three policies, named as in the config:
 * ``offload`` — InferCept's *swap*: move the device pages of instances that are
   waiting on I/O to the host tier, those wasting the most memory x time first;
   fall back to terminate-newest when that cannot free enough.
+* ``preempt`` (the default) — vLLM's preemption, with swap as its first answer:
+  swap out instances waiting on I/O, then the newest instances newer than the
+  requester (their own allocations wait, FCFS by arrival); when neither covers
+  the shortage, the requester waits while anyone can still free or take pages
+  from it. Killing is left for a deadlock that no swap can break: every holder
+  parked and the host tier too small.
 
 The runtime calls again whenever the picture changes (an instance exits or
 blocks), so a parked call is re-decided rather than left to deadlock.
@@ -28,7 +34,8 @@ from dataclasses import dataclass
 TERMINATE_NEWEST = "terminate-newest"
 WAIT = "wait"
 OFFLOAD = "offload"
-POLICY_NAMES = (TERMINATE_NEWEST, WAIT, OFFLOAD)
+PREEMPT = "preempt"
+POLICY_NAMES = (PREEMPT, TERMINATE_NEWEST, WAIT, OFFLOAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,16 @@ class ExhaustionPolicy:
     def offload(cls) -> ExhaustionPolicy:
         return cls(OFFLOAD)
 
+    @classmethod
+    def preempt(cls) -> ExhaustionPolicy:
+        return cls(PREEMPT)
+
+    @property
+    def fcfs(self) -> bool:
+        """Allocations are granted in arrival order: a newer instance waits behind an older parked one,
+        and new instances are not started while anyone waits (admission control)."""
+        return self.name == PREEMPT
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceUsage:
@@ -61,7 +78,8 @@ class InstanceUsage:
 
     ``num_reclaimable``: freed if the instance exits (``ExportRegistry.num_freed_by_exit``
     for KvPages, ``num_embeds`` for Embeds). ``num_offloadable``: KvPages freed if its
-    exclusive device pages move to the host tier (0 for an Embed shortage).
+    exclusive device pages move to the host tier now (0 for an Embed shortage, and 0 while
+    calls that use them are queued or in flight).
     ``io_wait_since``: when it began waiting on I/O (a tool call, http, the user), else None.
     ``blocked_since``: when it was parked on an allocation under ``wait``, else None.
     """
@@ -108,6 +126,8 @@ def choose_victims(
         chosen = _offload_candidates(others, needed, now, num_free_host_slots)
         if chosen:
             return Decision(offload=chosen)
+    elif policy.name == PREEMPT:
+        return _preempt(instances, index, needed, now, num_free_host_slots)
     elif policy.name == WAIT and _waiting_can_succeed(policy, requester, others, needed, now):
         return Decision(wait=True)
     return Decision(terminate=_newest_first(instances, index, needed))
@@ -144,16 +164,48 @@ def _waiting_can_succeed(
     return any(u.blocked_since is None and u.num_reclaimable > 0 for u in others)
 
 
+def _preempt(instances: Sequence[InstanceUsage], index: int, needed: int, now: float,
+             num_free_host_slots: int) -> Decision:
+    requester = instances[index]
+    rank = (requester.started_at, index)
+    others = [u for i, u in enumerate(instances) if i != index]
+    if sum(u.num_reclaimable for u in others) < needed:
+        return Decision(terminate=(requester.instance_id,))  # it cannot fit even alone: waiting is forever
+    idle = _by_idle_waste([u for u in others if u.io_wait_since is not None], now)
+    newer = sorted((i for i, u in enumerate(instances) if (u.started_at, i) > rank and u.io_wait_since is None),
+                   key=lambda i: (instances[i].started_at, i), reverse=True)
+    chosen = _covering(idle + [instances[i] for i in newer], needed, num_free_host_slots)
+    if chosen:
+        return Decision(offload=chosen)
+    # Pages come back when a holder that is not itself parked runs on and frees them, or when
+    # an older parked instance swaps the requester out (it gives up what it holds).
+    if (any(u.blocked_since is None and u.num_reclaimable > 0 for u in others)
+            or 0 < requester.num_offloadable <= num_free_host_slots):
+        return Decision(wait=True)
+    return Decision(terminate=_newest_first(instances, index, needed))
+
+
+def _by_idle_waste(waiting: list[InstanceUsage], now: float) -> list[InstanceUsage]:
+    # InferCept ranks paused requests by the memory x time that preserving them wastes; the
+    # remaining wait is unknown, so the time already waited stands in for it.
+    return sorted(waiting, key=lambda u: u.num_offloadable * (now - u.io_wait_since), reverse=True)
+
+
 def _offload_candidates(
     others: list[InstanceUsage], needed: int, now: float, num_free_host_slots: int
 ) -> tuple[Hashable, ...]:
     """Instances waiting on I/O whose pages cover ``needed`` within the free host slots, or ()."""
-    waiting = [u for u in others if u.io_wait_since is not None and u.num_offloadable > 0]
-    # InferCept ranks paused requests by the memory x time that preserving them wastes; the
-    # remaining wait is unknown, so the time already waited stands in for it.
-    waiting.sort(key=lambda u: u.num_offloadable * (now - u.io_wait_since), reverse=True)
+    return _covering(_by_idle_waste([u for u in others if u.io_wait_since is not None], now), needed,
+                     num_free_host_slots)
+
+
+def _covering(candidates: list[InstanceUsage], needed: int, num_free_host_slots: int) -> tuple[Hashable, ...]:
+    """The first of ``candidates``, in order, whose offloadable pages cover ``needed`` within the free
+    host slots (one that does not fit is skipped), or () when they cannot."""
     chosen, freed, free_slots = [], 0, num_free_host_slots
-    for usage in waiting:
+    for usage in candidates:
+        if usage.num_offloadable == 0:
+            continue
         if freed >= needed:
             break
         if usage.num_offloadable <= free_slots:

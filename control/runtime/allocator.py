@@ -1,80 +1,117 @@
-"""Allocation, freeing and tier moves of KvPages and Embeds, with the exhaustion policy.
+"""Allocation and freeing of KvPages and Embeds, with the exhaustion policy and the queue of waiters.
 
 * **alloc**: a fresh KvPage still holds its previous owner's K/V, so before the
   handles are handed out every slot is masked (hidden) on the device; a write
   unmasks its slot. An inferlet can therefore never attend over tokens it did
   not write. When the KvPage pool is exhausted, exports whose exporter has
   ended are dropped first (oldest first; see resources/exports.py). When that
-  is not enough, or the Embed pool is exhausted, the configured policy decides:
-  ``terminate-newest`` kills the newest instances (Pie's FCFS), ``wait`` parks
-  the call until memory is freed, ``offload`` moves the pages of instances
-  waiting on I/O to the host tier.
+  is not enough, or the Embed pool is exhausted, the configured policy decides
+  (resources/exhaustion.py): swap instances out to the host tier, park the
+  call, or kill.
+* **waiters**: parked allocations, and swapped-out instances due to run again,
+  wait in one queue ordered by the instance's arrival. Under ``preempt`` it is
+  strict FCFS: only its head is retried, a newer instance's allocation queues
+  behind an older waiter, and no new instance starts while anyone waits, so the
+  instances admitted are those whose pages fit, and a preempted one resumes
+  before anyone who arrived after it.
 * **dealloc**: memory returns to the pool once every call issued before it on
   that queue has completed.
-* **offload / restore**: the copy is queued like any call; the handle keeps its
-  number, and the bookkeeping moves when the inference layer confirms the copy.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oven.control.resources import (ExhaustionPolicy, ExportRegistry, InstanceUsage, PhysicalPool, PoolExhausted,
                                     ResourceError, choose_victims)
-from oven.control.scheduling import HostSlot, KvSlots
+from oven.control.scheduling import KvSlots
 from oven.proto import inference as p
 from oven.proto.auth import OPERATOR
 
 from .calls import Submit
 from .futures import UNIT, Future
-from .instance import Instance, State
+from .instance import Instance
+from .tiers import TierMoves, when_all
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Parked:
+@dataclass(eq=False)
+class _Waiter:
+    """An instance waiting for device memory: an allocation (``fut``), its swapped-out pages, or both."""
+
     inst: Instance
-    q: int
-    kind: str
-    count: int
-    fut: Future
-    since: float
+    q: int = 0
+    kind: str = "kvpages"
+    count: int = 0
+    fut: Future | None = None
+    arrival: tuple[float, int] = field(init=False)
+
+    def __post_init__(self):
+        self.arrival = (self.inst.started_at, self.inst.sequence)
+
+    @property
+    def num_kvpages(self) -> int:
+        """Device pages it needs: its swapped-out ones and what it asks for."""
+        return len(self.inst.swapped_out) + (self.count if self.kind == "kvpages" else 0)
 
 
 class Allocator:
     """Hands out and takes back an instance's memory; issues the copies that masking and tier moves take.
 
     ``instances`` is the loop's table of running instances (read here, to choose
-    victims); ``kill(inst, reason)`` ends one that the exhaustion policy sacrifices.
+    victims); ``kill(inst, reason)`` ends one that the exhaustion policy sacrifices;
+    ``has_calls(inst)`` says whether calls of ``inst`` are queued or in flight (its
+    pages cannot move under them).
     """
 
     def __init__(self, policy: ExhaustionPolicy, *, kv_pool: PhysicalPool, host_pool: PhysicalPool,
                  exports: ExportRegistry, page_size: int, submit: Submit, instances: Mapping[str, Instance],
-                 kill: Callable[[Instance, str], None]):
+                 kill: Callable[[Instance, str], None], has_calls: Callable[[Instance], bool]):
         self.policy = policy
         self._kv_pool, self._host_pool, self._exports = kv_pool, host_pool, exports
         self._page_size = page_size
-        self._submit, self._instances, self._kill = submit, instances, kill
-        self._parked: list[_Parked] = []
+        self._submit, self._instances, self._kill, self._has_calls = submit, instances, kill, has_calls
+        self.tiers = TierMoves(kv_pool=kv_pool, host_pool=host_pool, submit=submit, on_freed=self.retry_parked)
+        self._waiters: list[_Waiter] = []  # by arrival
+        self._waiting_ids: set[str] = set()  # their instances: the loop asks about each instance every turn
+        self._retrying = self._retry_again = False
+        self.num_preempted = 0  # instances swapped out to answer an exhausted pool
 
     # -- alloc / dealloc -------------------------------------------------------
 
     def allocate(self, inst, q: int, kind: str, count: int, fut: Future) -> None:
-        table = inst.resources
         try:
             inst.queue(q)
-            handles = table.alloc_kvpages(count) if kind == "kvpages" else table.alloc_embeds(count)
+        except ValueError as exc:
+            inst.futures.fail(fut, str(exc))
+            return
+        waiter = _Waiter(inst, q, kind, count, fut)
+        if kind == "kvpages" and self._behind_an_older_waiter(inst):
+            self._park(waiter)
+        else:
+            self._try(waiter)
+
+    def _try(self, waiter: _Waiter) -> None:
+        inst, fut = waiter.inst, waiter.fut
+        table = inst.resources
+        try:
+            alloc = table.alloc_kvpages if waiter.kind == "kvpages" else table.alloc_embeds
+            handles = alloc(waiter.count)
         except ResourceError as exc:
             inst.futures.fail(fut, str(exc))
         except PoolExhausted as exc:
-            self._exhausted(inst, q, kind, count, fut, exc)
+            if waiter.kind == "kvpages" and self._reclaim_orphaned_exports(exc.requested - exc.available):
+                self._try(waiter)  # exhausted again only when no orphan is left to drop
+            else:
+                self._exhausted(waiter, exc.requested - exc.available)
         else:
-            if kind == "kvpages" and handles:
-                self._mask_fresh_pages(inst, q, handles, fut)
+            if waiter.kind == "kvpages" and handles:
+                self._mask_fresh_pages(inst, waiter.q, handles, fut)
             else:
                 inst.futures.complete(fut, handles)
 
@@ -85,7 +122,7 @@ class Allocator:
             self._submit(inst, q, "mask_kvpage", p.MaskKvPageItem(page_id, [True] * self._page_size), mask,
                          writes=frozenset({KvSlots.page(page_id)}))
             masks.append(mask)
-        _when_all(masks, lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut, handles))
+        when_all(masks, lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut, handles))
 
     def deallocate(self, inst, q: int, kind: str, handles: list[int], fut: Future) -> None:
         def release() -> None:
@@ -104,30 +141,39 @@ class Allocator:
         except ValueError as exc:
             inst.futures.fail(fut, str(exc))
 
+    def move_pages(self, inst, q: int, handles: list[int], direction: str, fut: Future) -> None:
+        """An inferlet's own offload / restore of its pages."""
+        try:
+            inst.queue(q)
+            move = self.tiers.offload if direction == "offload" else self.tiers.restore
+            move(inst, q, handles, fut)
+        except (ResourceError, ValueError) as exc:
+            inst.futures.fail(fut, str(exc))
+        except PoolExhausted as exc:
+            inst.futures.fail(fut, f"cannot {direction}: {exc}")
+
     # -- exhaustion ------------------------------------------------------------
 
-    def _exhausted(self, inst, q, kind, count, fut, exc: PoolExhausted) -> None:
-        if kind == "kvpages" and self._reclaim_orphaned_exports(exc.requested - exc.available):
-            self.allocate(inst, q, kind, count, fut)  # exhausted again only when no orphan is left to drop
-            return
+    def _exhausted(self, waiter: _Waiter, needed: int) -> None:
+        inst = waiter.inst
         now = time.monotonic()
-        usage = [self._usage(i, kind, now) for i in self._instances.values()]
-        decision = choose_victims(self.policy, usage, inst.instance_id, exc.requested - exc.available, now,
-                                  self._host_pool.num_free)
+        usage = [self._usage(i, waiter.kind, now) for i in self._instances.values()]
+        decision = choose_victims(self.policy, usage, inst.instance_id, needed, now, self._host_pool.num_free)
         if decision.wait:
-            inst.blocked_since = now
-            self._parked.append(_Parked(inst, q, kind, count, fut, now))
+            self._park(waiter)
             return
         for victim_id in decision.offload:
-            self._offload_all(self._instances[victim_id])
+            self.tiers.swap_out(self._instances[victim_id])
+            self.num_preempted += 1
         for victim_id in decision.terminate:
-            victim = self._instances.get(victim_id)
-            if victim is not None:
-                self._kill(victim, f"terminated to free {kind} for an older instance (pool exhausted)")
-        if inst.alive and not decision.offload:
-            self.allocate(inst, q, kind, count, fut)
-        elif inst.alive:
-            self._parked.append(_Parked(inst, q, kind, count, fut, now))
+            if (victim := self._instances.get(victim_id)) is not None:
+                self._kill(victim, f"terminated to free {waiter.kind} for an older instance (pool exhausted)")
+        if not inst.alive:
+            return
+        if decision.offload:
+            self._park(waiter)  # retried when the copies have freed the pages
+        else:
+            self._resume(waiter)
 
     def _reclaim_orphaned_exports(self, needed: int) -> bool:
         """Drop exports whose exporter has ended (a cache) before touching a running instance."""
@@ -140,20 +186,94 @@ class Allocator:
     def _usage(self, inst, kind: str, now: float) -> InstanceUsage:
         table = inst.resources
         held = self._exports.num_freed_by_exit(table) if kind == "kvpages" else table.num_embeds
-        offloadable = len(table.exclusive_device_handles()) if kind == "kvpages" and inst.io_idle else 0
+        movable = kind == "kvpages" and not inst.swapping and not self._has_calls(inst)
+        offloadable = len(table.exclusive_device_handles()) if movable else 0
+        # An instance whose pages are on their way to the host is about to free them: not blocked.
         return InstanceUsage(inst.instance_id, inst.started_at, held, offloadable,
                              io_wait_since=inst.io_wait_since if inst.io_idle else None,
-                             blocked_since=inst.blocked_since)
+                             blocked_since=None if inst.swapping else inst.blocked_since)
+
+    # -- waiters -----------------------------------------------------------------
+
+    def _park(self, waiter: _Waiter) -> None:
+        waiter.inst.blocked_since = waiter.inst.blocked_since or time.monotonic()
+        bisect.insort(self._waiters, waiter, key=lambda w: w.arrival)
+        self._waiting_ids.add(waiter.inst.instance_id)
+
+    def _behind_an_older_waiter(self, inst) -> bool:
+        return self.policy.fcfs and bool(self._waiters) and self._waiters[0].arrival < (inst.started_at, inst.sequence)
+
+    def is_waiting(self, inst) -> bool:
+        return inst.instance_id in self._waiting_ids
+
+    @property
+    def admitting(self) -> bool:
+        """Whether a new instance may start: under FCFS, not while anyone waits for memory."""
+        return not (self.policy.fcfs and self._waiters)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiters)
+
+    def swap_in(self, inst) -> None:
+        """Bring back the pages ``inst`` was swapped out of before its next slice; if they do not fit
+        now, or an older instance waits, it waits its turn."""
+        if not self.is_waiting(inst):
+            waiter = _Waiter(inst)
+            if self._behind_an_older_waiter(inst):
+                self._park(waiter)
+            else:
+                self._resume(waiter)
+
+    def _resume(self, waiter: _Waiter) -> None:
+        """Swap the waiter's pages in and retry its allocation if both fit; else decide again."""
+        inst = waiter.inst
+        inst.blocked_since = None
+        if inst.swapped_out:
+            short = waiter.num_kvpages - self._kv_pool.num_free
+            if short > 0 and self._reclaim_orphaned_exports(short):
+                short = waiter.num_kvpages - self._kv_pool.num_free
+            if short > 0:
+                self._exhausted(waiter, short)
+                return
+            self.tiers.swap_in(inst, lambda error: self._kill(inst, f"its swapped-out KV pages could not be "
+                                                                    f"restored: {error}"))
+        if waiter.fut is not None:
+            self._try(waiter)
 
     def retry_parked(self) -> None:
-        parked, self._parked = self._parked, []
-        for entry in parked:
-            if entry.inst.alive:
-                entry.inst.blocked_since = None
-                self.allocate(entry.inst, entry.q, entry.kind, entry.count, entry.fut)
+        """Memory came back (or the picture changed): retry the waiters, oldest first."""
+        if self._retrying:  # a kill or a copy during a retry: go round once more
+            self._retry_again = True
+            return
+        self._retrying = True
+        try:
+            self._retry_again = True
+            while self._retry_again:
+                self._retry_again = False
+                self._retry_once()
+        finally:
+            self._retrying = False
+
+    def _retry_once(self) -> None:
+        pending, self._waiters = self._waiters, []
+        self._waiting_ids.clear()  # _park puts back those that still wait
+        for index, waiter in enumerate(pending):
+            if not waiter.inst.alive:
+                continue
+            if waiter.inst.swapping:  # retried when its copies complete
+                self._park(waiter)
+                continue
+            self._resume(waiter)
+            if self.policy.fcfs and waiter in self._waiters:  # the oldest still waits: nobody newer overtakes it
+                for rest in pending[index + 1:]:
+                    if rest.inst.alive:
+                        self._park(rest)
+                return
 
     def forget(self, inst) -> None:
-        self._parked = [e for e in self._parked if e.inst is not inst]
+        self._waiters = [w for w in self._waiters if w.inst is not inst]
+        self._waiting_ids.discard(inst.instance_id)
 
     def drop_export(self, name: str, *, by: Instance | None = None, namespace: str = OPERATOR) -> None:
         """Release an export: for its exporter ``by`` (``release-export``), or for a client of the
@@ -166,116 +286,3 @@ class Allocator:
                  else self._exports.drop(name, namespace))
         if freed:
             self.retry_parked()
-
-    # -- tier moves --------------------------------------------------------------
-
-    def move_pages(self, inst, q: int, handles: list[int], direction: str, fut: Future) -> None:
-        try:
-            inst.queue(q)
-            if direction == "offload":
-                self._offload(inst, q, handles, fut)
-            else:
-                self._restore(inst, q, handles, fut)
-        except (ResourceError, ValueError) as exc:
-            inst.futures.fail(fut, str(exc))
-        except PoolExhausted as exc:
-            inst.futures.fail(fut, f"cannot {direction}: {exc}")
-
-    def _offload(self, inst, q, handles, fut) -> None:
-        table = inst.resources
-        page_ids = table.physical_pages(handles)  # raises for a handle already on the host
-        slot_ids = self._host_pool.allocate(len(handles))
-        copies = []
-        for page_id, slot_id in zip(page_ids, slot_ids):
-            copy = Future(-1, UNIT)
-            self._submit(inst, q, "offload", p.OffloadItem(page_id, slot_id), copy,
-                         reads=frozenset({KvSlots.page(page_id)}), writes=frozenset({HostSlot(slot_id)}))
-            copies.append(copy)
-
-        def done(error: str | None) -> None:
-            if error or not inst.alive:
-                self._host_pool.release(slot_ids)
-                if error:
-                    inst.futures.fail(fut, error)
-                return
-            try:  # the handles may have been freed while the copy ran
-                table.mark_offloaded(handles, slot_ids)
-            except ResourceError as exc:
-                self._host_pool.release(slot_ids)
-                inst.futures.fail(fut, str(exc))
-                return
-            inst.futures.complete(fut)
-            self.retry_parked()
-        _when_all(copies, done)
-
-    def _restore(self, inst, q, handles, fut) -> None:
-        table = inst.resources
-        slot_ids = table.host_slots(handles)
-        page_ids = self._kv_pool.allocate(len(handles))
-        copies = []
-        for slot_id, page_id in zip(slot_ids, page_ids):
-            copy = Future(-1, UNIT)
-            self._submit(inst, q, "restore", p.RestoreItem(slot_id, page_id), copy,
-                         reads=frozenset({HostSlot(slot_id)}), writes=frozenset({KvSlots.page(page_id)}))
-            copies.append(copy)
-
-        def done(error: str | None) -> None:
-            if error or not inst.alive:
-                self._kv_pool.release(page_ids)
-                if error:
-                    inst.futures.fail(fut, error)
-                return
-            try:
-                table.mark_restored(handles, page_ids)
-            except ResourceError as exc:
-                self._kv_pool.release(page_ids)
-                inst.futures.fail(fut, str(exc))
-                return
-            inst.futures.complete(fut)
-        _when_all(copies, done)
-
-    def _offload_all(self, victim) -> None:
-        """Swap an I/O-idle victim out; it is swapped back in before its next slice (restore_before_slice)."""
-        handles = victim.resources.exclusive_device_handles()
-        if not handles or victim.state is State.KILLED:
-            return
-        victim.swapping = True  # not run while its pages move: they would vanish under its calls
-        done = Future(-1, UNIT)
-
-        def offloaded(fut: Future) -> None:
-            victim.swapping = False
-            if not fut.error:
-                victim.swapped_out.extend(handles)
-        done.callbacks.append(offloaded)
-        self._offload(victim, 0, handles, done)
-
-    def restore_before_slice(self, inst) -> None:
-        """Bring back the pages the exhaustion policy swapped out; the instance runs once they are back."""
-        handles, inst.swapped_out = inst.swapped_out, []
-        inst.swapping = True
-        done = Future(-1, UNIT)
-
-        def restored(fut: Future) -> None:
-            inst.swapping = False
-            if fut.error:
-                self._kill(inst, f"its swapped-out KV pages could not be restored: {fut.error}")
-        done.callbacks.append(restored)
-        self.move_pages(inst, 0, handles, "restore", done)
-
-
-def _when_all(futures: list[Future], then) -> None:
-    """Call ``then(first error or None)`` once every future has settled."""
-    remaining = [len(futures)]
-    errors: list[str] = []
-
-    def settled(fut: Future) -> None:
-        if fut.error:
-            errors.append(fut.error)
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            then(errors[0] if errors else None)
-    for fut in futures:
-        fut.callbacks.append(settled)
-    if not futures:
-        then(None)
-

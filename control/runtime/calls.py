@@ -40,11 +40,15 @@ class InferenceCalls:
 
     ``on_broken(inst, reason)`` is called when completing one of ``inst``'s
     calls raised: a bookkeeping bug costs that instance, never the loop.
+    ``on_batch(call_type, num_items, num_tokens, seconds)`` hears of every answered
+    batch and how long the device took over it (the cost profiler's input).
     """
 
-    def __init__(self, scheduler: BatchScheduler, on_broken: Callable[[Instance, str], None]):
+    def __init__(self, scheduler: BatchScheduler, on_broken: Callable[[Instance, str], None],
+                 on_batch: Callable[[str, int, int, float], None] | None = None):
         self.scheduler = scheduler
-        self._on_broken = on_broken
+        self._on_broken, self._on_batch = on_broken, on_batch
+        self._last_settled_at = 0.0
         self._by_command_id: dict[int, tuple[Instance, Future]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
@@ -110,9 +114,14 @@ class InferenceCalls:
     def settle(self, request_id: int, reply) -> None:
         """Settle the futures of the batch sent as ``request_id`` from its reply (a request id
         that is not in flight, say one lost with a dead inference process, is ignored)."""
-        batch, _ = self._in_flight.pop(request_id, (None, 0.0))
+        batch, sent_at = self._in_flight.pop(request_id, (None, 0.0))
         if batch is None:
             return
+        now = time.monotonic()
+        if self._on_batch is not None:  # replies come in order: a batch starts when the one before it ended
+            self._on_batch(batch.call_type, len(batch.commands), batch.num_tokens,
+                           now - max(sent_at, self._last_settled_at))
+        self._last_settled_at = now
         for i, command in enumerate(batch.commands):
             inst, fut = self._by_command_id.pop(command.command_id, (None, None))
             if inst is None:

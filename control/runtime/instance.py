@@ -63,11 +63,15 @@ class InstanceRecord:
     error: str | None
     owner: str
     output_held: bool = False  # running, but held until a client reads its output
+    kv: str = ""  # running | preserved | swapped (Instance.kv_state); "" once ended
 
     @property
     def shown_state(self) -> str:
-        """The state ``ps`` shows (proto.control.InstanceEntry.state): ``held`` or the State's value."""
-        return "held" if self.output_held else self.state.value
+        """The state ``ps`` shows (proto.control.InstanceEntry.state): ``held``, else where a running
+        instance's KV is when it is not simply running (``swapped``, ``preserved``), else the State's value."""
+        if self.output_held:
+            return "held"
+        return self.kv if self.kv in ("swapped", "preserved") else self.state.value
 
 
 class Inbox:
@@ -119,9 +123,12 @@ class Instance:
         self.error: str | None = None
         self.started = False
         self.started_at = 0.0  # monotonic launch time: exhaustion policies prefer older instances
+        self.sequence = 0  # launch order, which breaks ties in started_at (FCFS)
         self.blocked_since: float | None = None  # parked on an allocation
-        self.io_wait_since: float | None = None  # waits only on I/O since then
-        self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier
+        self.io_wait_since: float | None = None  # waits only on I/O since then (it is intercepted)
+        self.pause_until: float | None = None  # when it said its interception ends (runtime.pause-hint)
+        self.mean_interception_s: float | None = None  # how long its interceptions lasted, a running mean
+        self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier (preempted)
         self.swapping = False  # pages on their way to or from the host tier: do not run
         self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []
@@ -166,6 +173,11 @@ class Instance:
     def _on_future_ready(self, handle: int) -> None:
         if self.state is State.WAITING and handle in self.waiting_on:
             self.state = State.READY
+            if self.io_wait_since is not None:  # an interception ended: what the next one is expected to last
+                lasted_s = time.monotonic() - self.io_wait_since
+                self.mean_interception_s = (lasted_s if self.mean_interception_s is None
+                                            else 0.7 * self.mean_interception_s + 0.3 * lasted_s)
+                self.io_wait_since = self.pause_until = None
 
     def run_slice(self) -> None:
         """Run ``start`` or ``resume`` once; raises wasmtime.Trap/WasmtimeError if the guest fails."""
@@ -190,6 +202,16 @@ class Instance:
             self.state = State.WAITING
             io_only = all(self.futures.get(h).io for h in self.waiting_on)
             self.io_wait_since = (self.io_wait_since or time.monotonic()) if io_only else None
+
+    @property
+    def kv_state(self) -> str:
+        """Where its KV is, as ``ps`` shows it: ``swapped`` (on the host tier, or going there),
+        ``preserved`` (on the device while it is intercepted), else ``running``; "" once ended."""
+        if not self.alive:
+            return ""
+        if self.swapped_out or (self.swapping and self.resources.num_offloaded):
+            return "swapped"
+        return "preserved" if self.io_idle and self.resources.num_kvpages else "running"
 
     @property
     def io_idle(self) -> bool:
@@ -220,7 +242,7 @@ class Instance:
 
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
-                              self.owner, self.output_held and self.alive)
+                              self.owner, self.output_held and self.alive, self.kv_state)
 
     @property
     def alive(self) -> bool:

@@ -5,6 +5,9 @@ Each turn of :meth:`ControlLoop.step`:
 1. runs one slice of every instance that has a completed future it waits on;
 2. asks the dispatch policy whether to form a batch now and, if so, sends the
    scheduler's batch to the inference process (several, under ``eager``);
+   then lets the interception policy swap intercepted instances' pages out or
+   back in (runtime/interceptions.py), and, if instances wait for memory while
+   the device is idle, has the allocator decide for them again;
 3. completes futures from the replies that arrived, fires due timers and runs
    callbacks posted from other threads (HTTP);
 4. blocks in ``zmq.Poller`` until a reply, a client request or a deadline.
@@ -37,6 +40,7 @@ from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
 from oven.control.scheduling import BatchScheduler
+from oven.control.scheduling.profiler import CostProfiler
 from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
@@ -48,6 +52,7 @@ from .allocator import Allocator
 from .calls import InferenceCalls
 from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
+from .interceptions import Interceptions
 from .programs import ProgramStore, engine_config
 from .services import EventSink, HostServices
 from .snapshot import LoopSnapshot
@@ -91,14 +96,18 @@ class ControlLoop:
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self.scheduler = BatchScheduler()
-        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill)
+        self.profiler = CostProfiler()
+        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill, on_batch=self.profiler.observe)
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
         self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
         self.exports = ExportRegistry(self.kv_pool)
         self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
                                    exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
-                                   instances=self.instances, kill=self.kill)
+                                   instances=self.instances, kill=self.kill, has_calls=self.calls.has_calls)
+        self.interceptions = Interceptions(config.interception, self.profiler, allocator=self.allocator,
+                                           kv_pool=self.kv_pool, page_size=self.info.page_size,
+                                           has_calls=self.calls.has_calls)
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
@@ -129,10 +138,11 @@ class ControlLoop:
         if len(self.instances) >= self.config.max_instances:
             raise RuntimeError(f"the server runs its maximum of {self.config.max_instances} instances")
         digest = self.programs.resolve(program, owner)
-        instance_id = f"{next(self._instance_numbers):x}-{digest[:8]}"
+        sequence = next(self._instance_numbers)
+        instance_id = f"{sequence:x}-{digest[:8]}"
         inst = Instance(instance_id, digest, list(args), owner, self._host, self._limits, self.engine, self.linker,
                         self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S), self.wasm_clock)
-        inst.started_at = time.monotonic()
+        inst.started_at, inst.sequence = time.monotonic(), sequence
         inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
                                        max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
         self.calls.open_queue(inst)  # queue 0
@@ -215,6 +225,8 @@ class ControlLoop:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
         self._run_ready_instances()
         self._dispatch()
+        self.interceptions.step(self.instances.values(), time.monotonic())
+        self._dispatch()  # the copies it chose
         if self.supervisor is not None:
             self._watch_inference(time.monotonic())
         extra = extra or {}
@@ -224,7 +236,11 @@ class ControlLoop:
             for sock in extra.keys() - self._extra_polled:
                 self._poller.register(sock, zmq.POLLIN)
             self._extra_polled = set(extra)
-        busy = any(i.state is State.READY and not (i.swapping or i.output_held) for i in self.instances.values())
+        if self.allocator.num_waiting and not self.calls.num_in_flight and not self.scheduler.num_pending:
+            # The device is idle while instances wait for memory: decide again, now that the
+            # instances that were running have stopped (they may be swapped out for the oldest).
+            self.allocator.retry_parked()
+        busy = any(self._runnable(i) for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
         for sock, _ in self._poller.poll(int(wait_s * 1000)):
             if sock is self.client.socket:
@@ -255,13 +271,22 @@ class ControlLoop:
             candidates.append(wake - now)
         return max(0.0, min(candidates))
 
+    def _runnable(self, inst: Instance) -> bool:
+        """Has a slice to run now: not held for its client, not swapped out and waiting for its pages,
+        and, for an instance not started yet, admitted (no one waits for memory under FCFS)."""
+        return (inst.state is State.READY and not (inst.output_held or inst.swapping)
+                and not (inst.swapped_out and self.allocator.is_waiting(inst))
+                and (inst.started or self.allocator.admitting))
+
     def _run_ready_instances(self) -> None:
         next_reply_check = 0.0
         ready = [i for i in self.instances.values() if i.state is State.READY and not i.output_held]
         for position, inst in enumerate(ready):
+            if not self._runnable(inst):  # admission is decided per instance: a slice may make someone wait
+                continue
             if inst.swapped_out:
-                self.allocator.restore_before_slice(inst)
-            if inst.swapping or not inst.alive:
+                self.allocator.swap_in(inst)  # it runs once its pages are back
+            if inst.swapping or inst.swapped_out or not inst.alive:
                 continue
             self.current = inst
             try:
@@ -351,6 +376,9 @@ class ControlLoop:
 
     def close(self) -> None:
         self._stopping = True
+        log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
+                 "ahead of their return; %d instances swapped out for the pool", self.profiler.profile(),
+                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in, self.allocator.num_preempted)
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
         self.http.close()

@@ -22,7 +22,7 @@ from cml import Call, Malformed, Text, TokenMonitor, Trap
 from interrupts import Interrupts
 from plan import Plan
 from prompt import TRAP_TEXT, interrupt_text, system_prompt
-from traps import CostModel, TrapHandler
+from traps import TrapHandler
 
 MODES = ("async", "async-naive", "sync", "sync-parallel")
 TOP_K = 64  # candidates the monitor may choose among when it must refuse the best ones
@@ -52,7 +52,7 @@ class Agent:
         self.calls = Calls(self.interrupts, estimate_ms, int(spec.get("call_timeout_ms", 30000)),
                            spec.get("http_url"))
         self.plan = Plan(spec["plan"], self.mode, estimate_ms) if spec.get("plan") else None
-        self.traps = TrapHandler(spec.get("kv", "auto"), CostModel(spec.get("cost_model")), report)
+        self.traps = TrapHandler(spec.get("kv", "auto"), report)
         self.end_tokens = inferlet.stop_tokens()
         self.forced: list[int] = []
         self.batch: list[tuple[str, str]] = []  # sync-parallel: calls written, sent at the trap
@@ -89,8 +89,7 @@ class Agent:
             await self._on(event)
         self.stats.update(wall_ms=inferlet.now_ms() - started, dispatched=self.calls.dispatched,
                           plan_complete=self.plan.done() if self.plan else None,
-                          unanswered=sorted(self.calls.in_flight), kv_page_ms_saved=self.traps.page_ms_saved,
-                          cost_model=self.traps.costs.coefficients)
+                          unanswered=sorted(self.calls.in_flight), kv_page_ms_saved=self.traps.page_ms_saved)
         if self.report_context:  # for tests: the exact token sequence the model saw
             self.stats["context"] = self.ctx.tokens + self.ctx.pending
         return self.stats

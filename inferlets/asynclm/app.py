@@ -10,8 +10,8 @@ Argument: one JSON object (the ``oven asynclm`` command builds it):
   example         put a worked example in the system prompt (for a model not fine-tuned on CML)
   estimates_ms    {function name: estimated execution time}, for LPT and the trap handler
   plan            pinned calls as chains [["f(1)", "g(2)"], ["h()"]] (the paper's cheat sheet)
-  kv              auto | keep | offload | drop while waiting at a trap (default auto)
-  cost_model      {"a", "b", "c"}: trap-handler coefficients from an earlier run (else profiled)
+  kv              auto (the server's interception policy places the KV, told the expected wait) | keep |
+                  offload | drop while waiting at a trap (default auto)
   max_tokens (sampled, not pinned), answer_tokens, call_timeout_ms, http_url (send calls over HTTP instead),
   report_context  put the final context's token ids in the done event
 

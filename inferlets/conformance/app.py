@@ -13,7 +13,8 @@ Arguments: one scenario each, its fields separated by "|":
   greedily -> token count, page handles, tokens, the error importing after the release
 * ``truncate|PROMPT|MAX|KEEP``: generate, truncate to KEEP tokens, generate again -> tokens, pages
 * ``kv|PROMPT|STEPS|MAX|MODE``: prefill, STEPS decode steps (a page prefetched), then MODE
-  (``offload`` and restore, ``evict``, or ``ahead``: free the pages allocated ahead), then generate
+  (``offload`` and restore, ``evict``, ``ahead``: free the pages allocated ahead, or ``pause``:
+  a pause hint of 20 ms and a sleep as long), then generate
   greedily -> page handles after MODE, tokens, page handles
 * ``ahead|PROMPT|MAX|TOKEN``: generate up to MAX tokens, stopping at TOKEN, then free the pages
   allocated ahead -> tokens, page handles before and after
@@ -157,6 +158,9 @@ async def kv(prompt, steps, max_tokens, mode):
             await ctx.restore()
         elif mode == "evict":
             ctx.evict()
+        elif mode == "pause":  # a short tool call, announced
+            ctx.pause_hint(20)
+            await inferlet.sleep(20)
         else:
             ctx.free_pages_ahead()
         after = handles(ctx)

@@ -17,6 +17,11 @@ def set_exit_code(inst, code: int) -> None:
     inst.exit_code = code
 
 
+def pause_hint(inst, ms: int) -> None:
+    """How long the instance's next (or current) wait on I/O should last; cleared when that wait ends."""
+    inst.pause_until = time.monotonic() + ms / 1000.0
+
+
 FUNCS = {
     "arguments": lambda inst: list(inst.args),
     "instance-id": lambda inst: inst.instance_id,
@@ -26,4 +31,5 @@ FUNCS = {
     "models": lambda inst: [inst.host.info.model_name],
     "available-traits": lambda inst: [t.replace("_", "-") for t in inst.host.info.traits],
     "page-size": lambda inst: inst.host.info.page_size,
+    "pause-hint": pause_hint,
 }

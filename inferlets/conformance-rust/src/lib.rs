@@ -4,7 +4,9 @@
 
 mod json;
 
-use oven::{join, join_all, Context, Distribution, Greedy, MinP, Rng, Sampler, Stop, Temperature, TopK, TopP};
+use oven::{
+    join, join_all, sleep, Context, Distribution, Greedy, MinP, Rng, Sampler, Stop, Temperature, TopK, TopP,
+};
 
 use json::{dist, ints, list, object, text};
 
@@ -169,6 +171,10 @@ async fn kv(prompt: &str, steps: &str, max_tokens: &str, mode: &str) -> Outcome 
             ctx.restore().await?;
         }
         "evict" => ctx.evict(),
+        "pause" => {
+            ctx.pause_hint(20);
+            sleep(20).await?;
+        }
         _ => ctx.free_pages_ahead(),
     }
     let after = handles(&ctx);

@@ -16,7 +16,7 @@ An inferlet's ``app.py``::
 
 from .context import Context
 from .host import (args, available_traits, broadcast, decode, encode, fetch, instance_id, models, now_ms, open_adapter,
-                   page_size, receive, render_chat, send, sleep, stop_tokens, subscribe, vocab_size)
+                   page_size, pause_hint, receive, render_chat, send, sleep, stop_tokens, subscribe, vocab_size)
 from .queue import Queue
 from .sampling import Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP, draw
 from .stop import Stop
@@ -27,5 +27,5 @@ __all__ = [
     "Future", "HostFuture", "Task", "OvenError", "run", "spawn", "gather",
     "args", "instance_id", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
     "encode", "decode", "render_chat", "page_size", "stop_tokens", "vocab_size", "models", "available_traits",
-    "open_adapter",
+    "open_adapter", "pause_hint",
 ]

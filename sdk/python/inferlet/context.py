@@ -246,6 +246,13 @@ class Context(Editing, Sharing):
         if freed:
             self.queue.later(kvpages.dealloc_kvpages(self.queue.id, freed))
 
+    def pause_hint(self, ms: int) -> None:
+        """This context is about to wait about ``ms`` milliseconds on something outside the model (a
+        tool, a user): it frees its pages allocated ahead, and the server's interception policy may
+        keep its K/V on the device or swap it to the host tier meanwhile (it is back before it runs)."""
+        self.free_pages_ahead()
+        host.pause_hint(ms)
+
     def _free_spare(self) -> None:
         if self._spare is not None:
             spawn(_dealloc_when_allocated(self._spare))

@@ -51,6 +51,12 @@ def fetch(method: str, url: str, headers: list[str] = (), body: bytes = b"") -> 
     return HostFuture(http.fetch(method, url, list(headers), body), futures.take_http)
 
 
+def pause_hint(ms: int) -> None:
+    """The next wait on I/O (a tool, a fetch, a user) should last about ``ms`` milliseconds: the
+    estimate the server's interception policy weighs keeping, swapping or dropping KV by."""
+    runtime.pause_hint(ms)
+
+
 @cache
 def page_size() -> int:
     """Tokens per KvPage."""

@@ -20,6 +20,8 @@ extern "C" {
     fn raw_available_traits(ret: *mut u8);
     #[link_name = "page-size"]
     fn raw_page_size() -> u32;
+    #[link_name = "pause-hint"]
+    fn raw_pause_hint(ms: u64);
 }
 
 /// Arguments given at launch.
@@ -75,4 +77,10 @@ pub fn available_traits() -> Vec<String> {
 /// Tokens per KvPage.
 pub fn page_size() -> u32 {
     unsafe { raw_page_size() }
+}
+
+/// The instance's next wait on I/O should last about `ms` milliseconds (the server's interception
+/// policy weighs keeping, swapping or dropping its KV by it).
+pub fn pause_hint(ms: u64) {
+    unsafe { raw_pause_hint(ms) }
 }

@@ -332,6 +332,14 @@ impl Context {
         }
     }
 
+    /// This context is about to wait about `ms` milliseconds on something outside the model (a tool,
+    /// a user): it frees its pages allocated ahead, and the server's interception policy may keep its
+    /// K/V on the device or swap it to the host tier meanwhile (it is back before it runs).
+    pub fn pause_hint(&mut self, ms: u64) {
+        self.free_pages_ahead();
+        runtime::pause_hint(ms);
+    }
+
     /// Free the pages of a prefetch, once it has allocated them.
     fn free_spare(&mut self) {
         if let Some(spare) = self.spare.take() {

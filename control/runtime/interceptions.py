@@ -1,0 +1,98 @@
+"""Intercepted instances as the control loop sees them, and the interception policy's choices carried out.
+
+An instance is *intercepted* while it waits on I/O only (a client message, an
+HTTP response, a timer): the loop knows that without being told. How long the
+interception lasts comes from the instance's pause hint (``runtime.pause-hint``)
+or, without one, from how long its earlier interceptions lasted (a default
+before the first). Each iteration the policy (scheduling/interception.py)
+chooses per intercepted instance; here the choices become tier moves:
+
+* swap-out: its exclusive device pages go to the host tier (InferCept's swap),
+  while the pool is under pressure (LOW_WATER);
+* swap-in: its pages come back ahead of the expected return, when the pool has
+  room and nobody waits for memory (a return that finds no room is answered by
+  the exhaustion policy when the instance is due to run);
+* preserve: nothing moves.
+
+Discard needs the inferlet to recompute its context transparently, which the
+SDKs do not do yet, so a discard choice is carried out as preserve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from oven.control.resources import PhysicalPool, PoolExhausted, ResourceError
+from oven.control.scheduling.interception import Action, InterceptedContext, InterceptionPolicy, Location, decide
+from oven.control.scheduling.profiler import CostProfiler
+
+from .allocator import Allocator
+from .instance import Instance
+
+DEFAULT_EXPECTED_S = 1.0  # an instance's first interception, with no hint: expected to last this long
+# Idle pages waste memory only when someone could use it: pages move out only while instances wait
+# for memory or fewer than this share of the pool is free (a copy into a pool that has room buys nothing).
+LOW_WATER = 0.1
+
+
+def expected_return_at(inst: Instance, now: float) -> float:
+    """When ``inst``'s current interception should end. One that has lasted past its expected end is
+    expected to last as long again as it has: an inferlet that understates its pause is swapped out
+    in the end, so it pays for the misstatement, not the instances that need the memory."""
+    start = inst.io_wait_since if inst.io_wait_since is not None else now
+    if inst.pause_until is not None:
+        end = inst.pause_until
+    else:
+        end = start + (DEFAULT_EXPECTED_S if inst.mean_interception_s is None else inst.mean_interception_s)
+    return end if end > now else now + (now - start)
+
+
+class Interceptions:
+    """``has_calls(inst)``: whether calls of ``inst`` are queued or in flight (its pages cannot move)."""
+
+    def __init__(self, policy: InterceptionPolicy, profiler: CostProfiler, *, allocator: Allocator,
+                 kv_pool: PhysicalPool, page_size: int, has_calls: Callable[[Instance], bool]):
+        self.policy, self.profiler = policy, profiler
+        self._allocator, self._kv_pool, self._page_size, self._has_calls = allocator, kv_pool, page_size, has_calls
+        self.num_swapped_out = self.num_swapped_in = 0
+
+    def step(self, instances: Iterable[Instance], now: float) -> None:
+        """One iteration: decide for every intercepted instance whose pages can move, and move them."""
+        by_id, contexts, num_intercepted_pages = {}, [], 0
+        pressure = self._allocator.num_waiting > 0 or self._kv_pool.num_free < LOW_WATER * self._kv_pool.size
+        for inst in instances:
+            if not inst.io_idle or inst.swapping or self._allocator.is_waiting(inst) or self._has_calls(inst):
+                continue
+            if inst.swapped_out:
+                location, num_pages = Location.HOST, len(inst.swapped_out)
+            elif not pressure:
+                continue
+            else:
+                location, num_pages = Location.DEVICE, len(inst.resources.exclusive_device_handles())
+                num_intercepted_pages += num_pages
+            if num_pages:
+                by_id[inst.instance_id] = inst
+                # The control layer does not see token counts: its pages' capacity bounds them. Whether
+                # pages hold non-text embeds does not matter while discard is carried out as preserve.
+                contexts.append(InterceptedContext(inst.instance_id, inst.started_at, num_pages,
+                                                   num_pages * self._page_size, expected_return_at(inst, now),
+                                                   location))
+        if not contexts:
+            return
+        running_pages = self._kv_pool.num_used - num_intercepted_pages
+        for choice in decide(self.policy, contexts, self.profiler.profile(), now, running_pages):
+            inst = by_id[choice.context_id]
+            if choice.action is Action.SWAP_OUT:
+                self._swap_out(inst)
+            elif choice.action is Action.SWAP_IN and self._allocator.admitting and \
+                    len(inst.swapped_out) <= self._kv_pool.num_free:
+                self._allocator.swap_in(inst)
+                self.num_swapped_in += 1
+
+    def _swap_out(self, inst: Instance) -> None:
+        try:
+            self._allocator.tiers.swap_out(inst)
+        except (PoolExhausted, ResourceError):  # the host tier is full: it stays on the device
+            inst.swapping = False
+            return
+        self.num_swapped_out += 1

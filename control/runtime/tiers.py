@@ -1,0 +1,121 @@
+"""KvPage moves between the device pool and the host tier: the copies, and the bookkeeping after them.
+
+A copy is queued like any call, ordered after the calls that wrote its page; the
+handle keeps its number, and the table changes only when the inference layer
+confirms the copy (so a page is never reused while a copy still reads it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from oven.control.resources import PhysicalPool, ResourceError
+from oven.control.scheduling import HostSlot, KvSlots
+from oven.proto import inference as p
+
+from .calls import Submit
+from .futures import UNIT, Future
+from .instance import Instance
+
+
+class TierMoves:
+    """``on_freed()`` runs whenever an offload gave device pages back."""
+
+    def __init__(self, *, kv_pool: PhysicalPool, host_pool: PhysicalPool, submit: Submit,
+                 on_freed: Callable[[], None]):
+        self._kv_pool, self._host_pool, self._submit, self._on_freed = kv_pool, host_pool, submit, on_freed
+
+    def offload(self, inst: Instance, q: int, handles: list[int], fut: Future) -> None:
+        """Copy device pages to fresh host slots; raises ResourceError / PoolExhausted before any copy."""
+        table = inst.resources
+        page_ids = table.physical_pages(handles)  # raises for a handle already on the host
+        slot_ids = self._host_pool.allocate(len(handles))
+        copies = []
+        for page_id, slot_id in zip(page_ids, slot_ids):
+            copy = Future(-1, UNIT)
+            self._submit(inst, q, "offload", p.OffloadItem(page_id, slot_id), copy,
+                         reads=frozenset({KvSlots.page(page_id)}), writes=frozenset({HostSlot(slot_id)}))
+            copies.append(copy)
+
+        def done(error: str | None) -> None:
+            if self._settle(inst, fut, error, slot_ids, self._host_pool,
+                            lambda: table.mark_offloaded(handles, slot_ids)):
+                self._on_freed()
+        when_all(copies, done)
+
+    def restore(self, inst: Instance, q: int, handles: list[int], fut: Future) -> None:
+        """Copy host slots back to fresh device pages; raises ResourceError / PoolExhausted before any copy."""
+        table = inst.resources
+        slot_ids = table.host_slots(handles)
+        page_ids = self._kv_pool.allocate(len(handles))
+        copies = []
+        for slot_id, page_id in zip(slot_ids, page_ids):
+            copy = Future(-1, UNIT)
+            self._submit(inst, q, "restore", p.RestoreItem(slot_id, page_id), copy,
+                         reads=frozenset({HostSlot(slot_id)}), writes=frozenset({KvSlots.page(page_id)}))
+            copies.append(copy)
+        when_all(copies, lambda error: self._settle(inst, fut, error, page_ids, self._kv_pool,
+                                                      lambda: table.mark_restored(handles, page_ids)))
+
+    @staticmethod
+    def _settle(inst, fut: Future, error: str | None, new_ids: list[int], pool: PhysicalPool, mark) -> bool:
+        """Record a finished copy (``mark``), or give the destination ids back; whether it was recorded."""
+        if error or not inst.alive:
+            pool.release(new_ids)
+            if error:
+                inst.futures.fail(fut, error)
+            return False
+        try:  # the handles may have been freed while the copy ran
+            mark()
+        except ResourceError as exc:
+            pool.release(new_ids)
+            inst.futures.fail(fut, str(exc))
+            return False
+        inst.futures.complete(fut)
+        return True
+
+    def swap_out(self, victim: Instance) -> None:
+        """Move every page only ``victim`` holds to the host tier; it does not run until they are back
+        (``Allocator.swap_in``)."""
+        handles = victim.resources.exclusive_device_handles()
+        if not handles or not victim.alive:
+            return
+        victim.swapping = True  # not run while its pages move: they would vanish under its calls
+        done = Future(-1, UNIT)
+
+        def offloaded(fut: Future) -> None:
+            victim.swapping = False
+            if not fut.error:
+                victim.swapped_out.extend(handles)
+        done.callbacks.append(offloaded)
+        self.offload(victim, 0, handles, done)
+
+    def swap_in(self, inst: Instance, on_error: Callable[[str], None]) -> None:
+        """Bring back what :meth:`swap_out` moved; the caller checked that the device pool has room."""
+        handles, inst.swapped_out = inst.swapped_out, []
+        inst.swapping = True
+        done = Future(-1, UNIT)
+
+        def restored(fut: Future) -> None:
+            inst.swapping = False
+            if fut.error:
+                on_error(fut.error)
+        done.callbacks.append(restored)
+        self.restore(inst, 0, handles, done)
+
+
+def when_all(futures: list[Future], then) -> None:
+    """Call ``then(first error or None)`` once every future has settled."""
+    remaining = [len(futures)]
+    errors: list[str] = []
+
+    def settled(fut: Future) -> None:
+        if fut.error:
+            errors.append(fut.error)
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            then(errors[0] if errors else None)
+    for fut in futures:
+        fut.callbacks.append(settled)
+    if not futures:
+        then(None)
