@@ -55,13 +55,20 @@ def test_64_concurrent_inferlets_match_solo_runs_and_batch(loop, inference):
 
 
 def test_instances_in_lockstep_decode_in_one_batch_a_round(loop, inference):
-    """16 fused loops woken by one reply run before the adaptive policy dispatches: every batch holds all
-    16 steps (it split each round in two before: 24 batches for these 144 commands, 6 items on average)."""
+    """16 fused loops woken by one reply run before the adaptive policy dispatches, so each decode round
+    is one batch of all 16 (the policy split every round in two before: 24 batches for these 144
+    commands, 6 items on average). Only the first forward may go out in two parts: the loops run on
+    while their first pages' masks are in flight, and the instances whose slices come before that
+    batch's reply wait for it, the others not."""
     before = loop.scheduler.stats()
     instances = run(loop, "hello-python", [[f"Sequence {i:02d}: the same length", "8", "--fused"] for i in range(16)])
     after = loop.scheduler.stats()
     assert all(i.exit_code == 0 for i in instances)
-    assert (after.num_batches - before.num_batches, after.num_commands - before.num_commands) == (9, 144)
+    sizes = dict(after.batch_size_histogram)
+    for size, count in before.batch_size_histogram:
+        sizes[size] -= count
+    assert after.num_commands - before.num_commands == 144 and sizes[16] >= 7  # mask, prefill, 7 decode rounds
+    assert after.num_batches - before.num_batches <= 10
 
 
 @pytest.mark.parametrize("mode, fragment", [
