@@ -77,14 +77,17 @@ def messages(loop, inst) -> list[str]:
     return events_of(loop, inst, "message")
 
 
-def direct_greedy(inference, loop, prompt: str | list[int], max_new: int, adapter_id: int = 0) -> list[int]:
+def direct_greedy(inference, loop, prompt: str | list[int], max_new: int, adapter_id: int = 0,
+                  num_pages: int = NUM_PAGES) -> list[int]:
     """Greedy tokens straight from the inference process (nothing else may run meanwhile), on a LoRA
-    adapter it has loaded or (0) the base model."""
-    tok = Tokenizer(loop.info.tokenizer)
-    tokens = tok.encode(prompt) if isinstance(prompt, str) else prompt
+    adapter it has loaded or (0) the base model; ``loop`` may be None (the process is asked for its
+    tokenizer)."""
     with inference.client() as client:
-        return greedy_generate(client, tokens, max_new, tok.stop_token_ids, loop.info.page_size,
-                               NUM_PAGES, adapter_id=adapter_id).token_ids
+        info = loop.info if loop is not None else client.info()
+        tok = Tokenizer(info.tokenizer)
+        tokens = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        return greedy_generate(client, tokens, max_new, tok.stop_token_ids, info.page_size,
+                               num_pages, adapter_id=adapter_id).token_ids
 
 
 def write_adapter(folder, cfg, targets=("q_proj", "v_proj"), r: int = 4, num_layers: int | None = None,

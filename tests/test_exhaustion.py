@@ -7,16 +7,13 @@ the pool has 5, so a second concurrent run cannot get its pages.
 from __future__ import annotations
 
 import pytest
+from harness import direct_greedy, tiny_inference
 
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
-from oven.client.generate import greedy_generate
-from oven.control.inference_process import start_inference_process
-from oven.proto.endpoints import private_endpoint
 from oven.control.runtime.instance import State
 from oven.control.runtime.loop import ControlLoop
 from oven.control.tokenizer import Tokenizer
-from oven.inference.config import InferenceConfig
 
 NUM_PAGES = 5
 PROMPT_A = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
@@ -26,20 +23,14 @@ NEW = 24
 
 @pytest.fixture(scope="module")
 def inference():
-    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=NUM_PAGES, num_embeds=256,
-                             num_host_pages=8, torch_threads=1)
-    with start_inference_process(config, timeout_s=120) as process:
+    with tiny_inference(num_kv_pages=NUM_PAGES, num_host_pages=8) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
 def expected(inference):
-    with inference.client() as client:
-        info = client.info()
-        tok = Tokenizer(info.tokenizer)
-        return {prompt: " ".join(map(str, greedy_generate(client, tok.encode(prompt), NEW, tok.stop_token_ids,
-                                                          info.page_size, NUM_PAGES).token_ids))
-                for prompt in (PROMPT_A, PROMPT_B)}
+    return {prompt: " ".join(map(str, direct_greedy(inference, None, prompt, NEW, num_pages=NUM_PAGES)))
+            for prompt in (PROMPT_A, PROMPT_B)}
 
 
 def make_loop(inference, tmp_path, policy: str, programs=("hello-python", "prefix-cache")):

@@ -10,17 +10,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from harness import direct_greedy, tiny_inference
 
-from oven.client.generate import greedy_generate
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
-from oven.control.inference_process import start_inference_process
 from oven.control.runtime.instance import State
 from oven.control.runtime.interceptions import DEFAULT_EXPECTED_S, expected_return_at
 from oven.control.runtime.loop import ControlLoop
-from oven.control.tokenizer import Tokenizer
-from oven.inference.config import InferenceConfig
-from oven.proto.endpoints import private_endpoint
 
 NUM_PAGES, NUM_HOST_PAGES = 5, 8
 PROMPT_A = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
@@ -46,20 +42,14 @@ def test_an_interception_past_its_expected_end_is_expected_to_last_as_long_again
 
 @pytest.fixture(scope="module")
 def inference():
-    config = InferenceConfig(model="tiny", endpoint=private_endpoint(), num_kv_pages=NUM_PAGES, num_embeds=256,
-                             num_host_pages=NUM_HOST_PAGES, torch_threads=1)
-    with start_inference_process(config, timeout_s=120) as process:
+    with tiny_inference(num_kv_pages=NUM_PAGES, num_host_pages=NUM_HOST_PAGES) as process:
         yield process
 
 
 @pytest.fixture(scope="module")
 def expected(inference):
-    with inference.client() as client:
-        info = client.info()
-        tok = Tokenizer(info.tokenizer)
-        return {prompt: " ".join(map(str, greedy_generate(client, tok.encode(prompt), new, tok.stop_token_ids,
-                                                          info.page_size, NUM_PAGES).token_ids))
-                for prompt, new in RUNS.items()}
+    return {prompt: " ".join(map(str, direct_greedy(inference, None, prompt, new, num_pages=NUM_PAGES)))
+            for prompt, new in RUNS.items()}
 
 
 def run_paused_pair(inference, tmp_path, policy: str):
