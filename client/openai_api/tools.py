@@ -5,14 +5,14 @@ A request with ``tools`` runs on the ``asynclm`` LoRA adapter with AsyncLM's sys
 inferlet's own ``prompt.py``: the CML rules, then one line per function, its signature from the
 JSON schema), so the model sees the text it was trained on. The conversation so far is one open
 assistant turn: each earlier ``tool_calls`` message is its ``[CALL] id [HEAD] f(args) [END]``
-lines and a ``[TRAP][END]`` (the model waits for them), each ``tool`` message the interrupt
+lines and a ``[TRAP][END]`` (the model waits for them); each ``tool`` message is the interrupt
 ``[INTR] id [HEAD] result [END]`` of its call, given one per wait as in training: the inferlet
 fills the first, and each further one when the model writes ``[TRAP][END]`` again (having stated
-what it got). The model goes on writing in that turn and is stopped at a wait with no result left
-to give; the calls it wrote become the reply's ``tool_calls`` (ids are
-the model's own CML ids, arguments its keyword arguments as JSON), the rest of its text the
-message's content. OpenAI's client executes the calls and sends their results back, so a call's
-result reaches the model as the interrupt it was trained on, one request later.
+what it got). The model goes on writing and is stopped at a wait with no result left to give.
+The calls it wrote become the reply's ``tool_calls`` (ids are the model's own CML ids, arguments
+bound to the schema's parameters, as JSON), the rest of its text the message's content. OpenAI's
+client runs the calls and sends their results back: a call's result reaches the model as the
+interrupt it was trained on, one request later.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ..asynclm.tools.schema import schema_signature, schema_tool_text
 from ..asynclm.training.protocol import prompt as asynclm_prompt
 from .errors import bad_request
 
-ADAPTER = "asynclm"  # the LoRA adapter that writes CML (client/asynclm/adapter, registered by setup)
+ADAPTER = "asynclm"  # the LoRA adapter that writes CML (client/asynclm/adapter, offered by oven serve)
 MAX_TOOLS = 64
 ESTIMATE_MS = 100  # the prompt states each function's expected time; OpenAI's tools carry none
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -77,7 +77,8 @@ def system_prompt(tools: tuple[dict, ...], extra: str = "") -> str:
 def call_text(tool_call: dict, where: str) -> tuple[str, str]:
     """An OpenAI ``tool_calls`` entry as ``(id, "f(a=1)")``; 400 if it is not one."""
     function = tool_call.get("function") if isinstance(tool_call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+            or not _NAME.fullmatch(function["name"]):
         raise bad_request(f"{where}: a tool call is {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                           "\"arguments\"}}}}", where, "invalid_type")
     call_id = tool_call.get("id")
@@ -126,8 +127,8 @@ def result_turn(call_id: str, content: str) -> str:
 def parse_reply(text: str, tools: tuple[dict, ...]) -> tuple[str, list[dict]]:
     """What the model wrote up to its trap: ``(content, tool_calls)``.
 
-    A block that is not a call of one of ``tools`` with keyword arguments stays in the content as
-    written (the client sees what the model did, nothing is dropped)."""
+    A block that is not a call of one of ``tools`` with arguments its schema allows stays in the
+    content as written (the client sees what the model did, nothing is dropped)."""
     known = {tool["name"]: tool for tool in tools}
     calls, kept, last = [], [], 0
     for match in _CALL.finditer(text):
