@@ -62,7 +62,7 @@ def test_control_policies_are_parsed_once_into_typed_values(tmp_path):
                       'interception_policy = "swap"\n')
     cfg = config_from_args(ControlConfig, parser.parse_args(["--config", str(config)]), section="control")
     assert (cfg.dispatch, cfg.exhaustion, cfg.interception) == (DispatchPolicy.k(8), ExhaustionPolicy.offload(),
-                                                                InterceptionPolicy.swap())
+                                                                InterceptionPolicy("swap"))
     assert config_from_args(ControlConfig, parser.parse_args(config_to_argv(cfg)), section="control") == cfg
     derived = {"--dispatch", "--exhaustion", "--interception", "--http-allow-list"}
     assert not derived & set(config_to_argv(cfg)) and not derived & set(parser.format_help().split())

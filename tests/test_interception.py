@@ -37,7 +37,7 @@ def test_infercept_swaps_the_biggest_wasters_within_the_budget_then_picks_the_sm
         ctx("short-call", 2.0, 2, 30, returns_at=10.5),  # preserve 1, discard 0.0618: min 0.06
         ctx("embed-context", 3.0, 2, 30, returns_at=30.0, embeds=True),  # preserve 40, never discarded: min 40
     ]
-    choices = decide(InterceptionPolicy.infercept(), pool, PROFILE, now=10.0)
+    choices = decide(InterceptionPolicy("infercept"), pool, PROFILE, now=10.0)
     # sorted by min(preserve, discard), largest first; 4 pages of budget: "embed-context" (2) is swapped,
     # "huge-context" (3) does not fit in the 2 left, "long-tool" (3) neither, "short-call" (2) does
     assert actions(choices) == [("embed-context", Action.SWAP_OUT), ("huge-context", Action.PRESERVE),
@@ -47,14 +47,14 @@ def test_infercept_swaps_the_biggest_wasters_within_the_budget_then_picks_the_sm
 def test_infercept_never_discards_embeds_and_keeps_a_context_due_back_now():
     no_budget = CostProfile(1e-6, 1e-3, 0.01, swap_budget_pages=0)
     pool = [ctx("embeds", 0.0, 2, 30, returns_at=50.0, embeds=True), ctx("back", 1.0, 2, 30, returns_at=10.0)]
-    assert actions(decide(InterceptionPolicy.infercept(), pool, no_budget, now=10.0)) == [
+    assert actions(decide(InterceptionPolicy("infercept"), pool, no_budget, now=10.0)) == [
         ("embeds", Action.PRESERVE), ("back", Action.PRESERVE)]
 
 
 def test_a_context_back_before_its_copies_would_pay_off_stays():
     # back in 10 ms: preserving 2 pages wastes 0.02 page-s, swapping them out and in 0.08
     soon = ctx("soon", 0.0, 2, 30, returns_at=10.01)
-    assert actions(decide(InterceptionPolicy.infercept(), [soon], PROFILE, now=10.0)) == [("soon", Action.PRESERVE)]
+    assert actions(decide(InterceptionPolicy("infercept"), [soon], PROFILE, now=10.0)) == [("soon", Action.PRESERVE)]
 
 
 def test_swap_ins_go_first_fcfs_ahead_of_the_expected_return_within_the_budget():
@@ -64,7 +64,7 @@ def test_swap_ins_go_first_fcfs_ahead_of_the_expected_return_within_the_budget()
         ctx("later", 0.5, 1, 30, returns_at=11.0, location=Location.HOST),  # not due before 10.99
         ctx("paused", 2.0, 2, 30, returns_at=40.0),
     ]
-    choices = decide(InterceptionPolicy.infercept(), pool, PROFILE, now=10.0)
+    choices = decide(InterceptionPolicy("infercept"), pool, PROFILE, now=10.0)
     # "early" (3 pages) goes first by arrival; "late" (2) would overrun the budget and waits; the budget
     # left (1 page) is too small to swap "paused" out, so it is preserved or discarded by waste
     assert actions(choices) == [("later", Action.STAY_SWAPPED), ("early", Action.SWAP_IN),
@@ -74,22 +74,22 @@ def test_swap_ins_go_first_fcfs_ahead_of_the_expected_return_within_the_budget()
 def test_a_context_larger_than_the_budget_still_comes_back_when_first_in_line():
     pool = [ctx("big", 0.0, 9, 100, returns_at=0.0, location=Location.HOST),
             ctx("small", 1.0, 1, 10, returns_at=0.0, location=Location.HOST)]
-    assert actions(decide(InterceptionPolicy.infercept(), pool, PROFILE, now=1.0)) == [
+    assert actions(decide(InterceptionPolicy("infercept"), pool, PROFILE, now=1.0)) == [
         ("big", Action.SWAP_IN), ("small", Action.STAY_SWAPPED)]
 
 
 def test_the_baselines():
     pool = [ctx("a", 0.0, 3, 40, returns_at=60.0), ctx("b", 1.0, 3, 40, returns_at=60.0),
             ctx("e", 2.0, 3, 40, returns_at=60.0, embeds=True)]
-    assert {c.action for c in decide(InterceptionPolicy.preserve(), pool, PROFILE, now=0.0)} == {Action.PRESERVE}
-    assert actions(decide(InterceptionPolicy.discard(), pool, PROFILE, now=0.0)) == [
+    assert {c.action for c in decide(InterceptionPolicy("preserve"), pool, PROFILE, now=0.0)} == {Action.PRESERVE}
+    assert actions(decide(InterceptionPolicy("discard"), pool, PROFILE, now=0.0)) == [
         ("e", Action.PRESERVE), ("a", Action.DISCARD), ("b", Action.DISCARD)]
     # the swap baseline ignores the budget (9 pages against 4): every context goes at once
-    assert {c.action for c in decide(InterceptionPolicy.swap(), pool, PROFILE, now=0.0)} == {Action.SWAP_OUT}
+    assert {c.action for c in decide(InterceptionPolicy("swap"), pool, PROFILE, now=0.0)} == {Action.SWAP_OUT}
 
 
 def test_policy_names_and_profile_validation():
-    assert InterceptionPolicy() == InterceptionPolicy.infercept()
+    assert InterceptionPolicy() == InterceptionPolicy("infercept")
     with pytest.raises(ValueError, match="unknown interception policy 'lru'"):
         InterceptionPolicy("lru")
     with pytest.raises(ValueError, match="costs must not be negative"):

@@ -190,21 +190,18 @@ def _tool_messages(value, tools: tuple[dict, ...]) -> tuple[tuple[dict, ...], tu
             if not isinstance(calls, list):
                 raise bad_request(f"{where}.tool_calls must be a list", f"{where}.tool_calls", "invalid_type")
             turn = [] if turn is None else turn
-            text = content + "\n" if content and calls else content
-            if calls:
+            if calls:  # the turn goes on: the calls' results follow
                 pairs = [cml_tools.call_text(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
-                turn.append((text + cml_tools.calls_turn(pairs), True))
+                turn.append(((content + "\n" if content else "") + cml_tools.calls_turn(pairs), True))
                 owed |= {call_id for call_id, _ in pairs}
                 continue
-            turn.append((text, True))
-        if turn is not None:  # the assistant's turn ends here
+            turn.append((content, True))
+        if turn is not None:  # the assistant's turn ends here (with its answer, or before a new message)
             messages.append({"role": "assistant", "content": "".join(_with_waits(turn))})
             turn, owed = None, set()
-            if role == "assistant":
-                continue
         if role == "system" and not messages:
             extra.append(content)  # before the conversation: after AsyncLM's rules and functions
-        else:
+        elif role != "assistant":
             messages.append({"role": role, "content": content})
     system = {"role": "system", "content": cml_tools.system_prompt(tools, "\n\n".join(extra))}
     turn = turn or []

@@ -51,15 +51,19 @@ class Interceptions:
     """``has_calls(inst)``: whether calls of ``inst`` are queued or in flight (its pages cannot move)."""
 
     def __init__(self, policy: InterceptionPolicy, profiler: CostProfiler, *, allocator: Allocator,
-                 kv_pool: PhysicalPool, page_size: int, has_calls: Callable[[Instance], bool]):
+                 kv_pool: PhysicalPool, host_pool: PhysicalPool, page_size: int,
+                 has_calls: Callable[[Instance], bool]):
         self.policy, self.profiler = policy, profiler
-        self._allocator, self._kv_pool, self._page_size, self._has_calls = allocator, kv_pool, page_size, has_calls
+        self._allocator, self._kv_pool, self._host_pool = allocator, kv_pool, host_pool
+        self._page_size, self._has_calls = page_size, has_calls
         self.num_swapped_out = self.num_swapped_in = 0
 
     def step(self, instances: Iterable[Instance], now: float) -> None:
         """One iteration: decide for every intercepted instance whose pages can move, and move them."""
-        by_id, contexts, num_intercepted_pages = {}, [], 0
         pressure = self._allocator.num_waiting > 0 or self._kv_pool.num_free < LOW_WATER * self._kv_pool.size
+        if not pressure and not self._host_pool.num_used:
+            return  # every loop turn: nothing to swap out, and nothing swapped out to bring back
+        by_id, contexts, num_intercepted_pages = {}, [], 0
         for inst in instances:
             if not inst.io_idle or inst.swapping or self._allocator.is_waiting(inst) or self._has_calls(inst):
                 continue

@@ -106,8 +106,8 @@ class ControlLoop:
                                    exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
                                    instances=self.instances, kill=self.kill, has_calls=self.calls.has_calls)
         self.interceptions = Interceptions(config.interception, self.profiler, allocator=self.allocator,
-                                           kv_pool=self.kv_pool, page_size=self.info.page_size,
-                                           has_calls=self.calls.has_calls)
+                                           kv_pool=self.kv_pool, host_pool=self.host_pool,
+                                           page_size=self.info.page_size, has_calls=self.calls.has_calls)
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()

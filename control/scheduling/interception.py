@@ -64,22 +64,6 @@ class InterceptionPolicy:
         if self.name not in NAMES:
             raise ValueError(f"unknown interception policy {self.name!r}; expected one of {', '.join(NAMES)}")
 
-    @classmethod
-    def infercept(cls) -> InterceptionPolicy:
-        return cls(INFERCEPT)
-
-    @classmethod
-    def preserve(cls) -> InterceptionPolicy:
-        return cls(PRESERVE_ALL)
-
-    @classmethod
-    def discard(cls) -> InterceptionPolicy:
-        return cls(DISCARD_ALL)
-
-    @classmethod
-    def swap(cls) -> InterceptionPolicy:
-        return cls(SWAP_ALL)
-
 
 @dataclass(frozen=True, slots=True)
 class CostProfile:
