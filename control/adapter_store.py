@@ -17,7 +17,6 @@ store directly, checking no more than the files' presence, size and JSON shape.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -25,12 +24,10 @@ import tempfile
 from pathlib import Path
 
 from oven.proto.auth import default_cache_dir, private_dir
+from oven.proto.peft_folder import CONFIG_FILE, WEIGHTS_FILE, AdapterFolderError, read_config
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 FILES = (CONFIG_FILE, WEIGHTS_FILE)
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-MAX_CONFIG_BYTES = 1 << 20
 MAX_WEIGHTS_BYTES = 1 << 30  # the inference process has its own, smaller limit (max_adapter_bytes)
 # name -> (package, folder in it): the adapters that ship with oven.
 PACKAGED = {"asynclm": ("oven.client.asynclm", "adapter")}
@@ -52,19 +49,16 @@ def check_name(name: str) -> None:
 
 def check_folder(folder: Path) -> None:
     """What can be checked without the model: both files present, sizes, a JSON object naming LoRA."""
-    if not folder.is_dir():
-        raise AdapterStoreError(f"{folder}: not a folder")
-    for name, limit in ((CONFIG_FILE, MAX_CONFIG_BYTES), (WEIGHTS_FILE, MAX_WEIGHTS_BYTES)):
-        path = folder / name
-        if not path.is_file():
-            raise AdapterStoreError(f"{folder}: no {name} (expected a PEFT LoRA folder)")
-        if path.stat().st_size > limit:
-            raise AdapterStoreError(f"{folder}: {name} is over {limit >> 20} MiB")
     try:
-        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterStoreError(f"{folder}: {CONFIG_FILE} is not valid JSON ({exc})") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        config = read_config(folder)
+    except AdapterFolderError as exc:
+        raise AdapterStoreError(str(exc)) from None
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise AdapterStoreError(f"{folder}: no {WEIGHTS_FILE} (expected a PEFT LoRA folder)")
+    if weights.stat().st_size > MAX_WEIGHTS_BYTES:
+        raise AdapterStoreError(f"{folder}: {WEIGHTS_FILE} is over {MAX_WEIGHTS_BYTES >> 20} MiB")
+    if config.get("peft_type") != "LORA":
         raise AdapterStoreError(f"{folder}: {CONFIG_FILE} does not describe a LoRA adapter (peft_type LORA)")
 
 
@@ -77,8 +71,8 @@ def packaged_adapters(model_name: str) -> dict[str, Path]:
             continue
         path = Path(next(iter(spec.submodule_search_locations))) / folder
         try:
-            base = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8")).get("base_model_name_or_path")
-        except (OSError, ValueError, AttributeError):
+            base = read_config(path).get("base_model_name_or_path")
+        except (OSError, AdapterFolderError):
             continue
         if base == model_name:
             found[name] = path

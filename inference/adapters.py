@@ -15,7 +15,6 @@ embedding targets, per-module rank patterns), is refused with a one-line
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -24,13 +23,11 @@ from pathlib import Path
 import torch
 
 from oven.proto import inference as p
+from oven.proto.peft_folder import WEIGHTS_FILE, AdapterFolderError, read_config
 
 from .config import ModelConfig
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_FILE = "adapter_model.bin"
-MAX_CONFIG_BYTES = 1 << 20
 
 # The projections a LoRA adapter may target, in the order a decoder layer runs them, and the groups
 # of them that read the same input: one GEMM with their A matrices stacked serves a whole group.
@@ -167,20 +164,10 @@ def _grouped(weights: dict, rank: int, scale: float, dtype: torch.dtype,
 
 
 def _read_config(folder: Path) -> dict:
-    if not folder.is_dir():
-        raise AdapterError(f"{folder}: not a folder")
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        raise AdapterError(f"{folder}: no {CONFIG_FILE} (expected a PEFT LoRA folder)")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise AdapterError(f"{folder}: {CONFIG_FILE} is over {MAX_CONFIG_BYTES >> 20} MiB")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterError(f"{folder}: {CONFIG_FILE} is not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise AdapterError(f"{folder}: {CONFIG_FILE} is not a JSON object")
-    return config
+        return read_config(folder)
+    except AdapterFolderError as exc:
+        raise AdapterError(str(exc)) from None
 
 
 def _weights_path(folder: Path, max_bytes: int) -> Path:
