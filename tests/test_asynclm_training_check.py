@@ -1,5 +1,6 @@
-"""The in-process AsyncLM loop of the sanity check (training/check.py): a model that writes exactly a
-sample's text makes exactly the sample's calls, interrupts and answer, and passes."""
+"""The in-process AsyncLM loop of the check (training/check.py): a model that writes exactly a
+sample's text makes exactly the sample's calls, interrupts and answer, and passes; BFCL calls are
+judged by the possible answers; the few-shot prompt is the sample's with the worked example."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from types import SimpleNamespace
 
 import torch
 
-from oven.client.asynclm.training.check import Loop, same_calls
+from oven.client.asynclm.tools import demo_registry
+from oven.client.asynclm.training import protocol
+from oven.client.asynclm.training.check import Loop, bfcl_calls_right, example_prompt, same_calls
 from oven.client.asynclm.training.data import DataConfig, build
 from oven.client.asynclm.training.segments import Encoder
 from oven.control.tokenizer import Tokenizer
@@ -35,7 +38,7 @@ def test_a_model_that_writes_the_sample_reproduces_it_and_passes():
     assert len(demo) == 6
     for record in demo:
         model = Replay(record["ids"], encoder.tokenizer.vocab_size)
-        outcome = Loop(model, encoder, record, max_new_tokens=600).run()
+        outcome = Loop(model, encoder, record, 600, demo_registry()).run()
         assert model.seen == record["ids"][:-1]  # everything but the end token, which stops the loop
         assert outcome.calls == record["calls"] and outcome.passed
 
@@ -45,3 +48,28 @@ def test_calls_match_by_value_in_any_order_and_each_once():
                       ['get_time(timezone="UTC")', "convert_currency(to_currency='EUR', amount=250.0)"])
     assert not same_calls(['get_time(timezone="UTC")'], ['get_time(timezone="UTC")'] * 2)
     assert not same_calls(['get_time(timezone="UTC"'], ['get_time(timezone="UTC")'])
+
+
+def test_bfcl_calls_are_judged_by_the_possible_answers():
+    truth = [{"spotify.play": {"artist": ["Taylor Swift"], "duration": [20, 20.0]}},
+             {"spotify.play": {"artist": ["Maroon 5"], "duration": [15], "shuffle": ["", False]}}]
+    assert bfcl_calls_right(["spotify.play(artist='maroon 5', duration=15, shuffle=False)",
+                             'spotify.play(artist="Taylor Swift", duration=20)'], truth)
+    assert not bfcl_calls_right(['spotify.play(artist="Taylor Swift", duration=20)'], truth)  # one missing
+    assert not bfcl_calls_right(['spotify.play(artist="Taylor Swift", duration=20)',
+                                 'spotify.play(artist="Maroon 5", duration=16)'], truth)  # a wrong value
+    assert not bfcl_calls_right(['spotify.play(artist="Taylor Swift", duration=20)',
+                                 'spotify.play(artist="Maroon 5", duration=15, volume=3)'], truth)  # an unknown one
+    nested = [{"f": {"where": [{"city": ["Paris", "paris, france"], "zip": ["", "75001"]}]}}]
+    assert bfcl_calls_right(['f(where={"city": "Paris, France"})'], nested)
+    assert not bfcl_calls_right(['f(where={"city": "Lyon"})'], nested)
+
+
+def test_the_few_shot_prompt_adds_the_worked_example_to_the_sample_prompt():
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    record = [r for r in build("eval", DataConfig(demo_eval=1, sources=("demo",)), encoder)[0]
+              if r["variant"] == "async"][0]
+    prompt = encoder.decode(example_prompt(encoder, record))
+    assert "Example.\nUser: What is the weather in Oslo" in prompt
+    assert prompt.replace(protocol.prompt().EXAMPLE + "\n\n", "") == encoder.decode(
+        record["ids"][:record["loss_spans"][0][0]])

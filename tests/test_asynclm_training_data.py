@@ -163,6 +163,29 @@ def test_generation_is_deterministic_and_the_split_is_disjoint(encoder, tmp_path
     assert not {r["question"] for r in train} & {r["question"] for r in evaluation}
 
 
+def test_training_names_are_made_up_or_rare_and_never_held_out(encoder):
+    import random
+
+    from oven.client.asynclm.training.names import NameMaker, vocabulary_words
+
+    words = vocabulary_words(encoder.tokenizer)
+    assert len(words.proper) > 1000 and len(words.common) > 5000 and "Zurich" in words.proper
+    held = demo_pools("eval", ("AUD", "CHF"))
+    forbidden = set(held.cities + held.symbols + held.search_queries + held.held_out_currencies)
+    names = NameMaker(random.Random(0), words, forbidden)
+    made = [names.city() for _ in range(3000)] + [names.symbol() for _ in range(3000)] + \
+        [names.query() for _ in range(1000)]
+    assert not {m.lower() for m in made} & {f.lower() for f in forbidden}
+    assert len(set(made)) > 5000 and all(m.strip() == m and m for m in made)
+
+
+def test_small_talk_needs_no_call(encoder):
+    task = demo_task(Subtask((), lambda r: "Hello! Ask me anything."), question="Hi!")
+    transcript = CmlSimulation(task, encoder, Timing(ESTIMATES, 10.0), "async").run()
+    assert transcript.calls == [] and texts(encoder, transcript) == [("model", "Hello! Ask me anything.\n<|im_end|>")]
+    assert plain_sync(task, encoder, Timing(ESTIMATES, 10.0)).calls == []
+
+
 def test_bad_variant_weights_are_refused():
     with pytest.raises(ValueError, match="bad variant weight 'async=x'"):
         parse_weights("async=x")

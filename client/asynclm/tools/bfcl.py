@@ -46,7 +46,7 @@ from .latency import PaperLatency, paper_latency
 from .registry import Tool, ToolRegistry
 from .schema import SchemaStub, schema_tool_text
 
-__all__ = ["KINDS", "NUM_MULTI_STEP_PARALLEL", "Scenario", "disjoint_samples", "first_turns", "load_scenarios",
+__all__ = ["FILE_BY_KIND", "KINDS", "NUM_MULTI_STEP_PARALLEL", "Scenario", "disjoint_samples", "first_turns", "load_scenarios",
            "paper_latency"]
 
 KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel")
@@ -54,7 +54,7 @@ NUM_MULTI_STEP_PARALLEL = 200  # as many as the paper's v3-multi-step-parallel
 TASKS_PER_MULTI_STEP_PARALLEL = 3
 MAX_CHAIN_CALLS = 5  # "three independent tasks requiring 1–5 sequential function calls each"
 
-_FILE_BY_KIND = {
+FILE_BY_KIND = {
     "parallel": "BFCL_v4_parallel.json",
     "live_parallel": "BFCL_v4_live_parallel.json",
     "multi_turn": "BFCL_v4_multi_turn_base.json",
@@ -106,8 +106,8 @@ def load_scenarios(kind: str, limit: int | None = None, seed: int = 0) -> list[S
     if kind == "multi_step_parallel":
         count = NUM_MULTI_STEP_PARALLEL if limit is None else min(limit, NUM_MULTI_STEP_PARALLEL)
         return _multi_step_parallel(count, seed, latency)
-    entries = read_entries(_FILE_BY_KIND[kind])[:limit]
-    truth_by_id = ground_truth_by_id(_FILE_BY_KIND[kind])
+    entries = read_entries(FILE_BY_KIND[kind])[:limit]
+    truth_by_id = ground_truth_by_id(FILE_BY_KIND[kind])
     if kind == "multi_turn":
         return [_multi_turn(entry, truth_by_id[entry["id"]], latency) for entry in entries]
     return [_single_turn(kind, entry, truth_by_id[entry["id"]], latency) for entry in entries]
@@ -136,7 +136,7 @@ def _multi_turn(entry: dict, truth: list[list[str]], latency: PaperLatency) -> S
 
 
 def _multi_step_parallel(count: int, seed: int, latency: PaperLatency) -> list[Scenario]:
-    file_name = _FILE_BY_KIND["multi_turn"]
+    file_name = FILE_BY_KIND["multi_turn"]
     truth_by_id = ground_truth_by_id(file_name)
     eligible = [
         entry for entry in read_entries(file_name)

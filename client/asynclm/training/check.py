@@ -1,32 +1,42 @@
-"""A quick check in process: the AsyncLM loop on held-out demo tasks with transformers (+ PEFT), greedy.
+"""A check in process: the AsyncLM loop on held-out tasks with transformers (+ PEFT), greedy.
 
 It does what the inferlet does in ``async`` mode, on a simulated clock: the model's tokens are
-chosen greedily among those the inferlet's token monitor allows; a call goes to the real demo
-tool when its ``[END]`` is written and comes back after its estimated time (time counted in
-generated tokens at the sample's TPOT), injected as ``[INTR] id [HEAD] value [END]`` (tokenized on
-its own) at the next token boundary outside a CML block; ``[TRAP][END]`` waits for the next
-result; an end token while results are owed becomes a trap. A task passes when the calls made
-are the expected ones (name and arguments, any order) and the text outside CML contains every
-returned value the task's facts list. This is a sanity check, not the evaluation bench.
+chosen greedily among those the inferlet's token monitor allows; a call goes to the task's real
+tools (the demo tools, BFCL's schema stubs or tool classes) when its ``[END]`` is written and comes
+back after its estimated time (time counted in generated tokens at the sample's TPOT), injected
+as ``[INTR] id [HEAD] value [END]`` (tokenized on its own) at the next token boundary outside a
+CML block; ``[TRAP][END]`` waits for the next result; an end token while results are owed
+becomes a trap.
 
-    python -m oven.client.asynclm.training.check --adapter asynclm-adapter [--tasks 20]
+A demo task passes when the calls made are the expected ones (name and arguments, any order)
+and the text outside CML contains every returned value the task's facts list. A BFCL task passes
+when its calls are right: for parallel and live-parallel ones, each call matches one of the
+ground truth's calls with an acceptable value for every argument (BFCL's possible answers, strings
+compared as BFCL's checker does: case, spaces and ``,./-_*^`` aside); for multi-step-parallel
+ones, the calls are the ground truth's. ``--example`` gives the model the prompt's worked example
+(the few-shot base model of the paper's Table 1). This is a check, not the evaluation bench.
+
+    python -m oven.client.asynclm.training.check --adapter client/asynclm/adapter --sources demo --tasks 50
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import protocol
-from ..tools import ToolError, demo_registry, parse_call
-from .data import read_records
+from ..tools import ToolError, ToolRegistry, parse_call
+from .data import DataConfig, read_records, tasks_for
 from .segments import Encoder
 from .tasks import function_name
 
 TOP_K = 64
+SOURCES = ("demo", "parallel", "live_parallel", "multi_step_parallel", "multi_turn")
 
 
 @dataclass
@@ -55,15 +65,63 @@ def same_calls(made: list[str], expected: list[str]) -> bool:
     return not left
 
 
-class Loop:
-    """One session of one task on ``model`` (a causal LM, with or without an adapter)."""
+def _standard(value):
+    """A value as BFCL's checker compares it: strings without case, spaces and ``,./-_*^``."""
+    if isinstance(value, str):
+        return re.sub(r"[ ,./\-_*^]", "", value).lower()
+    if isinstance(value, (list, tuple)):
+        return [_standard(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _standard(v) for k, v in value.items()}
+    return value
 
-    def __init__(self, model, encoder: Encoder, record: dict, max_new_tokens: int):
+
+def _acceptable(value, options: list) -> bool:
+    for option in options:
+        if isinstance(option, dict) and isinstance(value, dict):
+            if option.keys() >= value.keys() and all(
+                    k in value and _acceptable(value[k], o) or k not in value and "" in o for k, o in option.items()):
+                return True
+        elif _standard(value) == _standard(option):
+            return True
+    return False
+
+
+def _matches(call, truth: dict) -> bool:
+    ((name, options_by_argument),) = truth.items()
+    return call.name == name and not call.args and set(call.kwargs) <= set(options_by_argument) and all(
+        _acceptable(call.kwargs[k], o) if k in call.kwargs else "" in o for k, o in options_by_argument.items())
+
+
+def bfcl_calls_right(made: list[str], ground_truth: list[dict]) -> bool:
+    """Each ground-truth call made once, with acceptable values, and nothing else (any order)."""
+    try:
+        calls = [parse_call(call) for call in made]
+    except ToolError:
+        return False
+    if len(calls) != len(ground_truth):
+        return False
+    left = list(calls)
+    for truth in ground_truth:
+        match = next((c for c in left if _matches(c, truth)), None)
+        if match is None:
+            return False
+        left.remove(match)
+    return True
+
+
+class Loop:
+    """One session of one task on ``model`` (a causal LM, with or without an adapter); the model
+    starts after ``prompt_ids`` (default: the sample's own prompt)."""
+
+    def __init__(self, model, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
+                 prompt_ids: list[int] | None = None):
         cml = protocol.cml()
         self.model, self.encoder, self.record = model, encoder, record
         self.max_new_tokens = max_new_tokens
+        self.prompt_ids = prompt_ids or record["ids"][:record["loss_spans"][0][0]]
         self.monitor = cml.TokenMonitor(lambda token: encoder.decode([token]))
-        self.registry = demo_registry()
+        self.registry = registry
         self.stop_ids = set(encoder.tokenizer.stop_token_ids)
         self.now_ms, self.queue, self.forced = 0.0, [], []
         self.outcome = Outcome(record["task_id"])
@@ -71,8 +129,7 @@ class Loop:
     def run(self) -> Outcome:
         import torch
 
-        prompt_ids = self.record["ids"][:self.record["loss_spans"][0][0]]
-        cache, pending = None, list(prompt_ids)
+        cache, pending = None, list(self.prompt_ids)
         with torch.no_grad():
             for _ in range(self.max_new_tokens):
                 out = self.model(input_ids=torch.tensor([pending]), past_key_values=cache, use_cache=True)
@@ -142,15 +199,49 @@ def token_budget(record: dict) -> int:
     return 32 + 3 * sum(end - start for start, end in record["loss_spans"]) // 2
 
 
-def check(model, encoder: Encoder, records: list[dict], log=print) -> list[Outcome]:
+def example_prompt(encoder: Encoder, record: dict) -> list[int]:
+    """The sample's prompt with the worked example in the system turn (``"example": true``)."""
+    system = protocol.prompt().system_prompt(record["functions"], example=True)
+    return encoder.prompt(system, record["question"]).token_ids
+
+
+def check(model, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
+          example: bool = False, bfcl_truth: Callable[[dict], list[dict] | None] = lambda record: None,
+          log=print) -> list[Outcome]:
+    """Run each record's task; ``bfcl_truth(record)``: BFCL's possible answers, where the calls are
+    judged by them."""
     outcomes = []
     for record in records:
-        outcome = Loop(model, encoder, record, token_budget(record)).run()
+        prompt_ids = example_prompt(encoder, record) if example else None
+        outcome = Loop(model, encoder, record, token_budget(record), registry_for(record), prompt_ids).run()
+        truth = bfcl_truth(record)
+        if truth is not None:
+            outcome.calls_right = bfcl_calls_right(outcome.calls, truth)
         outcomes.append(outcome)
-        log(f"{'PASS' if outcome.passed else 'fail'} {record['task_id']}: {record['question']}\n"
-            f"     calls {'ok ' if outcome.calls_right else 'BAD'} {outcome.calls}\n"
+        log(f"{'PASS' if outcome.passed else 'fail'} {record['task_id']}: {record['question'][:300]}\n"
+            f"     calls {'ok ' if outcome.calls_right else 'BAD'} {outcome.calls} (expected {record['calls']})\n"
             f"     facts {'ok ' if outcome.facts_stated else 'BAD'} {record['facts']} in {outcome.text.strip()!r}")
     return outcomes
+
+
+def _registries(data: Path) -> dict[str, Callable[[], ToolRegistry]]:
+    """Each evaluation task's tools by task id, rebuilt as ``oven asynclm-data`` built them (the
+    arguments in ``data.json``: BFCL tasks list functions drawn from one random stream)."""
+    meta_path = data.parent / "data.json"
+    args = json.loads(meta_path.read_text())["args"] if meta_path.is_file() else {}
+    defaults = DataConfig()
+    config = DataConfig(seed=args.get("seed", defaults.seed), demo_eval=args.get("demo_eval", defaults.demo_eval),
+                        multi_step_eval=args.get("multi_step_eval", defaults.multi_step_eval),
+                        sources=tuple(s for s in args.get("sources", ",".join(defaults.sources)).split(",") if s))
+    return {task.task_id: task.registry for task in tasks_for("eval", config)}
+
+
+def _ground_truth(record: dict) -> list[dict] | None:
+    if record["source"] not in ("parallel", "live_parallel"):
+        return None
+    from ..tools.bfcl import FILE_BY_KIND
+    from ..tools.bfcl_data import ground_truth_by_id
+    return ground_truth_by_id(FILE_BY_KIND[record["source"]])[record["task_id"]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="asynclm-data/eval.jsonl", help="evaluation samples (default %(default)s)")
     parser.add_argument("--adapter", help="a PEFT adapter folder (default: the base model alone)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="default %(default)s")
-    parser.add_argument("--tasks", type=int, default=20, help="held-out demo tasks (default %(default)s)")
-    parser.add_argument("--start", type=int, default=0, help="skip this many tasks first (default %(default)s)")
+    parser.add_argument("--sources", default="demo", help=f"comma-separated, of {', '.join(SOURCES)} "
+                        "(default %(default)s)")
+    parser.add_argument("--tasks", type=int, default=50, help="async samples per source (default %(default)s)")
+    parser.add_argument("--start", type=int, default=0, help="skip this many of each source first (default %(default)s)")
+    parser.add_argument("--example", action="store_true", help="put the worked example in the prompt (few-shot)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     parser.add_argument("--json", help="write the outcomes here")
     args = parser.parse_args(argv)
@@ -173,22 +267,37 @@ def main(argv: list[str] | None = None) -> int:
     from .model import load_base
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    sources = tuple(s for s in args.sources.split(",") if s)
     try:
-        records = [r for r in read_records(Path(args.data)) if r["source"] == "demo" and r["variant"] == "async"]
+        if set(sources) - set(SOURCES):
+            raise ValueError(f"--sources must be some of {', '.join(SOURCES)}")
+        data = Path(args.data)
+        records = [r for r in read_records(data) if r["variant"] == "async"]
+        chosen = [r for source in sources
+                  for r in [r for r in records if r["source"] == source][args.start:args.start + args.tasks]]
+        registry_by_id = _registries(data)
         model, source = load_base(args.model, 0)
         if args.adapter:
             from peft import PeftModel
             model = PeftModel.from_pretrained(model, args.adapter)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1
     model.eval()
-    outcomes = check(model, Encoder(Tokenizer(source.tokenizer)), records[args.start:args.start + args.tasks])
-    passed = sum(o.passed for o in outcomes)
-    print(f"{passed}/{len(outcomes)} passed: calls right {sum(o.calls_right for o in outcomes)}, "
-          f"facts stated {sum(o.facts_stated for o in outcomes)} ({args.adapter or 'base model'})")
+    outcomes = check(model, Encoder(Tokenizer(source.tokenizer)), chosen, lambda r: registry_by_id[r["task_id"]](),
+                     args.example, _ground_truth)
+    label = (args.adapter or "base model") + (", worked example" if args.example else "")
+    summary = {}
+    for name in sources:
+        mine = [o for o, r in zip(outcomes, chosen) if r["source"] == name]
+        summary[name] = {"tasks": len(mine), "passed": sum(o.passed for o in mine),
+                         "calls_right": sum(o.calls_right for o in mine),
+                         "facts_stated": sum(o.facts_stated for o in mine)}
+        print(f"{name}: {summary[name]['passed']}/{len(mine)} passed: calls right {summary[name]['calls_right']}, "
+              f"facts stated {summary[name]['facts_stated']} ({label})")
     if args.json:
-        Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"summary": summary, "outcomes": [o.__dict__ for o in outcomes]},
+                                              indent=1) + "\n")
     return 0
 
 

@@ -70,6 +70,8 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (default %(default)s)")
     train.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj", help="LoRA target modules "
                        "(default %(default)s)")
+    train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                       help="matrix products in bf16 (autocast) or fp32; weights stay fp32 (default %(default)s)")
     train.add_argument("--variants", default="", help="train only on these variants, comma-separated "
                        "(default: all in DATA)")
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
@@ -131,6 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             lr=args.lr, warmup_steps=args.warmup_steps, batch_samples=args.batch_samples,
             batch_tokens=args.batch_tokens,
             lora=LoraSettings(args.rank, args.alpha, tuple(t for t in args.targets.split(",") if t)),
+            precision=args.precision,
             variants=tuple(v for v in args.variants.split(",") if v), threads=args.threads or os.cpu_count() or 1,
             checkpoint_every=args.checkpoint_every, max_steps=args.max_steps)
         summary = train(config, resume=args.resume, command=shlex.join(["oven", *sys.argv[sys.argv.index(

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..tools import ToolError
 from .bfcl_tasks import BFCL_KINDS, bfcl_tasks
 from .demo_tasks import FOLLOW_UP_PROBABILITY, DemoTaskMaker
+from .names import Words, vocabulary_words
 from .plain import plain_sync
 from .segments import Encoder, flatten
 from .simulate import CmlSimulation, Timing, Transcript
@@ -103,11 +104,12 @@ def record(task: Task, split: str, variant: str, transcript: Transcript, timing:
             "ids": ids, "loss_spans": spans}
 
 
-def tasks_for(split: str, config: DataConfig) -> list[Task]:
+def tasks_for(split: str, config: DataConfig, words: Words | None = None) -> list[Task]:
+    """The split's tasks; training demo tasks take made-up names from ``words`` (see names.py)."""
     rng = random.Random(f"{config.seed}:{split}:tasks")
     tasks = []
     if "demo" in config.sources:
-        maker = DemoTaskMaker(split, rng)
+        maker = DemoTaskMaker(split, rng, words)
         for i in range(config.demo_train if split == "train" else config.demo_eval):
             follow_up = split == "train" and rng.random() < FOLLOW_UP_PROBABILITY
             tasks.append(maker.make(f"demo_{split}_{i}", follow_up))
@@ -127,7 +129,7 @@ def build(split: str, config: DataConfig, encoder: Encoder, exclude_questions: f
           progress=lambda n, total: None) -> tuple[list[dict], dict[str, int]]:
     """The split's records and what was left out, by reason."""
     records, dropped = [], {"tool error": 0, "too long": 0, "seen in eval": 0}
-    tasks = tasks_for(split, config)
+    tasks = tasks_for(split, config, vocabulary_words(encoder.tokenizer) if split == "train" else None)
 
     def shared_estimates(n: int, task: Task) -> dict[str, int] | None:
         # Training demo tasks come in groups with one table of times, so their system prompts are

@@ -6,6 +6,11 @@ the cost of several shares). Requests are phrased in many ways, and same-kind re
 a clause ("the weather in Paris and in Tokyo"). Entities come from the split's pools
 (:func:`~.split.demo_pools`), so evaluation tasks name cities, symbols, currencies and queries
 that no training task does.
+
+Training tasks (``TRAINING_MIX``) have more chains and more dependent ones than evaluation tasks,
+name a made-up or rare entity (:mod:`.names`) as often as a real one, and a few are small talk
+that needs no call. Evaluation tasks are drawn exactly as before any of that: the same seed gives
+the same held-out tasks.
 """
 
 from __future__ import annotations
@@ -16,11 +21,36 @@ from dataclasses import dataclass
 
 from ..tools import demo_registry
 from ..tools.demo import CURRENCIES, TIME_ZONES
+from .names import NameMaker, Words
 from .split import Pools, demo_pools
 from .tasks import FollowUp, Subtask, Task, fixed_call
 
 NUM_SUBTASKS_WEIGHTS = {1: 0.3, 2: 0.35, 3: 0.25, 4: 0.1}
 FOLLOW_UP_PROBABILITY = 0.15  # training tasks of 2+ chains whose last one the user adds mid-way (§6.6)
+
+
+@dataclass(frozen=True)
+class TrainingMix:
+    """How training tasks differ from evaluation tasks (which keep the defaults of the makers)."""
+
+    num_subtasks_weights: tuple[float, ...] = (0.2, 0.3, 0.3, 0.2)  # of 1, 2, 3, 4 chains
+    dependent_weight: float = 2.0    # each dependent chain kind's weight (evaluation: 1-1.5)
+    made_up: float = 0.5             # chance that an entity is made up or rare (names.py)
+    small_talk: float = 0.03         # chance that a task needs no call
+
+
+TRAINING_MIX = TrainingMix()
+_SMALL_TALK = (
+    ("Hi!", "Hello! I can look up the weather, stock prices, exchange rates and the time, calculate and search "
+            "the web for you."),
+    ("Hello, who are you?", "I am an assistant that calls functions: weather, stock prices, currency "
+                            "conversion, the time, arithmetic and web search."),
+    ("Thanks!", "You are welcome!"),
+    ("Thank you, that is all.", "You are welcome. Have a nice day!"),
+    ("What can you do?", "I can check the weather, stock prices, exchange rates and the local time, do "
+                         "arithmetic and search the web."),
+    ("Good morning!", "Good morning! What would you like me to look up?"),
+)
 _PLACE_BY_ZONE = {"UTC": "UTC", "Europe/London": "London", "Europe/Paris": "Paris", "Europe/Berlin": "Berlin",
                   "America/New_York": "New York", "America/Chicago": "Chicago",
                   "America/Los_Angeles": "Los Angeles", "Asia/Tokyo": "Tokyo", "Asia/Shanghai": "Shanghai",
@@ -45,14 +75,30 @@ class _Part:
 
 
 class DemoTaskMaker:
-    def __init__(self, split: str, rng: random.Random):
+    """Tasks of ``split``; training tasks follow ``mix`` and take made-up names from ``words``."""
+
+    def __init__(self, split: str, rng: random.Random, words: Words | None = None,
+                 mix: TrainingMix = TRAINING_MIX):
         self.split, self.rng = split, rng
         self.pools: Pools = demo_pools(split, CURRENCIES)
+        self.training = split == "train"
+        self.mix = mix
         self._makers = {self._weather: 3, self._stock: 2, self._convert: 2, self._time: 1.5, self._calculate: 1.5,
                         self._search: 1, self._stock_in_currency: 1.5, self._fahrenheit: 1, self._shares: 1}
+        self._count_weights = dict(NUM_SUBTASKS_WEIGHTS)
+        if self.training:
+            for maker in (self._stock_in_currency, self._fahrenheit, self._shares):
+                self._makers[maker] = mix.dependent_weight
+            self._count_weights = dict(zip(NUM_SUBTASKS_WEIGHTS, mix.num_subtasks_weights))
+            held = demo_pools("eval", CURRENCIES)
+            self.names = NameMaker(rng, words or Words((), ()), set(held.cities + held.symbols + held.search_queries
+                                                                    + held.held_out_currencies))
 
     def make(self, task_id: str, follow_up: bool = False) -> Task:
-        count = self.rng.choices(list(NUM_SUBTASKS_WEIGHTS), weights=list(NUM_SUBTASKS_WEIGHTS.values()))[0]
+        if self.training and self.rng.random() < self.mix.small_talk:
+            question, reply = self.rng.choice(_SMALL_TALK)
+            return Task(task_id, "demo", question, (Subtask((), lambda r: reply),), demo_registry)
+        count = self.rng.choices(list(self._count_weights), weights=list(self._count_weights.values()))[0]
         parts: list[_Part] = []
         while len(parts) < count:
             maker = self.rng.choices(list(self._makers), weights=list(self._makers.values()))[0]
@@ -89,6 +135,21 @@ class DemoTaskMaker:
     def _amount(self):
         return self.rng.randint(1, 2000) if self.rng.random() < 0.7 else round(self.rng.uniform(1, 2000), 2)
 
+    def _city(self) -> str:
+        if self.training and self.rng.random() < self.mix.made_up:
+            return self.names.city()
+        return self.rng.choice(self.pools.cities)
+
+    def _symbol(self) -> str:
+        if self.training and self.rng.random() < self.mix.made_up:
+            return self.names.symbol()
+        return self.rng.choice(self.pools.symbols)
+
+    def _query(self) -> str:
+        if self.training and self.rng.random() < self.mix.made_up:
+            return self.names.query()
+        return self.rng.choice(self.pools.search_queries)
+
     def _currency_pair(self) -> tuple[str, str]:
         while True:
             pair = tuple(self.rng.sample(self.pools.currencies, 2))
@@ -97,7 +158,7 @@ class DemoTaskMaker:
 
     # -- chains ------------------------------------------------------------------------------
     def _weather(self) -> _Part:
-        city = self.rng.choice(self.pools.cities)
+        city = self._city()
         clause = self.rng.choice([f"what is the weather in {city}", f"how is the weather in {city}",
                                   f"what's the weather like in {city}", f"tell me the weather in {city}",
                                   f"is it warm in {city} today", f"the current weather in {city}"])
@@ -107,7 +168,7 @@ class DemoTaskMaker:
                      clause, "weather", city)
 
     def _stock(self) -> _Part:
-        symbol = self.rng.choice(self.pools.symbols)
+        symbol = self._symbol()
         clause = self.rng.choice([f"what is {symbol} trading at", f"the price of {symbol}",
                                   f"how much is one {symbol} share", f"the {symbol} stock price",
                                   f"look up the share price of {symbol}"])
@@ -143,7 +204,7 @@ class DemoTaskMaker:
                              lambda r: f"{expression} = {_num(r[0])}.", lambda r: [_num(r[0])]), clause)
 
     def _search(self) -> _Part:
-        query = self.rng.choice(self.pools.search_queries)
+        query = self._query()
         clause = self.rng.choice([f"search the web for {query}", f"look up {query} online",
                                   f"find web pages about {query}"])
         return _Part(Subtask((fixed_call(f'search_web(query="{query}")'),),
@@ -151,7 +212,7 @@ class DemoTaskMaker:
                              lambda r: [r[0][0]["title"]]), clause)
 
     def _stock_in_currency(self) -> _Part:
-        symbol = self.rng.choice(self.pools.symbols)
+        symbol = self._symbol()
         dst = self._currency_pair()[1] if self.split == "eval" else self.rng.choice(
             [c for c in self.pools.currencies if c != "USD"])
         clause = self.rng.choice([f"what is one {symbol} share worth in {dst}", f"the price of {symbol} in {dst}",
@@ -164,7 +225,7 @@ class DemoTaskMaker:
                              lambda r: [_num(r[0]["price_usd"]), _num(r[1]["amount"])]), clause)
 
     def _fahrenheit(self) -> _Part:
-        city = self.rng.choice(self.pools.cities)
+        city = self._city()
         clause = self.rng.choice([f"what is the temperature in {city} in Fahrenheit",
                                   f"how warm is it in {city} in degrees Fahrenheit"])
         steps = (fixed_call(f'get_weather(city="{city}")'),
@@ -174,7 +235,7 @@ class DemoTaskMaker:
                              lambda r: [_num(r[0]["temperature_c"]), _num(r[1])]), clause)
 
     def _shares(self) -> _Part:
-        symbol, count = self.rng.choice(self.pools.symbols), self.rng.randint(2, 50)
+        symbol, count = self._symbol(), self.rng.randint(2, 50)
         clause = self.rng.choice([f"how much do {count} shares of {symbol} cost",
                                   f"what would {count} {symbol} shares cost"])
         steps = (fixed_call(f'get_stock_price(symbol="{symbol}")'),

@@ -93,7 +93,8 @@ class CmlSimulation:
         self.chains = [_Chain(s.steps) for s in self.subtasks]
         self.queue: list[_Event] = []
         self.chain_by_call_id: dict[str, int] = {}
-        self.completed: list[int] = []   # chains in the order their last result came in
+        # chains in the order their last result came in (one that needs no call is done at once)
+        self.completed: list[int] = [i for i, subtask in enumerate(self.subtasks) if not subtask.steps]
         self.now_ms = 0.0
         self.calls: list[str] = []
         self.num_traps = 0

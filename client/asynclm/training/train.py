@@ -1,7 +1,8 @@
 """``oven asynclm-train``: LoRA fine-tuning of the served model on ``oven asynclm-data`` samples.
 
 AdamW on the adapter only, linear warm-up then linear decay, batches of samples that share a
-prompt prefix (batches.py), in an order fixed by the seed. Every ``checkpoint_every`` steps the
+prompt prefix (batches.py), in an order fixed by the seed; the weights stay fp32, the matrix
+products run in bf16 unless ``precision`` is fp32. Every ``checkpoint_every`` steps the
 adapter, the optimizer, the schedule and the loss curve go to ``OUT/checkpoint.pt``; ``resume``
 continues from there with the same settings (the checkpoint is removed once the run completes).
 A run stopped by ``max_steps`` writes the adapter it has so far (``training.json``: ``complete``
@@ -27,6 +28,7 @@ from .model import LoraSettings, batch_loss, load_base, with_lora
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
+PRECISIONS = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class TrainConfig:
     batch_samples: int = 8
     batch_tokens: int = 3584        # tokens forwarded per batch (prefix once, padded suffixes); ~6 GB peak
     lora: LoraSettings = field(default_factory=LoraSettings)
+    precision: str = "bf16"         # matrix products in bf16 (autocast; ~1.8x faster on AVX-512 BF16) or fp32
     variants: tuple[str, ...] = ()  # only these variants (all when empty)
     threads: int = os.cpu_count() or 1
     checkpoint_every: int = 25
@@ -52,6 +55,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.warmup_steps < 0:
             raise ValueError("lr must be > 0 and warmup_steps >= 0")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
     def settings(self) -> dict:
         """What decides the result (not where it goes or how many threads compute it)."""
@@ -113,7 +118,8 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
         batch = batches[epoch_order(len(batches), config.seed, step // len(batches))[step % len(batches)]]
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step, total)
-        loss_sum, num_loss_tokens = batch_loss(model, batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+            loss_sum, num_loss_tokens = batch_loss(model, batch)
         (loss_sum / num_loss_tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
