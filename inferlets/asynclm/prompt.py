@@ -28,10 +28,19 @@ Assistant: [CALL] w1 [HEAD] get_weather(city="Oslo") [END]
 [INTR] p1 [HEAD] {"symbol": "AAPL", "price": 191.2} [END]
 It is 4 degrees C and raining in Oslo, and AAPL trades at 191.2."""
 
+# The same example in conventional synchronous function calling (PLAIN_RULES).
+PLAIN_EXAMPLE = """Example.
+User: What is the weather in Oslo and the price of AAPL?
+Assistant: get_weather(city="Oslo")
+get_stock_price(symbol="AAPL")
+Tool: get_weather(city="Oslo") = {"city": "Oslo", "temp_c": 4, "sky": "rain"}
+get_stock_price(symbol="AAPL") = {"symbol": "AAPL", "price": 191.2}
+Assistant: It is 4 degrees C and raining in Oslo, and AAPL trades at 191.2."""
+
 
 def system_prompt(functions: str, cheat_sheet: list[str] | None = None, example: bool = False,
                   rules: str = RULES) -> str:
-    parts = [rules] + ([EXAMPLE] if example else [])
+    parts = [rules] + ([PLAIN_EXAMPLE if rules == PLAIN_RULES else EXAMPLE] if example else [])
     parts.append("Functions (estimated execution time in parentheses):\n" + functions.strip())
     if cheat_sheet:  # the paper's "cheat sheet": the ground-truth calls, so every run makes the same calls
         parts.append("Cheat sheet, the calls to make:\n" + "\n".join(cheat_sheet))

@@ -8,6 +8,9 @@ as ``[INTR] id [HEAD] value [END]`` (tokenized on its own) at the next token bou
 CML block; ``[TRAP][END]`` waits for the next result; an end token while results are owed
 becomes a trap.
 
+``sync-cml`` samples run the same loop with every result back at once (the inferlet's sync
+mode), ``sync`` samples as chat turns of plain calls (:class:`PlainLoop`, plain.py's format).
+
 A demo task passes when the calls made are the expected ones (name and arguments, any order)
 and the text outside CML contains every returned value the task's facts list. A BFCL task passes
 when its calls are right: for parallel and live-parallel ones, each call matches one of the
@@ -29,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import protocol
+from . import plain, protocol
 from ..tools import ToolError, ToolRegistry, parse_call
-from .data import DataConfig, read_records, tasks_for
+from .data import VARIANTS, DataConfig, read_records, tasks_for
 from .segments import Encoder
 from .tasks import function_name
 
@@ -174,7 +177,8 @@ class Loop:
                 value, name = self.registry.execute(event.call), function_name(event.call)
             except ToolError as exc:
                 value, name = f"error: {exc}", ""
-            delay_ms = self.record["estimates_ms"].get(name, 0)
+            # sync-cml: the call waits for its result, which comes in before the model writes on
+            delay_ms = 0 if self.record["variant"] == "sync-cml" else self.record["estimates_ms"].get(name, 0)
             self.queue.append((self.now_ms + delay_ms, len(self.outcome.calls), event.call_id, value))
         elif isinstance(event, cml.Trap) and self.queue:
             self.now_ms = max(self.now_ms, min(e[0] for e in self.queue))
@@ -194,15 +198,88 @@ class Loop:
         return ids
 
 
+class PlainLoop:
+    """One ``sync`` session: the model writes a turn; a turn of calls only (one per line) gets a
+    ``tool`` turn with their results (plain.py's format) and the model goes on; any other turn is
+    the answer."""
+
+    def __init__(self, model, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
+                 system: str):
+        self.model, self.encoder, self.record, self.registry = model, encoder, record, registry
+        self.max_new_tokens, self.system = max_new_tokens, system
+        self.outcome = Outcome(record["task_id"])
+
+    def run(self) -> Outcome:
+        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": self.record["question"]}]
+        budget = self.max_new_tokens
+        while budget > 0:
+            written = greedy(self.model, self.encoder.encode(self.encoder.chat(messages)), budget,
+                             set(self.encoder.tokenizer.stop_token_ids))
+            budget -= len(written) + 1
+            content = self.encoder.decode(written).strip()
+            calls = _plain_calls(content)
+            if not calls:
+                self.outcome.text = content
+                break
+            pairs = []
+            for call in calls:
+                try:
+                    pairs.append((call, self.registry.execute(call)))
+                except ToolError as exc:
+                    pairs.append((call, f"error: {exc}"))
+            self.outcome.calls += calls
+            messages += [{"role": "assistant", "content": content},
+                         {"role": "tool", "content": plain.results_text(pairs)}]
+        self.outcome.calls_right = same_calls(self.outcome.calls, self.record["calls"])
+        self.outcome.facts_stated = all(fact in self.outcome.text for fact in self.record["facts"])
+        return self.outcome
+
+
+def _plain_calls(content: str) -> list[str]:
+    """The calls of a turn whose every line is one call, else none (the turn is an answer)."""
+    lines = [line.strip() for line in content.splitlines() if line.strip()]
+    try:
+        for line in lines:
+            parse_call(line)
+    except ToolError:
+        return []
+    return lines
+
+
+def greedy(model, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:
+    """The tokens ``model`` writes greedily after ``prompt_ids``, up to a stop token (not included)."""
+    import torch
+
+    cache, pending, written = None, list(prompt_ids), []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            out = model(input_ids=torch.tensor([pending]), past_key_values=cache, use_cache=True)
+            cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            if token in stop_ids:
+                break
+            written.append(token)
+            pending = [token]
+    return written
+
+
 def token_budget(record: dict) -> int:
     """Tokens the model may write: half again what the sample's ideal model wrote, and 32 more."""
     return 32 + 3 * sum(end - start for start, end in record["loss_spans"]) // 2
 
 
-def example_prompt(encoder: Encoder, record: dict) -> list[int]:
-    """The sample's prompt with the worked example in the system turn (``"example": true``)."""
-    system = protocol.prompt().system_prompt(record["functions"], example=True)
-    return encoder.prompt(system, record["question"]).token_ids
+def system_text(record: dict, example: bool = False) -> str:
+    """The sample's system prompt (its variant's rules), with the worked example if ``example``."""
+    prompt = protocol.prompt()
+    rules = prompt.PLAIN_RULES if record["variant"] == "sync" else prompt.RULES
+    return prompt.system_prompt(record["functions"], example=example, rules=rules)
+
+
+def run_task(model, encoder: Encoder, record: dict, registry: ToolRegistry, example: bool = False) -> Outcome:
+    """One greedy session of ``record``'s task in its variant; ``example``: the prompt's worked example."""
+    if record["variant"] == "sync":
+        return PlainLoop(model, encoder, record, token_budget(record), registry, system_text(record, example)).run()
+    prompt_ids = encoder.prompt(system_text(record, True), record["question"]).token_ids if example else None
+    return Loop(model, encoder, record, token_budget(record), registry, prompt_ids).run()
 
 
 def check(model, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
@@ -212,8 +289,7 @@ def check(model, encoder: Encoder, records: list[dict], registry_for: Callable[[
     judged by them."""
     outcomes = []
     for record in records:
-        prompt_ids = example_prompt(encoder, record) if example else None
-        outcome = Loop(model, encoder, record, token_budget(record), registry_for(record), prompt_ids).run()
+        outcome = run_task(model, encoder, record, registry_for(record), example)
         truth = bfcl_truth(record)
         if truth is not None:
             outcome.calls_right = bfcl_calls_right(outcome.calls, truth)
@@ -236,7 +312,7 @@ def _registries(data: Path) -> dict[str, Callable[[], ToolRegistry]]:
     return {task.task_id: task.registry for task in tasks_for("eval", config)}
 
 
-def _ground_truth(record: dict) -> list[dict] | None:
+def ground_truth(record: dict) -> list[dict] | None:
     if record["source"] not in ("parallel", "live_parallel"):
         return None
     from ..tools.bfcl import FILE_BY_KIND
@@ -252,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="default %(default)s")
     parser.add_argument("--sources", default="demo", help=f"comma-separated, of {', '.join(SOURCES)} "
                         "(default %(default)s)")
-    parser.add_argument("--tasks", type=int, default=50, help="async samples per source (default %(default)s)")
+    parser.add_argument("--variant", choices=VARIANTS, default="async", help="default %(default)s")
+    parser.add_argument("--tasks", type=int, default=50, help="samples per source (default %(default)s)")
     parser.add_argument("--start", type=int, default=0, help="skip this many of each source first (default %(default)s)")
     parser.add_argument("--example", action="store_true", help="put the worked example in the prompt (few-shot)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
@@ -272,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         if set(sources) - set(SOURCES):
             raise ValueError(f"--sources must be some of {', '.join(SOURCES)}")
         data = Path(args.data)
-        records = [r for r in read_records(data) if r["variant"] == "async"]
+        records = [r for r in read_records(data) if r["variant"] == args.variant]
         chosen = [r for source in sources
                   for r in [r for r in records if r["source"] == source][args.start:args.start + args.tasks]]
         registry_by_id = _registries(data)
@@ -285,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     model.eval()
     outcomes = check(model, Encoder(Tokenizer(source.tokenizer)), chosen, lambda r: registry_by_id[r["task_id"]](),
-                     args.example, _ground_truth)
-    label = (args.adapter or "base model") + (", worked example" if args.example else "")
+                     args.example, ground_truth)
+    label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "")
     summary = {}
     for name in sources:
         mine = [o for o, r in zip(outcomes, chosen) if r["source"] == name]
