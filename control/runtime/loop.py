@@ -179,7 +179,8 @@ class ControlLoop:
     def snapshot(self) -> LoopSnapshot:
         return LoopSnapshot(tuple(inst.record() for inst in self.instances.values()), tuple(self.finished.values()),
                             tuple(self.exports.exports()), self.scheduler.stats(), self.kv_pool.num_free,
-                            self.embed_pool.num_free, self.host_pool.num_free)
+                            self.embed_pool.num_free, self.host_pool.num_free, self.interceptions.num_swapped_out,
+                            self.interceptions.num_swapped_in, self.interceptions.num_discarded)
 
     def record(self, instance_id: str) -> InstanceRecord | None:
         """The running instance ``instance_id``, or None."""
@@ -377,8 +378,9 @@ class ControlLoop:
     def close(self) -> None:
         self._stopping = True
         log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
-                 "ahead of their return; %d instances swapped out for the pool", self.profiler.profile(),
-                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in, self.allocator.num_preempted)
+                 "ahead of their return, %d discarded; %d instances swapped out for the pool", self.profiler.profile(),
+                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in,
+                 self.interceptions.num_discarded, self.allocator.num_preempted)
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
         self.http.close()

@@ -1,0 +1,134 @@
+"""InferCept's discard, carried out (control/runtime/interceptions.py, tiers.py, resources/table.py) and
+recomputed by the SDKs (sdk/python/inferlet/recompute.py, sdk/rust/oven/src/context/recompute.rs).
+
+The table tests pin which pages may be discarded and what a discarded handle answers; the loop tests
+pause real inferlets (tiny model) on a pool they nearly fill, so the interception policy acts on them,
+and resume them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import NUM_EMBEDS, control_loop, messages, tiny_inference
+
+from oven.control.resources import (BLANK, DEVICE, DISCARDED, KV_DISCARDED, ExportRegistry, PhysicalPool,
+                                    ResourceError, ResourceTable)
+from oven.control.runtime.instance import State
+from oven.control.tokenizer import Tokenizer
+
+# -- the table ----------------------------------------------------------------------------------------
+
+
+def table_over(kv_pool: PhysicalPool, instance_id: str = "a") -> ResourceTable:
+    return ResourceTable(instance_id, kv_pool, PhysicalPool("embed", 4), PhysicalPool("host slot", 4))
+
+
+def test_only_recomputable_pages_no_one_else_holds_and_no_embed_was_written_into_may_be_discarded():
+    kv_pool = PhysicalPool("kvpage", 8)
+    exports, table = ExportRegistry(kv_pool), table_over(kv_pool)
+    plain, exported, embedded, kept = table.alloc_kvpages(4)
+    assert table.discardable_handles() == []  # nothing declared recomputable: an inferlet on the raw API
+    table.set_recomputable([plain, exported, embedded], True)
+    exports.export_kvpages(table, "shared", [exported])
+    table.note_embeds_written([embedded])
+    assert table.discardable_handles() == [plain]
+    table.set_recomputable([plain], False)
+    assert table.discardable_handles() == []
+
+
+def test_a_discarded_page_goes_back_to_the_pool_and_its_handle_refuses_forwards_until_restored():
+    kv_pool = PhysicalPool("kvpage", 4)
+    table = table_over(kv_pool)
+    first, second = table.alloc_kvpages(2)
+    table.set_recomputable([first, second], True)
+    table.mark_discarded([first])
+    assert (kv_pool.num_free, table.location(first), table.num_discarded) == (3, DISCARDED, 1)
+    with pytest.raises(ResourceError, match=f"^{KV_DISCARDED} kvpage handle {first} lost its K/V"):
+        table.physical_pages([second, first])
+    (fresh,) = kv_pool.allocate(1)
+    table.mark_blank([first], [fresh])  # back on the device, still refused: its slots hold nothing
+    assert (table.location(first), kv_pool.num_free) == (BLANK, 2)
+    with pytest.raises(ResourceError, match=f"^{KV_DISCARDED}"):
+        table.physical_pages([first])
+    assert table.restore_discarded([second, first]) == [first]  # only the discarded one was restored
+    assert (table.location(first), table.physical_pages([first]), table.num_discarded) == (DEVICE, [fresh], 0)
+
+
+def test_releasing_a_table_with_discarded_and_blank_pages_frees_every_page():
+    kv_pool = PhysicalPool("kvpage", 4)
+    table = table_over(kv_pool)
+    handles = table.alloc_kvpages(3)
+    table.set_recomputable(handles, True)
+    table.mark_discarded(handles[:2])
+    table.mark_blank(handles[1:2], kv_pool.allocate(1))
+    table.release_all()
+    assert kv_pool.num_free == 4
+
+
+# -- real inferlets in the control loop -----------------------------------------------------------------
+
+NUM_PAGES = 11  # the paused context takes 10 of them: under the pool's 10 % low water mark
+PROMPT = " ".join(f"item{i}" for i in range(52))
+NEW = 16
+PROGRAMS = ("text-completion", "text-completion-rust")
+
+
+@pytest.fixture(scope="module")
+def inference():
+    with tiny_inference(num_kv_pages=NUM_PAGES, num_host_pages=16) as process:
+        yield process
+
+
+def test_the_paused_context_fills_ten_pages_so_it_is_recomputed_in_two_chunks(inference):
+    forwarded = len(Tokenizer(inference.info.tokenizer).encode(PROMPT)) + NEW // 2 - 1
+    assert 9 * 16 < forwarded <= 10 * 16  # RECOMPUTE_CHUNK_PAGES is 8
+
+
+def paused_run(inference, program: str, policy: str, then=None) -> tuple[str, int, str | None]:
+    """Run ``program`` with a pause under ``policy``; (its generated ids, contexts discarded, its state
+    while paused). ``then(loop, inst)``, if given, replaces resuming it."""
+    with control_loop(inference, None, [program], interception_policy=policy) as loop:
+        inst = loop.launch(program, [PROMPT, str(NEW), "--pause", "60000"])
+        assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+        for _ in range(3):  # the policy decides every turn
+            loop.step(0.001)
+        paused_state = inst.record().shown_state
+        if policy == "discard":  # every page of the paused context went back to the pool
+            assert (paused_state, loop.kv_pool.num_free, loop.snapshot().num_discarded) == ("discarded", NUM_PAGES, 1)
+        if then is not None:
+            then(loop, inst)
+            return "", loop.interceptions.num_discarded, paused_state
+        loop.deliver(inst.instance_id, "go on")
+        assert loop.run_until(lambda: not inst.alive, 60)
+        assert (inst.state, inst.error) == (State.FINISHED, None)
+        assert (loop.kv_pool.num_free, loop.embed_pool.num_free) == (NUM_PAGES, NUM_EMBEDS)
+        return messages(loop, inst)[0], loop.interceptions.num_discarded, paused_state
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_a_discarded_context_is_recomputed_by_the_sdk_token_for_token(inference, program):
+    kept, num_discarded_kept, state_kept = paused_run(inference, program, "preserve")
+    recomputed, num_discarded, state = paused_run(inference, program, "discard")
+    assert (state_kept, num_discarded_kept, state, num_discarded) == ("preserved", 0, "discarded", 1)
+    assert recomputed == kept
+    assert len(kept.split()) == NEW
+
+
+def test_a_killed_instance_whose_pages_were_discarded_leaves_nothing_behind(inference):
+    def kill(loop, inst):
+        loop.kill(inst, "the test is over")
+        assert (inst.state, loop.kv_pool.num_free, loop.host_pool.num_free) == (State.KILLED, NUM_PAGES, 16)
+    paused_run(inference, "text-completion", "discard", then=kill)
+
+
+def test_an_inferlet_on_the_raw_api_is_never_discarded(inference):
+    # hello-python never says it can recompute its pages: `discard` preserves them.
+    with control_loop(inference, None, ["hello-python"], interception_policy="discard") as loop:
+        inst = loop.launch("hello-python", [PROMPT, str(NEW), "--pause"])
+        assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+        for _ in range(3):
+            loop.step(0.001)
+        assert (inst.record().shown_state, loop.interceptions.num_discarded) == ("preserved", 0)
+        loop.deliver(inst.instance_id, "go on")
+        assert loop.run_until(lambda: not inst.alive, 60)
+        assert inst.state is State.FINISHED
