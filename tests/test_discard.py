@@ -8,12 +8,25 @@ and resume them.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from harness import NUM_EMBEDS, control_loop, messages, tiny_inference
-
-from oven.control.resources import (BLANK, DEVICE, DISCARDED, KV_DISCARDED, ExportRegistry, PhysicalPool,
-                                    ResourceError, ResourceTable)
+from oven.control.resources import (
+    BLANK,
+    DEVICE,
+    DISCARDED,
+    KV_DISCARDED,
+    ExportRegistry,
+    PhysicalPool,
+    ResourceError,
+    ResourceTable,
+)
+from oven.control.runtime.futures import Future
+from oven.control.runtime.host import forward, kvpages
 from oven.control.runtime.instance import State
+from oven.control.runtime.interceptions import Interceptions
+from oven.control.scheduling.interception import InterceptionPolicy
 from oven.control.tokenizer import Tokenizer
 
 # -- the table ----------------------------------------------------------------------------------------
@@ -26,7 +39,7 @@ def table_over(kv_pool: PhysicalPool, instance_id: str = "a") -> ResourceTable:
 def test_only_recomputable_pages_no_one_else_holds_and_no_embed_was_written_into_may_be_discarded():
     kv_pool = PhysicalPool("kvpage", 8)
     exports, table = ExportRegistry(kv_pool), table_over(kv_pool)
-    plain, exported, embedded, kept = table.alloc_kvpages(4)
+    plain, exported, embedded, _undeclared = table.alloc_kvpages(4)
     assert table.discardable_handles() == []  # nothing declared recomputable: an inferlet on the raw API
     table.set_recomputable([plain, exported, embedded], True)
     exports.export_kvpages(table, "shared", [exported])
@@ -132,3 +145,41 @@ def test_an_inferlet_on_the_raw_api_is_never_discarded(inference):
         loop.deliver(inst.instance_id, "go on")
         assert loop.run_until(lambda: not inst.alive, 60)
         assert inst.state is State.FINISHED
+
+
+def test_pages_with_calls_queued_or_in_flight_are_never_discarded(inference):
+    with control_loop(inference, None, ["text-completion"], interception_policy="preserve") as loop:
+        inst = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
+        assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+
+        def discard_step(has_calls: bool) -> Interceptions:
+            interceptions = Interceptions(InterceptionPolicy("discard"), loop.profiler, allocator=loop.allocator,
+                                          kv_pool=loop.kv_pool, host_pool=loop.host_pool,
+                                          page_size=loop.info.page_size, has_calls=lambda _: has_calls)
+            interceptions.step([inst], time.monotonic())
+            return interceptions
+        assert (discard_step(True).num_discarded, inst.record().shown_state) == (0, "preserved")
+        assert (discard_step(False).num_discarded, inst.record().shown_state) == (1, "discarded")
+
+
+def test_a_forward_over_a_discarded_page_fails_before_any_device_work_until_restore_discarded(inference):
+    with control_loop(inference, None, ["text-completion"], interception_policy="discard") as loop:
+        inst = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
+        assert loop.run_until(lambda: inst.record().shown_state == "discarded", 60)
+        pages = inst.resources.kvpage_handles()
+        loop.allocator.swap_in(inst)  # what running it again does first: fresh masked pages
+        assert loop.run_until(lambda: not inst.swapping, 30)
+        assert {inst.resources.location(page) for page in pages} == {BLANK}
+
+        def forward_text() -> Future:
+            handle = forward.FUNCS["forward-text"](inst, 0, [1, 2], [0, 1], pages[:1], 2, [1], 1, 0)
+            return inst.futures.get(handle)
+        refused = forward_text()
+        assert refused.done and refused.error.startswith(f"{KV_DISCARDED} kvpage handle {pages[0]} lost its K/V")
+        assert not loop.calls.has_calls(inst)  # nothing was queued for the device
+        assert kvpages.FUNCS["restore-discarded"](inst, pages[:1]) == pages[:1]
+        rewritten = forward_text()
+        assert loop.run_until(lambda: rewritten.done, 30)
+        assert rewritten.error is None
+        loop.kill(inst, "the test is over")
+        assert loop.kv_pool.num_free == NUM_PAGES

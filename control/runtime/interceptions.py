@@ -75,7 +75,7 @@ class Interceptions:
         for inst in instances:
             if not inst.io_idle or inst.swapping or self._allocator.is_waiting(inst) or self._has_calls(inst):
                 continue
-            has_embeds = False
+            recomputable = True
             if inst.swapped_out:
                 if not inst.resources.num_offloaded:
                     continue  # discarded: nothing to bring back ahead, its pages are recomputed when it runs
@@ -87,13 +87,13 @@ class Interceptions:
                 num_intercepted_pages += num_pages
                 # Pages it cannot recompute (embeds written, or an inferlet that never said it can) are
                 # preserved even when discard is chosen; with none recomputable, discard is not an option.
-                has_embeds = not inst.resources.discardable_handles()
+                recomputable = bool(inst.resources.discardable_handles())
             if num_pages:
                 by_id[inst.instance_id] = inst
                 # The control layer does not see token counts: its pages' capacity bounds them.
                 contexts.append(InterceptedContext(inst.instance_id, inst.started_at, num_pages,
                                                    num_pages * self._page_size, expected_return_at(inst, now),
-                                                   location, has_embeds))
+                                                   location, recomputable))
         if not contexts:
             return
         running_pages = self._kv_pool.num_used - num_intercepted_pages
