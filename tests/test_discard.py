@@ -97,7 +97,7 @@ def test_the_paused_context_fills_ten_pages_so_it_is_recomputed_in_two_chunks(in
     assert 9 * 16 < forwarded <= 10 * 16  # RECOMPUTE_CHUNK_PAGES is 8
 
 
-def paused_run(inference, program: str, policy: str, then=None) -> tuple[str, int, str | None]:
+def paused_run(inference, program: str, policy: str, then=None) -> tuple[str, int, str]:
     """Run ``program`` with a pause under ``policy``; (its generated ids, contexts discarded, its state
     while paused). ``then(loop, inst)``, if given, replaces resuming it."""
     with control_loop(inference, None, [program], interception_policy=policy) as loop:
@@ -106,8 +106,8 @@ def paused_run(inference, program: str, policy: str, then=None) -> tuple[str, in
         for _ in range(3):  # the policy decides every turn
             loop.step(0.001)
         paused_state = inst.record().shown_state
-        if policy == "discard":  # every page of the paused context went back to the pool
-            assert (paused_state, loop.kv_pool.num_free, loop.snapshot().num_discarded) == ("discarded", NUM_PAGES, 1)
+        if paused_state == "discarded":  # every page of the paused context went back to the pool
+            assert (loop.kv_pool.num_free, loop.snapshot().num_discarded) == (NUM_PAGES, 1)
         if then is not None:
             then(loop, inst)
             return "", loop.interceptions.num_discarded, paused_state
@@ -125,6 +125,21 @@ def test_a_discarded_context_is_recomputed_by_the_sdk_token_for_token(inference,
     assert (state_kept, num_discarded_kept, state, num_discarded) == ("preserved", 0, "discarded", 1)
     assert recomputed == kept
     assert len(kept.split()) == NEW
+
+
+@pytest.fixture(scope="module")
+def inference_with_a_small_host_tier():
+    with tiny_inference(num_kv_pages=NUM_PAGES, num_host_pages=1) as process:
+        yield process
+
+
+def test_infercept_discards_a_long_pause_it_cannot_swap_and_the_sdk_recomputes_it(inference,
+                                                                                   inference_with_a_small_host_tier):
+    # A pause announced as 60 s wastes far more kept than recomputed; with a host tier too small to
+    # swap to, the waste model's next choice is discard.
+    kept, _, _ = paused_run(inference, "text-completion", "preserve")
+    recomputed, num_discarded, state = paused_run(inference_with_a_small_host_tier, "text-completion", "infercept")
+    assert (state, num_discarded, recomputed) == ("discarded", 1, kept)
 
 
 def test_a_killed_instance_whose_pages_were_discarded_leaves_nothing_behind(inference):

@@ -100,18 +100,26 @@ class Interceptions:
         for choice in decide(self.policy, contexts, self.profiler.profile(), now, running_pages):
             inst = by_id[choice.context_id]
             if choice.action is Action.SWAP_OUT:
-                self._swap_out(inst)
-            elif choice.action is Action.DISCARD and self._allocator.tiers.discard(inst):
-                self.num_discarded += 1
+                # With the host tier full, the next best of the policy's options: discard or preserve.
+                if not self._swap_out(inst) and choice.waste_discard < choice.waste_preserve:
+                    self._discard(inst)
+            elif choice.action is Action.DISCARD:
+                self._discard(inst)
             elif choice.action is Action.SWAP_IN and self._allocator.admitting and \
                     len(inst.swapped_out) <= self._kv_pool.num_free:
                 self._allocator.swap_in(inst)
                 self.num_swapped_in += 1
 
-    def _swap_out(self, inst: Instance) -> None:
+    def _swap_out(self, inst: Instance) -> bool:
+        """Whether its pages are on their way to the host tier."""
         try:
             self._allocator.tiers.swap_out(inst)
         except (PoolExhausted, ResourceError):  # the host tier is full: it stays on the device
             inst.swapping = False
-            return
+            return False
         self.num_swapped_out += 1
+        return True
+
+    def _discard(self, inst: Instance) -> None:
+        if self._allocator.tiers.discard(inst):
+            self.num_discarded += 1
