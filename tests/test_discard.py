@@ -11,7 +11,16 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import NUM_EMBEDS, control_loop, messages, tiny_inference
+from harness import (
+    NUM_EMBEDS,
+    PROGRAM_DIR,
+    Server,
+    built,
+    control_loop,
+    messages,
+    tiny_inference,
+    wait_exit,
+)
 from oven.control.resources import (
     BLANK,
     DEVICE,
@@ -198,3 +207,28 @@ def test_a_forward_over_a_discarded_page_fails_before_any_device_work_until_rest
         assert rewritten.error is None
         loop.kill(inst, "the test is over")
         assert loop.kv_pool.num_free == NUM_PAGES
+
+
+def test_oven_serve_with_the_discard_policy_shows_and_counts_the_discard(inference, tmp_path):
+    kept, _, _ = paused_run(inference, "text-completion", "preserve")
+    srv = Server(tmp_path, "--num-kv-pages", str(NUM_PAGES), "--interception-policy", "discard",
+                 "--program-dir", PROGRAM_DIR)
+    try:
+        with srv.client() as client:
+            client.upload(built("text-completion"), "text-completion")
+            instance_id = client.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
+            deadline = time.monotonic() + 60
+            while [e.state for e in client.instances() if e.instance_id == instance_id] != ["discarded"]:
+                assert time.monotonic() < deadline, client.instances()
+                time.sleep(0.05)
+            assert (client.stats().num_discarded, client.stats().free_kv_pages) == (1, NUM_PAGES)
+            client.send(instance_id, "go on")
+            sent = []
+            for event in client.events(poll_s=0.2):
+                assert time.monotonic() < deadline + 60, "no message"
+                if event is not None and event.instance_id == instance_id and event.kind in ("message", "exit"):
+                    sent.append(event.text)  # the generated ids, sent before it exits
+                    break
+            assert (sent, wait_exit(client, instance_id).exit_code) == ([kept], 0)
+    finally:
+        srv.stop()
