@@ -8,10 +8,11 @@
   is not enough, or the Embed pool is exhausted, the configured policy decides
   (resources/exhaustion.py): swap instances out to the host tier, park the
   call, or kill.
-* **waiters**: parked allocations, and swapped-out instances due to run again,
-  wait in one queue ordered by the instance's arrival. Under ``preempt`` it is
-  strict FCFS: only its head is retried, a newer instance's allocation queues
-  behind an older waiter, and no new instance starts while anyone waits, so the
+* **waiters**: parked allocations, and swapped-out or discarded instances due to
+  run again (their pages come back first: runtime/tiers.py), wait in one queue
+  ordered by the instance's arrival. Under ``preempt`` it is strict FCFS: only
+  its head is retried, a newer instance's allocation queues behind an older
+  waiter, and no new instance starts while anyone waits, so the
   instances admitted are those whose pages fit, and a preempted one resumes
   before anyone who arrived after it.
 * **dealloc**: memory returns to the pool once every call issued before it on

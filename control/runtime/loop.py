@@ -6,7 +6,7 @@ Each turn of :meth:`ControlLoop.step`:
 2. asks the dispatch policy whether to form a batch now and, if so, sends the
    scheduler's batch to the inference process (several, under ``eager``);
    then lets the interception policy swap intercepted instances' pages out or
-   back in (runtime/interceptions.py), and, if instances wait for memory while
+   back in, or discard them (runtime/interceptions.py), and, if instances wait for memory while
    the device is idle, has the allocator decide for them again;
 3. completes futures from the replies that arrived, fires due timers and runs
    callbacks posted from other threads (HTTP);
