@@ -232,3 +232,17 @@ def test_oven_serve_with_the_discard_policy_shows_and_counts_the_discard(inferen
             assert (sent, wait_exit(client, instance_id).exit_code) == ([kept], 0)
     finally:
         srv.stop()
+
+
+def test_a_discarded_instance_returning_to_a_full_pool_is_admitted_as_a_swapped_out_one(inference):
+    kept, _, _ = paused_run(inference, "text-completion", "preserve")
+    with control_loop(inference, None, ["text-completion"], interception_policy="discard") as loop:
+        paused = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
+        assert loop.run_until(lambda: paused.record().shown_state == "discarded", 60)
+        newer = loop.launch("text-completion", [PROMPT, str(NEW)])  # takes the pages the paused one gave up
+        assert loop.run_until(lambda: loop.kv_pool.num_free < NUM_PAGES // 2, 60)
+        loop.deliver(paused.instance_id, "go on")  # its pages do not fit now: the newer instance is preempted
+        assert loop.run_until(lambda: not paused.alive and not newer.alive, 60)
+        assert [(i.state, i.error, messages(loop, i)) for i in (paused, newer)] == [(State.FINISHED, None, [kept])] * 2
+        assert loop.allocator.num_preempted >= 1
+        assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, 16)

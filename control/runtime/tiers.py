@@ -74,11 +74,13 @@ class TierMoves:
 
     def blank(self, inst: Instance, q: int, handles: list[int], fut: Future) -> None:
         """Fresh masked device pages for discarded handles; raises PoolExhausted before any call."""
-        table = inst.resources
         page_ids = self._kv_pool.allocate(len(handles))
+        # The table holds them at once, unlike a restore's pages (whose handles name the host slot until
+        # the copy lands): a blank page is refused to forwards anyway, and the exhaustion policy must
+        # count it as this instance's while its masks are in flight.
+        inst.resources.mark_blank(handles, page_ids)
         when_all(self.mask_fresh(inst, q, page_ids),
-                 lambda error: self._settle(inst, fut, error, page_ids, self._kv_pool,
-                                            lambda: table.mark_blank(handles, page_ids)))
+                 lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut))
 
     @staticmethod
     def _settle(inst, fut: Future, error: str | None, new_ids: list[int], pool: PhysicalPool, mark) -> bool:
