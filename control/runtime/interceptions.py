@@ -97,6 +97,7 @@ class Interceptions:
         if not contexts:
             return
         running_pages = self._kv_pool.num_used - num_intercepted_pages
+        num_discarded = self.num_discarded
         for choice in decide(self.policy, contexts, self.profiler.profile(), now, running_pages):
             inst = by_id[choice.context_id]
             if choice.action is Action.SWAP_OUT:
@@ -109,6 +110,8 @@ class Interceptions:
                     len(inst.swapped_out) <= self._kv_pool.num_free:
                 self._allocator.swap_in(inst)
                 self.num_swapped_in += 1
+        if self.num_discarded > num_discarded:  # once every choice is carried out: a retry may move pages too
+            self._allocator.retry_parked()
 
     def _swap_out(self, inst: Instance) -> bool:
         """Whether its pages are on their way to the host tier."""

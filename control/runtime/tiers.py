@@ -22,7 +22,8 @@ from .instance import Instance
 
 
 class TierMoves:
-    """``on_freed()`` runs whenever an offload or a discard gave device pages back."""
+    """``on_freed()`` runs whenever an offload gave device pages back (after a :meth:`discard`, the
+    caller decides when)."""
 
     def __init__(self, *, kv_pool: PhysicalPool, host_pool: PhysicalPool, submit: Submit, page_size: int,
                  on_freed: Callable[[], None]):
@@ -124,7 +125,6 @@ class TierMoves:
             return 0
         victim.resources.mark_discarded(handles)
         victim.swapped_out.extend(handles)
-        self._on_freed()
         return len(handles)
 
     def swap_in(self, inst: Instance, on_error: Callable[[str], None]) -> None:
