@@ -309,7 +309,8 @@ class ControlServer(AdapterRequests):
         s = snapshot.stats
         return c.StatsReply(s.num_batches, s.num_commands, s.num_horizontal_batches, s.num_vertical_batches,
                             s.mean_batch_size, snapshot.num_free_kv_pages, snapshot.num_free_embeds,
-                            snapshot.num_free_host_slots)
+                            snapshot.num_free_host_slots, snapshot.num_swapped_out, snapshot.num_swapped_in,
+                            snapshot.num_discarded)
 
     # -- clients -------------------------------------------------------------------------------
 

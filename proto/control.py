@@ -96,7 +96,8 @@ class InstanceEntry:
     instance_id: str
     program: str  # the name its owner (or the library) has for it, else the start of its SHA-256
     state: str  # ready | waiting | held (a client is behind on its output) | preserved (intercepted: waits on I/O,
-    # its KV kept on the device) | swapped (its KV on the host tier) | finished | failed (a trap or an
+    # its KV kept on the device) | swapped (its KV on the host tier) | discarded (its KV freed, to be
+    # recomputed when it runs) | finished | failed (a trap or an
     # exception: its own fault) | killed (by a client, its lease, the pool-exhaustion policy, a shutdown)
     age_s: float
     exit_code: int | None
@@ -189,6 +190,11 @@ class StatsReply:
     free_kv_pages: int
     free_embeds: int
     free_host_slots: int
+    # The interception policy since the server started: contexts swapped out, swapped back in ahead of
+    # their return, and discarded (their KV freed; the inferlet recomputes it).
+    num_swapped_out: int = 0
+    num_swapped_in: int = 0
+    num_discarded: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ PROFILE = CostProfile(recompute_a_s=1e-6, recompute_b_s=1e-3, swap_s_per_page=0.
 
 
 def ctx(name, arrival, pages, tokens, returns_at, location=Location.DEVICE, embeds=False) -> InterceptedContext:
-    return InterceptedContext(name, arrival, pages, tokens, returns_at, location, embeds)
+    return InterceptedContext(name, arrival, pages, tokens, returns_at, location, recomputable=not embeds)
 
 
 def actions(choices: list[Choice]) -> list[tuple[str, Action]]:

@@ -19,11 +19,14 @@ from .exhaustion import (
 from .exports import MAX_NAME_BYTES, Export, ExportRegistry
 from .pool import PhysicalPool, PoolExhausted
 from .slab import U32_MAX, HandleSlab, ResourceError
-from .table import DEVICE, HOST, PagePlacement, QuotaExceeded, ResourceTable
+from .table import BLANK, DEVICE, DISCARDED, HOST, KV_DISCARDED, PagePlacement, QuotaExceeded, ResourceTable
 
 __all__ = [
+    "BLANK",
     "DEVICE",
+    "DISCARDED",
     "HOST",
+    "KV_DISCARDED",
     "MAX_NAME_BYTES",
     "OFFLOAD",
     "TERMINATE_NEWEST",

@@ -9,6 +9,16 @@ A KvPage handle lives on the *device* (a KvPage of the GPU pool) or on the
 holds does not change when its data moves; only ``physical_pages`` refuses a
 host-resident handle, because the device cannot attend over it until restored.
 
+A page the inferlet declared *recomputable* (it can rewrite the K/V from its own
+tokens) may be *discarded* while the instance waits on I/O (InferCept's
+discard): its device page is freed and the handle is DISCARDED; when the
+instance is due to run again it gets a fresh, fully masked page (BLANK), and
+``physical_pages`` refuses it with an error starting :data:`KV_DISCARDED` until
+the inferlet says it rewrites it (``restore_discarded``). That check sits in
+the branch that already refuses host-resident handles, so the common path pays
+nothing for it. Pages a ``forward`` wrote embeds into are never discarded: the
+inferlet may not hold the inputs that made them.
+
 Every physical id this table names carries one reference in its pool, held
 for as long as the handle lives; ``release_all`` drops them all when the
 instance exits or is killed.
@@ -25,11 +35,16 @@ from .slab import HandleSlab, ResourceError
 
 DEVICE = "device"
 HOST = "host"
+DISCARDED = "discarded"  # its K/V was discarded and it holds no page (physical id -1)
+BLANK = "blank"  # a fresh masked device page in place of a discarded one, not yet declared rewritten
+# The start of the error a forward over a discarded page fails with (documented in the WIT).
+KV_DISCARDED = "kv discarded:"
 
 
 @dataclass(frozen=True, slots=True)
 class PagePlacement:
-    """Where a KvPage handle's data is: a KvPage id on DEVICE, a host slot id on HOST."""
+    """Where a KvPage handle's data is: a KvPage id on DEVICE or BLANK, a host slot id on HOST,
+    nothing (-1) when DISCARDED."""
 
     location: str
     physical_id: int
@@ -74,6 +89,8 @@ class ResourceTable:
         self.closed = False  # set by release_all: no allocation after exit
         self._pages: HandleSlab[PagePlacement] = HandleSlab("kvpage")
         self._embeds: HandleSlab[int] = HandleSlab("embed")
+        self._recomputable: set[int] = set()  # kvpage handles the inferlet can rewrite from its tokens
+        self._embed_written: set[int] = set()  # kvpage handles a forward wrote embeds into: never discarded
 
     @property
     def num_kvpages(self) -> int:
@@ -86,6 +103,11 @@ class ResourceTable:
     @property
     def num_offloaded(self) -> int:
         return sum(1 for _, placement in self._pages.items() if placement.location == HOST)
+
+    @property
+    def num_discarded(self) -> int:
+        """Handles whose K/V was discarded and not yet declared rewritten (DISCARDED or BLANK)."""
+        return sum(1 for _, placement in self._pages.items() if placement.location in (DISCARDED, BLANK))
 
     # -- allocation -------------------------------------------------------
 
@@ -114,6 +136,8 @@ class ResourceTable:
         handles = list(handles)
         self._pages.check(handles)
         self._release_placements([self._pages.remove(handle) for handle in handles])
+        self._recomputable.difference_update(handles)
+        self._embed_written.difference_update(handles)
 
     def dealloc_embeds(self, handles: Iterable[int]) -> None:
         handles = list(handles)
@@ -126,6 +150,8 @@ class ResourceTable:
             return
         self.closed = True
         self._release_placements([self._pages.remove(handle) for handle in self._pages])
+        self._recomputable.clear()
+        self._embed_written.clear()
         self.embed_pool.release([self._embeds.remove(handle) for handle in self._embeds])
 
     # -- lookup -------------------------------------------------------------
@@ -136,7 +162,10 @@ class ResourceTable:
         for handle in handles:
             placement = self._pages.get(handle)
             if placement.location != DEVICE:
-                raise ResourceError(f"kvpage handle {handle} is offloaded to the host tier; restore it first")
+                if placement.location == HOST:
+                    raise ResourceError(f"kvpage handle {handle} is offloaded to the host tier; restore it first")
+                raise ResourceError(f"{KV_DISCARDED} kvpage handle {handle} lost its K/V while the inferlet waited "
+                                    "(the server's interception policy); rewrite it after restore-discarded")
             page_ids.append(placement.physical_id)
         return page_ids
 
@@ -149,12 +178,13 @@ class ResourceTable:
         for handle in handles:
             placement = self._pages.get(handle)
             if placement.location != HOST:
-                raise ResourceError(f"kvpage handle {handle} is on the device, not offloaded")
+                where = "on the device" if placement.location == DEVICE else placement.location
+                raise ResourceError(f"kvpage handle {handle} is {where}, not offloaded")
             slot_ids.append(placement.physical_id)
         return slot_ids
 
     def location(self, handle: int) -> str:
-        """DEVICE ("device") or HOST ("host")."""
+        """DEVICE, HOST, DISCARDED or BLANK."""
         return self._pages.get(handle).location
 
     def kvpage_handles(self, location: str | None = None) -> list[int]:
@@ -175,8 +205,58 @@ class ResourceTable:
         return [h for h, page_id in device if self.kv_pool.refcount(page_id) == holds_by_page_id[page_id]]
 
     def device_page_ids(self) -> list[int]:
-        """The physical page of every device handle (a page twice if two handles name it)."""
-        return [placement.physical_id for _, placement in self._pages.items() if placement.location == DEVICE]
+        """The physical page of every device handle, blank ones included (a page twice if two handles
+        name it)."""
+        return [placement.physical_id for _, placement in self._pages.items() if placement.location in (DEVICE, BLANK)]
+
+    # -- discard ----------------------------------------------------------------
+
+    def set_recomputable(self, handles: Iterable[int], recomputable: bool) -> None:
+        """The inferlet can (or can no longer) rewrite these pages' K/V from its own tokens; ResourceError,
+        changing nothing, for a handle it does not hold."""
+        handles = list(handles)
+        self._pages.check(handles)
+        if recomputable:
+            self._recomputable.update(handles)
+        else:
+            self._recomputable.difference_update(handles)
+
+    def note_embeds_written(self, handles: Iterable[int]) -> None:
+        """A forward wrote embeds (inputs the control layer does not keep) into these pages."""
+        self._embed_written.update(handles)
+
+    def discardable_handles(self) -> list[int]:
+        """Device handles whose K/V may be discarded: recomputable, no embeds written into them, and no
+        one else holding their page (freeing a shared page frees nothing and breaks its other holders)."""
+        return [h for h in self.exclusive_device_handles()
+                if h in self._recomputable and h not in self._embed_written]
+
+    def mark_discarded(self, handles: Iterable[int]) -> None:
+        """Free the device pages of these handles (from :meth:`discardable_handles`); they stay valid."""
+        handles = list(handles)
+        self._pages.check(handles)
+        for handle in handles:
+            if self._pages.get(handle).location != DEVICE:
+                raise ResourceError(f"kvpage handle {handle} is not on the device")
+        page_ids = [self._pages.get(handle).physical_id for handle in handles]
+        for handle in handles:
+            self._pages.set(handle, PagePlacement(DISCARDED, -1))
+        self.kv_pool.release(page_ids)
+
+    def mark_blank(self, handles: Iterable[int], page_ids: Iterable[int]) -> None:
+        """Give discarded handles fresh pages (allocated and masked by the caller, one reference each,
+        which the table takes over); they stay refused until :meth:`restore_discarded`."""
+        self._move(list(handles), list(page_ids), src=DISCARDED, dst=BLANK)
+
+    def restore_discarded(self, handles: Iterable[int]) -> list[int]:
+        """The inferlet rewrites these pages now: those among them that were discarded (in the order
+        given) become usable again. ResourceError, changing nothing, for an unknown handle."""
+        handles = list(handles)
+        self._pages.check(handles)
+        restored = [h for h in handles if self._pages.get(h).location == BLANK]
+        for handle in restored:
+            self._pages.set(handle, PagePlacement(DEVICE, self._pages.get(handle).physical_id))
+        return restored
 
     # -- host tier ------------------------------------------------------------
 
@@ -203,14 +283,14 @@ class ResourceTable:
     # -- internals ------------------------------------------------------------
 
     def _move(self, handles: list[int], new_ids: list[int], src: str, dst: str) -> None:
-        host_pool = self._require_host_pool()
-        src_pool, dst_pool = (self.kv_pool, host_pool) if src == DEVICE else (host_pool, self.kv_pool)
+        src_pool, dst_pool = self._pool_of(src), self._pool_of(dst)
         if len(handles) != len(new_ids):
             raise ResourceError(f"{len(handles)} kvpage handles but {len(new_ids)} destination ids")
         self._pages.check(handles)
         for handle in handles:
-            if self._pages.get(handle).location != src:
-                raise ResourceError(f"kvpage handle {handle} is on the {dst} already")
+            if (location := self._pages.get(handle).location) != src:
+                where = f"on the {dst} already" if location == dst else f"{location}, not {src}"
+                raise ResourceError(f"kvpage handle {handle} is {where}")
         if len(set(new_ids)) != len(new_ids):
             raise ResourceError(f"destination {dst_pool.kind} ids repeat: {new_ids}")
         for new_id in new_ids:
@@ -222,10 +302,17 @@ class ResourceTable:
         old_ids = [self._pages.get(handle).physical_id for handle in handles]
         for handle, new_id in zip(handles, new_ids, strict=True):
             self._pages.set(handle, PagePlacement(dst, new_id))
-        src_pool.release(old_ids)
+        if src_pool is not None:
+            src_pool.release(old_ids)
+
+    def _pool_of(self, location: str) -> PhysicalPool | None:
+        """The pool a placement at ``location`` holds a reference in (None: DISCARDED holds nothing)."""
+        if location == HOST:
+            return self._require_host_pool()
+        return None if location == DISCARDED else self.kv_pool
 
     def _release_placements(self, placements: list[PagePlacement]) -> None:
-        self.kv_pool.release([p.physical_id for p in placements if p.location == DEVICE])
+        self.kv_pool.release([p.physical_id for p in placements if p.location in (DEVICE, BLANK)])
         host_slot_ids = [p.physical_id for p in placements if p.location == HOST]
         if host_slot_ids:
             self._require_host_pool().release(host_slot_ids)

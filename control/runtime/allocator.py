@@ -8,10 +8,11 @@
   is not enough, or the Embed pool is exhausted, the configured policy decides
   (resources/exhaustion.py): swap instances out to the host tier, park the
   call, or kill.
-* **waiters**: parked allocations, and swapped-out instances due to run again,
-  wait in one queue ordered by the instance's arrival. Under ``preempt`` it is
-  strict FCFS: only its head is retried, a newer instance's allocation queues
-  behind an older waiter, and no new instance starts while anyone waits, so the
+* **waiters**: parked allocations, and swapped-out or discarded instances due to
+  run again (their pages come back first: runtime/tiers.py), wait in one queue
+  ordered by the instance's arrival. Under ``preempt`` it is strict FCFS: only
+  its head is retried, a newer instance's allocation queues behind an older
+  waiter, and no new instance starts while anyone waits, so the
   instances admitted are those whose pages fit, and a preempted one resumes
   before anyone who arrived after it.
 * **dealloc**: memory returns to the pool once every call issued before it on
@@ -28,12 +29,10 @@ from dataclasses import dataclass, field
 
 from oven.control.resources import (ExhaustionPolicy, ExportRegistry, InstanceUsage, PhysicalPool, PoolExhausted,
                                     ResourceError, choose_victims)
-from oven.control.scheduling import KvSlots
-from oven.proto import inference as p
 from oven.proto.auth import OPERATOR
 
 from .calls import Submit
-from .futures import UNIT, Future
+from .futures import Future
 from .instance import Instance
 from .tiers import TierMoves, when_all
 
@@ -42,7 +41,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class _Waiter:
-    """An instance waiting for device memory: an allocation (``fut``), its swapped-out pages, or both."""
+    """An instance waiting for device memory: an allocation (``fut``), its swapped-out or discarded
+    pages, or both."""
 
     inst: Instance
     q: int = 0
@@ -56,7 +56,7 @@ class _Waiter:
 
     @property
     def num_kvpages(self) -> int:
-        """Device pages it needs: its swapped-out ones and what it asks for."""
+        """Device pages it needs: its swapped-out and discarded ones and what it asks for."""
         return len(self.inst.swapped_out) + (self.count if self.kind == "kvpages" else 0)
 
 
@@ -74,9 +74,9 @@ class Allocator:
                  kill: Callable[[Instance, str], None], has_calls: Callable[[Instance], bool]):
         self.policy = policy
         self._kv_pool, self._host_pool, self._exports = kv_pool, host_pool, exports
-        self._page_size = page_size
         self._submit, self._instances, self._kill, self._has_calls = submit, instances, kill, has_calls
-        self.tiers = TierMoves(kv_pool=kv_pool, host_pool=host_pool, submit=submit, on_freed=self.retry_parked)
+        self.tiers = TierMoves(kv_pool=kv_pool, host_pool=host_pool, submit=submit, page_size=page_size,
+                               on_freed=self.retry_parked)
         self._waiters: list[_Waiter] = []  # by arrival
         self._waiting_ids: set[str] = set()  # their instances: the loop asks about each instance every turn
         self._retrying = self._retry_again = False
@@ -116,12 +116,7 @@ class Allocator:
                 inst.futures.complete(fut, handles)
 
     def _mask_fresh_pages(self, inst, q: int, handles: list[int], fut: Future) -> None:
-        masks = []
-        for page_id in inst.resources.physical_pages(handles):
-            mask = Future(-1, UNIT)
-            self._submit(inst, q, "mask_kvpage", p.MaskKvPageItem(page_id, [True] * self._page_size), mask,
-                         writes=frozenset({KvSlots.page(page_id)}))
-            masks.append(mask)
+        masks = self.tiers.mask_fresh(inst, q, inst.resources.physical_pages(handles))
         when_all(masks, lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut, handles))
 
     def deallocate(self, inst, q: int, kind: str, handles: list[int], fut: Future) -> None:

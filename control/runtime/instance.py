@@ -63,15 +63,16 @@ class InstanceRecord:
     error: str | None
     owner: str
     output_held: bool = False  # running, but held until a client reads its output
-    kv: str = ""  # running | preserved | swapped (Instance.kv_state); "" once ended
+    kv: str = ""  # running | preserved | swapped | discarded (Instance.kv_state); "" once ended
 
     @property
     def shown_state(self) -> str:
         """The state ``ps`` shows (proto.control.InstanceEntry.state): ``held``, else where a running
-        instance's KV is when it is not simply running (``swapped``, ``preserved``), else the State's value."""
+        instance's KV is when it is not simply running (``swapped``, ``discarded``, ``preserved``), else the
+        State's value."""
         if self.output_held:
             return "held"
-        return self.kv if self.kv in ("swapped", "preserved") else self.state.value
+        return self.kv if self.kv in ("swapped", "discarded", "preserved") else self.state.value
 
 
 class Inbox:
@@ -128,7 +129,9 @@ class Instance:
         self.io_wait_since: float | None = None  # waits only on I/O since then (it is intercepted)
         self.pause_until: float | None = None  # when it said its interception ends (runtime.pause-hint)
         self.mean_interception_s: float | None = None  # how long its interceptions lasted, a running mean
-        self.swapped_out: list[int] = []  # KvPage handles the exhaustion policy moved to the host tier (preempted)
+        # KvPage handles moved off the device by the pool (preempted) or the interception policy: on the host
+        # tier, or discarded; they come back (``Allocator.swap_in``) before it runs again.
+        self.swapped_out: list[int] = []
         self.swapping = False  # pages on their way to or from the host tier: do not run
         self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []
@@ -206,11 +209,14 @@ class Instance:
     @property
     def kv_state(self) -> str:
         """Where its KV is, as ``ps`` shows it: ``swapped`` (on the host tier, or going there),
-        ``preserved`` (on the device while it is intercepted), else ``running``; "" once ended."""
+        ``discarded`` (freed, to be recomputed by the inferlet), ``preserved`` (on the device while it
+        is intercepted), else ``running``; "" once ended."""
         if not self.alive:
             return ""
-        if self.swapped_out or (self.swapping and self.resources.num_offloaded):
+        if self.resources.num_offloaded and (self.swapped_out or self.swapping):
             return "swapped"
+        if self.swapped_out:
+            return "discarded"
         return "preserved" if self.io_idle and self.resources.num_kvpages else "running"
 
     @property

@@ -12,10 +12,18 @@ chooses per intercepted instance; here the choices become tier moves:
 * swap-in: its pages come back ahead of the expected return, when the pool has
   room and nobody waits for memory (a return that finds no room is answered by
   the exhaustion policy when the instance is due to run);
+* discard: the device pages of its *recomputable* handles (the inferlet said it
+  can rewrite them, ``kvpages.set-recomputable``; the SDKs' contexts do) that it
+  alone holds and no forward wrote embeds into are freed at once (TierMoves.discard).
+  The handles stay valid; when the instance is due to run they get fresh masked
+  pages through the same path as a swap-in (admission and exhaustion included),
+  and its first forward over one fails with ``kv discarded: ...`` until the
+  inferlet declares it rewrites them (``kvpages.restore-discarded``): the SDKs
+  then recompute their tokens in chunks and retry. Its other pages (shared,
+  holding embeds, or from an inferlet that cannot recompute) are preserved;
 * preserve: nothing moves.
 
-Discard needs the inferlet to recompute its context transparently, which the
-SDKs do not do yet, so a discard choice is carried out as preserve.
+Pages of an instance with calls queued or in flight never move.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ class Interceptions:
         self.policy, self.profiler = policy, profiler
         self._allocator, self._kv_pool, self._host_pool = allocator, kv_pool, host_pool
         self._page_size, self._has_calls = page_size, has_calls
-        self.num_swapped_out = self.num_swapped_in = 0
+        self.num_swapped_out = self.num_swapped_in = self.num_discarded = 0
 
     def step(self, instances: Iterable[Instance], now: float) -> None:
         """One iteration: decide for every intercepted instance whose pages can move, and move them."""
@@ -67,36 +75,54 @@ class Interceptions:
         for inst in instances:
             if not inst.io_idle or inst.swapping or self._allocator.is_waiting(inst) or self._has_calls(inst):
                 continue
+            recomputable = True
             if inst.swapped_out:
+                if not inst.resources.num_offloaded:
+                    continue  # discarded: nothing to bring back ahead, its pages are recomputed when it runs
                 location, num_pages = Location.HOST, len(inst.swapped_out)
             elif not pressure:
                 continue
             else:
                 location, num_pages = Location.DEVICE, len(inst.resources.exclusive_device_handles())
                 num_intercepted_pages += num_pages
+                # Pages it cannot recompute (embeds written, or an inferlet that never said it can) are
+                # preserved even when discard is chosen; with none recomputable, discard is not an option.
+                recomputable = bool(inst.resources.discardable_handles())
             if num_pages:
                 by_id[inst.instance_id] = inst
-                # The control layer does not see token counts: its pages' capacity bounds them. Whether
-                # pages hold non-text embeds does not matter while discard is carried out as preserve.
+                # The control layer does not see token counts: its pages' capacity bounds them.
                 contexts.append(InterceptedContext(inst.instance_id, inst.started_at, num_pages,
                                                    num_pages * self._page_size, expected_return_at(inst, now),
-                                                   location))
+                                                   location, recomputable))
         if not contexts:
             return
         running_pages = self._kv_pool.num_used - num_intercepted_pages
+        num_discarded = self.num_discarded
         for choice in decide(self.policy, contexts, self.profiler.profile(), now, running_pages):
             inst = by_id[choice.context_id]
             if choice.action is Action.SWAP_OUT:
-                self._swap_out(inst)
+                # With the host tier full, the next best of the policy's options: discard or preserve.
+                if not self._swap_out(inst) and choice.waste_discard < choice.waste_preserve:
+                    self._discard(inst)
+            elif choice.action is Action.DISCARD:
+                self._discard(inst)
             elif choice.action is Action.SWAP_IN and self._allocator.admitting and \
                     len(inst.swapped_out) <= self._kv_pool.num_free:
                 self._allocator.swap_in(inst)
                 self.num_swapped_in += 1
+        if self.num_discarded > num_discarded:  # once every choice is carried out: a retry may move pages too
+            self._allocator.retry_parked()
 
-    def _swap_out(self, inst: Instance) -> None:
+    def _swap_out(self, inst: Instance) -> bool:
+        """Whether its pages are on their way to the host tier."""
         try:
             self._allocator.tiers.swap_out(inst)
         except (PoolExhausted, ResourceError):  # the host tier is full: it stays on the device
             inst.swapping = False
-            return
+            return False
         self.num_swapped_out += 1
+        return True
+
+    def _discard(self, inst: Instance) -> None:
+        if self._allocator.tiers.discard(inst):
+            self.num_discarded += 1

@@ -6,7 +6,7 @@ Each turn of :meth:`ControlLoop.step`:
 2. asks the dispatch policy whether to form a batch now and, if so, sends the
    scheduler's batch to the inference process (several, under ``eager``);
    then lets the interception policy swap intercepted instances' pages out or
-   back in (runtime/interceptions.py), and, if instances wait for memory while
+   back in, or discard them (runtime/interceptions.py), and, if instances wait for memory while
    the device is idle, has the allocator decide for them again;
 3. completes futures from the replies that arrived, fires due timers and runs
    callbacks posted from other threads (HTTP);
@@ -179,7 +179,8 @@ class ControlLoop:
     def snapshot(self) -> LoopSnapshot:
         return LoopSnapshot(tuple(inst.record() for inst in self.instances.values()), tuple(self.finished.values()),
                             tuple(self.exports.exports()), self.scheduler.stats(), self.kv_pool.num_free,
-                            self.embed_pool.num_free, self.host_pool.num_free)
+                            self.embed_pool.num_free, self.host_pool.num_free, self.interceptions.num_swapped_out,
+                            self.interceptions.num_swapped_in, self.interceptions.num_discarded)
 
     def record(self, instance_id: str) -> InstanceRecord | None:
         """The running instance ``instance_id``, or None."""
@@ -377,8 +378,9 @@ class ControlLoop:
     def close(self) -> None:
         self._stopping = True
         log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
-                 "ahead of their return; %d instances swapped out for the pool", self.profiler.profile(),
-                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in, self.allocator.num_preempted)
+                 "ahead of their return, %d discarded; %d instances swapped out for the pool", self.profiler.profile(),
+                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in,
+                 self.interceptions.num_discarded, self.allocator.num_preempted)
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
         self.http.close()

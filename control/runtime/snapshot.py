@@ -19,3 +19,6 @@ class LoopSnapshot:
     num_free_kv_pages: int
     num_free_embeds: int
     num_free_host_slots: int
+    num_swapped_out: int = 0  # the interception policy's moves since the loop started (Interceptions)
+    num_swapped_in: int = 0
+    num_discarded: int = 0

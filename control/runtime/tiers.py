@@ -1,15 +1,18 @@
-"""KvPage moves between the device pool and the host tier: the copies, and the bookkeeping after them.
+"""KvPage moves off the device and back: to the host tier and back (copies), or discarded and given
+fresh pages (InferCept's discard: the inferlet rewrites them), with the bookkeeping after them.
 
 A copy is queued like any call, ordered after the calls that wrote its page; the
 handle keeps its number, and the table changes only when the inference layer
-confirms the copy (so a page is never reused while a copy still reads it).
+confirms the copy (so a page is never reused while a copy still reads it). A
+discard needs no copy: the caller makes sure no call of the instance is queued
+or in flight, so its pages go back to the pool at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from oven.control.resources import PhysicalPool, ResourceError
+from oven.control.resources import DISCARDED, HOST, PhysicalPool, ResourceError
 from oven.control.scheduling import HostSlot, KvSlots
 from oven.proto import inference as p
 
@@ -19,11 +22,24 @@ from .instance import Instance
 
 
 class TierMoves:
-    """``on_freed()`` runs whenever an offload gave device pages back."""
+    """``on_freed()`` runs whenever an offload gave device pages back (after a :meth:`discard`, the
+    caller decides when)."""
 
-    def __init__(self, *, kv_pool: PhysicalPool, host_pool: PhysicalPool, submit: Submit,
+    def __init__(self, *, kv_pool: PhysicalPool, host_pool: PhysicalPool, submit: Submit, page_size: int,
                  on_freed: Callable[[], None]):
         self._kv_pool, self._host_pool, self._submit, self._on_freed = kv_pool, host_pool, submit, on_freed
+        self._page_size = page_size
+
+    def mask_fresh(self, inst: Instance, q: int, page_ids: list[int]) -> list[Future]:
+        """Hide every slot of freshly allocated pages (they still hold their previous owner's K/V; a
+        write unmasks its slot); the futures of the masks."""
+        masks = []
+        for page_id in page_ids:
+            mask = Future(-1, UNIT)
+            self._submit(inst, q, "mask_kvpage", p.MaskKvPageItem(page_id, [True] * self._page_size), mask,
+                         writes=frozenset({KvSlots.page(page_id)}))
+            masks.append(mask)
+        return masks
 
     def offload(self, inst: Instance, q: int, handles: list[int], fut: Future) -> None:
         """Copy device pages to fresh host slots; raises ResourceError / PoolExhausted before any copy."""
@@ -56,6 +72,16 @@ class TierMoves:
             copies.append(copy)
         when_all(copies, lambda error: self._settle(inst, fut, error, page_ids, self._kv_pool,
                                                       lambda: table.mark_restored(handles, page_ids)))
+
+    def blank(self, inst: Instance, q: int, handles: list[int], fut: Future) -> None:
+        """Fresh masked device pages for discarded handles; raises PoolExhausted before any call."""
+        page_ids = self._kv_pool.allocate(len(handles))
+        # The table holds them at once, unlike a restore's pages (whose handles name the host slot until
+        # the copy lands): a blank page is refused to forwards anyway, and the exhaustion policy must
+        # count it as this instance's while its masks are in flight.
+        inst.resources.mark_blank(handles, page_ids)
+        when_all(self.mask_fresh(inst, q, page_ids),
+                 lambda error: inst.futures.fail(fut, error) if error else inst.futures.complete(fut))
 
     @staticmethod
     def _settle(inst, fut: Future, error: str | None, new_ids: list[int], pool: PhysicalPool, mark) -> bool:
@@ -90,18 +116,35 @@ class TierMoves:
         done.callbacks.append(offloaded)
         self.offload(victim, 0, handles, done)
 
+    def discard(self, victim: Instance) -> int:
+        """Free the device pages of ``victim``'s discardable handles (``ResourceTable.discardable_handles``);
+        the caller made sure none of its calls is queued or in flight. It does not run until they have
+        fresh pages (:meth:`swap_in`), which its inferlet rewrites. How many pages were freed."""
+        handles = victim.resources.discardable_handles()
+        if not handles or not victim.alive:
+            return 0
+        victim.resources.mark_discarded(handles)
+        victim.swapped_out.extend(handles)
+        return len(handles)
+
     def swap_in(self, inst: Instance, on_error: Callable[[str], None]) -> None:
-        """Bring back what :meth:`swap_out` moved; the caller checked that the device pool has room."""
+        """Bring back what :meth:`swap_out` moved and give :meth:`discard`ed handles fresh pages; the
+        caller checked that the device pool has room for both."""
         handles, inst.swapped_out = inst.swapped_out, []
         inst.swapping = True
-        done = Future(-1, UNIT)
+        on_host = [h for h in handles if inst.resources.location(h) == HOST]
+        discarded = [h for h in handles if inst.resources.location(h) == DISCARDED]
+        moves = []
+        for move, moved in ((self.restore, on_host), (self.blank, discarded)):
+            if moved:
+                moves.append(Future(-1, UNIT))
+                move(inst, 0, moved, moves[-1])
 
-        def restored(fut: Future) -> None:
+        def back(error: str | None) -> None:
             inst.swapping = False
-            if fut.error:
-                on_error(fut.error)
-        done.callbacks.append(restored)
-        self.restore(inst, 0, handles, done)
+            if error:
+                on_error(error)
+        when_all(moves, back)
 
 
 def when_all(futures: list[Future], then) -> None:

@@ -21,8 +21,9 @@ Every iteration :func:`decide` sorts the intercepted contexts on the device by
 budget (those whose swap would waste more than preserving them excepted: they
 return before the copies could pay off), and preserves or discards the rest,
 whichever wastes less. Contexts
-whose pages hold non-text embeds are never discarded (recomputing them needs
-inputs the control layer does not keep). Swapped-out contexts are swapped back
+that cannot be recomputed (their pages hold non-text embeds, whose inputs the
+control layer does not keep, or their inferlet never said it can rewrite them)
+are never discarded. Swapped-out contexts are swapped back
 in ahead of their expected return, oldest arrival first (FCFS), within the same
 budget. The policy is pure: the clock comes in as ``now``.
 """
@@ -98,7 +99,7 @@ class InterceptedContext:
     num_tokens: int
     expected_return_at: float
     location: Location = Location.DEVICE
-    has_embeds: bool = False
+    recomputable: bool = True  # False: its pages hold non-text embeds, or its inferlet cannot rewrite them
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +114,11 @@ class Choice:
 
 
 def wastes(ctx: InterceptedContext, profile: CostProfile, now: float, running_pages: int) -> tuple[float, float, float]:
-    """(preserve, discard, swap) waste of ``ctx`` in page-seconds; discard is infinite for embeds."""
+    """(preserve, discard, swap) waste of ``ctx`` in page-seconds; discard is infinite for a context that
+    cannot be recomputed."""
     remaining_s = max(0.0, ctx.expected_return_at - now)
     preserve = ctx.num_pages * remaining_s
-    discard = (float("inf") if ctx.has_embeds
+    discard = (float("inf") if not ctx.recomputable
                else profile.recompute_s(ctx.num_tokens) * (ctx.num_pages + running_pages))
     swap = ctx.num_pages * 2 * ctx.num_pages * profile.swap_s_per_page
     return preserve, discard, swap
@@ -157,7 +159,7 @@ def _device_action(policy: InterceptionPolicy, ctx: InterceptedContext, preserve
     if policy.name == PRESERVE_ALL:
         return Action.PRESERVE
     if policy.name == DISCARD_ALL:
-        return Action.PRESERVE if ctx.has_embeds else Action.DISCARD
+        return Action.DISCARD if ctx.recomputable else Action.PRESERVE
     if policy.name == SWAP_ALL:
         return Action.SWAP_OUT
     # A context back before its pages could go out and in again gains nothing from the copies.

@@ -1,8 +1,10 @@
 """text-completion: a completion on the Python SDK.
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--steps].
+Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--steps] [--pause MS].
 Prints the completion and sends the generated token ids to the client as one message ("1 2 3").
-Greedy unless a temperature is given. --steps decodes with the SDK's primitives instead of
+Greedy unless a temperature is given. --pause MS decodes half the tokens, then waits for a client
+message as an agent waits on a tool (announced with a pause hint of MS milliseconds: the server may
+keep, swap or discard the context's K/V meanwhile), then decodes the rest. --steps decodes with the SDK's primitives instead of
 ``generate`` (the tests pin their semantics with it): a flush, which forwards every prompt token
 but the last, then per token ``next_dist`` twice, the second time with nothing pending, so the
 last token is forwarded again; the token is sampled from the second distribution.
@@ -27,9 +29,20 @@ async def by_steps(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: in
     return generated
 
 
+async def with_pause(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: int, pause_ms: int) -> list[int]:
+    """Decode half of ``max_new`` tokens, wait for a client message, decode the rest; the tokens."""
+    generated = await ctx.generate_tokens(sampler, inferlet.Stop(max_tokens=max_new // 2))
+    if generated and generated[-1] in inferlet.stop_tokens():
+        return generated
+    ctx.pause_hint(pause_ms)
+    await inferlet.receive()
+    return generated + await ctx.generate_tokens(sampler, inferlet.Stop(max_tokens=max_new - len(generated)))
+
+
 async def main(args: list[str]) -> None:
     if not args:
-        raise SystemExit("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--steps]")
+        raise SystemExit("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--steps] "
+                         "[--pause MS]")
     max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
     temperature = option(args, "--temperature")
     seed = option(args, "--seed")
@@ -40,8 +53,11 @@ async def main(args: list[str]) -> None:
             ctx.fill_chat([{"role": "user", "content": args[0]}])
         else:
             ctx.fill(args[0])
-        if "--steps" in args:
-            generated = await by_steps(ctx, sampler, max_new)
+        if "--steps" in args or "--pause" in args:
+            if "--steps" in args:
+                generated = await by_steps(ctx, sampler, max_new)
+            else:
+                generated = await with_pause(ctx, sampler, max_new, int(option(args, "--pause")))
             end = inferlet.stop_tokens()
             print(inferlet.decode([t for t in generated if t not in end]))
         else:

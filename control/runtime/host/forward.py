@@ -28,6 +28,10 @@ def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask
         adapter_id = _adapter_id(inst, adapter)
         page_ids = inst.resources.physical_pages(pages)
         in_ids, out_ids = inst.resources.physical_embeds(inputs), inst.resources.physical_embeds(outputs)
+        if inputs:  # the pages it writes hold K/V of embeds the control layer does not keep: never discarded
+            first_written = ((len(pages) - 1) * inst.host.info.page_size + last_page_len - len(inputs)) \
+                // inst.host.info.page_size
+            inst.resources.note_embeds_written(pages[max(first_written, 0):])
         item = p.ForwardItem(page_ids, last_page_len, in_ids, list(output_indices), out_ids,
                              [bytes(row) for row in mask] if mask else None, adapter_id=adapter_id)
         return Call(item, len(inputs), reads=frozenset(Embed(e) for e in in_ids),

@@ -1,4 +1,4 @@
-"""``kvpages``: allocate, free, copy, mask, offload/restore and share KvPages."""
+"""``kvpages``: allocate, free, copy, mask, offload/restore, share KvPages, and declare them recomputable."""
 
 from __future__ import annotations
 
@@ -41,4 +41,8 @@ FUNCS = {
     "import-kvpages": lambda inst, name: resource_call(
         lambda: inst.host.exports.import_kvpages(inst.resources, name, inst.owner)),
     "release-export": lambda inst, name: resource_call(lambda: inst.host.allocator.drop_export(name, by=inst)),
+    # InferCept's discard (runtime/interceptions.py): which pages the policy may discard, and taking them back.
+    "set-recomputable": lambda inst, pages, recomputable: resource_call(
+        lambda: inst.resources.set_recomputable(pages, recomputable)),
+    "restore-discarded": lambda inst, pages: resource_call(lambda: inst.resources.restore_discarded(pages)),
 }

@@ -15,12 +15,16 @@
 //! prompt's tokens but the last (what a prefill forwards; see --export); --offload moves the
 //! prefilled pages to the host tier and back; --evict frees them (decoding re-prefills);
 //! --export NAME publishes them as NAME (the export outlives the instance until released).
+//!
+//! --pause MS (one completion only) decodes half the tokens, then waits for a client message as an
+//! agent waits on a tool (announced with a pause hint of MS milliseconds: the server may keep, swap
+//! or discard the context's K/V meanwhile), then decodes the rest.
 
 use oven::{join_all, Context, Greedy, Sampler, Stop, Temperature};
 
 const DEFAULT_MAX_NEW_TOKENS: usize = 32;
 const USAGE: &str = "usage: text-completion-rust PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--n N] \
-                     [--import NAME] [--offload] [--evict] [--export NAME]";
+                     [--import NAME] [--offload] [--evict] [--export NAME] [--pause MS]";
 
 struct Options {
     prompt: String,
@@ -33,6 +37,7 @@ struct Options {
     offload: bool,
     evict: bool,
     export: Option<String>,
+    pause_ms: Option<u64>,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -51,6 +56,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         offload: false,
         evict: false,
         export: None,
+        pause_ms: None,
     };
     let mut positional = Vec::new();
     let mut rest = args.iter();
@@ -64,6 +70,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--offload" => options.offload = true,
             "--evict" => options.evict = true,
             "--export" => options.export = Some(value(arg, rest.next())?),
+            "--pause" => options.pause_ms = Some(value(arg, rest.next())?),
             _ if arg.starts_with("--") => return Err(format!("unknown option {}; {}", arg, USAGE)),
             _ => positional.push(arg),
         }
@@ -79,6 +86,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
     if options.num_completions == 0 {
         return Err("--n must be at least 1".to_string());
     }
+    if options.pause_ms.is_some() && options.num_completions > 1 {
+        return Err("--pause makes one completion; drop --n".to_string());
+    }
     Ok(options)
 }
 
@@ -88,6 +98,20 @@ fn sampler(options: &Options, index: usize) -> Box<dyn Sampler> {
     } else {
         Box::new(Greedy)
     }
+}
+
+/// Decode half of `stop`'s tokens, wait for a client message, decode the rest; the tokens.
+async fn with_pause(ctx: &mut Context, sampler: &mut dyn Sampler, stop: &Stop, pause_ms: u64) -> Result<Vec<u32>, String> {
+    let max_new_tokens = stop.max_new_tokens();
+    let mut generated = ctx.generate_tokens(sampler, &Stop::max_tokens(max_new_tokens / 2)).await?;
+    if generated.last().map_or(false, |t| stop.stop_token_ids().contains(t)) {
+        return Ok(generated);
+    }
+    ctx.pause_hint(pause_ms);
+    oven::receive().await?;
+    let rest = Stop::max_tokens(max_new_tokens - generated.len());
+    generated.extend(ctx.generate_tokens(sampler, &rest).await?);
+    Ok(generated)
 }
 
 async fn main(args: Vec<String>) -> Result<i32, String> {
@@ -127,7 +151,13 @@ async fn main(args: Vec<String>) -> Result<i32, String> {
     let stop = &Stop::max_tokens(options.max_new_tokens);
     let completions = join_all(contexts.iter_mut().enumerate().map(|(i, ctx)| {
         let mut sampler = sampler(&options, i);
-        async move { ctx.generate_tokens(sampler.as_mut(), stop).await }
+        let pause_ms = options.pause_ms;
+        async move {
+            match pause_ms {
+                Some(ms) => with_pause(ctx, sampler.as_mut(), stop, ms).await,
+                None => ctx.generate_tokens(sampler.as_mut(), stop).await,
+            }
+        }
     }))
     .await;
     let end_tokens = stop.stop_token_ids();

@@ -7,7 +7,8 @@ distribution after it from the same call; a decode step with nothing pending fee
 forwarded token again. While generating, pages are allocated ahead of need and prefetched. This
 is the Rust SDK's ``Context`` (``sdk/rust/oven/src/context.rs``) call for call: the same host calls
 in the same order, so the same pages; editing (fork, masks, truncate) is in ``edit.py``, moving
-and sharing the KV cache (offload, evict, export, import) in ``sharing.py``.
+and sharing the KV cache (offload, evict, export, import) in ``sharing.py``, recomputing K/V the
+server discarded in ``recompute.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from . import host
 from .edit import Editing
 from .pages import PageTable
 from .queue import Queue
+from .recompute import Recompute, set_recomputable
 from .sampling import Greedy, Sampler
 from .sharing import Sharing
 from .stop import Stop
@@ -27,7 +29,7 @@ from .tasks import HostFuture, OvenError, spawn
 ALLOC_AHEAD_TOKENS = 64
 
 
-class Context(Editing, Sharing):
+class Context(Editing, Sharing, Recompute):
     """A token sequence being generated, with its KV cache. ``close()`` (or leaving a ``with``
     block) frees what it alone holds: its pages (shared ones stay with the contexts that still hold
     them) and its queue.
@@ -125,8 +127,11 @@ class Context(Editing, Sharing):
                 end = len(self.tokens) + len(self.pending)
                 if -(-end // ps) > len(handles) or self.pages.is_shared(len(self.tokens) // ps):
                     await self._reserve(end)
-                one = len(self.pending) == 1
-                (dist,) = await self._issue_forward([len(self.pending) - 1], top_k, len(self.pending))
+                one, start, outputs = len(self.pending) == 1, len(self.tokens), [len(self.pending) - 1]
+                try:
+                    (dist,) = await self._issue_forward(outputs, top_k, len(self.pending))
+                except OvenError as err:  # the server discarded pages: recompute, then this step again
+                    (dist,) = await self._retry_discarded(err, start, outputs, top_k)
                 if one and self._spare is None and len(handles) * ps - len(self.tokens) <= ps // 2:
                     self._prefetch()
                 token = sample(dist.token_ids, dist.probs)
@@ -173,7 +178,11 @@ class Context(Editing, Sharing):
     async def _forward(self, output_indices: list[int], top_k: int, count: int) -> list:
         """Forward the first ``count`` pending tokens; the distributions after ``output_indices``."""
         await self._reserve(len(self.tokens) + count)
-        return await self._issue_forward(output_indices, top_k, count)
+        start = len(self.tokens)
+        try:
+            return await self._issue_forward(output_indices, top_k, count)
+        except OvenError as err:  # the server discarded pages: recompute, then this forward again
+            return await self._retry_discarded(err, start, output_indices, top_k)
 
     def _issue_forward(self, output_indices: list[int], top_k: int, count: int) -> HostFuture:
         """The ``forward-text`` call for the first ``count`` pending tokens (their pages reserved)."""
@@ -205,6 +214,7 @@ class Context(Editing, Sharing):
         if len(fresh) < missing:
             fresh += await self.queue.result(kvpages.alloc_kvpages(self.queue.id, missing - len(fresh)),
                                              futures.take_handles)
+        set_recomputable(fresh, True)  # ours alone: the server may discard them while we wait
         if copy_first:
             self._copy_on_write(write_page, fresh.pop(0))
         for page in fresh:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from wit_world.imports import futures, kvpages
 
+from .recompute import set_recomputable
+
 
 class Editing:
     """Part of ``Context`` (its attributes are documented there)."""
@@ -14,16 +16,20 @@ class Editing:
     async def fork(self):
         """A copy that continues independently, on a queue of its own with this one's priority and adapter.
         Pending tokens are flushed first (but the last, which the copy carries); full pages are then
-        shared (by reference) and the partial last page is copied."""
+        shared (by reference) and the partial last page is copied. The shared pages are never
+        discarded by the server from then on: two contexts read them."""
+        await self._recompute_discarded()
         await self.flush()
         num_full, num_partial = divmod(len(self.tokens), self.page_size)
         child = type(self)(self.priority, self.adapter)
         child.tokens, child.pending, child._hidden = list(self.tokens), list(self.pending), set(self._hidden)
         child.pages = self.pages.share_prefix(num_full)
+        set_recomputable(child.pages.handles, False)
         if num_partial:
             # On this context's queue, after its writes, and awaited before the child forwards.
             (page,) = await self.queue.result(kvpages.alloc_kvpages(self.queue.id, 1), futures.take_handles)
             child.pages.push(page)  # the child frees it, even if the copy fails
+            set_recomputable([page], True)
             src = self.pages.handles[num_full]
             await self.queue.unit(kvpages.copy_kvpage(self.queue.id, src, page, 0, 0, num_partial))
         return child
@@ -43,6 +49,7 @@ class Editing:
             raise ValueError(f"[{start}, {end}) is not a range of tokens before the last of {length}")
         if start == end:
             return
+        await self._recompute_discarded()  # masks are written into the pages: they must hold their K/V
         await self.flush()  # now every token but the last is in the pages
         if dropped:
             self._hidden.update(range(start, end))
@@ -53,6 +60,7 @@ class Editing:
         shared = [index for index in touched if self.pages.is_shared(index)]
         if shared:
             fresh = await self.queue.result(kvpages.alloc_kvpages(self.queue.id, len(shared)), futures.take_handles)
+            set_recomputable(fresh, True)
             for index, page in zip(shared, fresh):
                 self._copy_on_write(index, page)
         num_forwarded = len(self.tokens)

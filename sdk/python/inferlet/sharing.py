@@ -18,6 +18,7 @@ class Sharing:
     async def offload(self) -> None:
         """Move the pages of this context's K/V to the host tier (those allocated ahead are freed);
         they stay its pages, but must be restored before it (or a fork sharing them) forwards again."""
+        await self._recompute_discarded()
         self.free_pages_ahead()
         await self.queue.unit(kvpages.offload_kvpages(self.queue.id, self.pages.handles))
 
@@ -38,6 +39,7 @@ class Sharing:
         """Publish the pages of the forwarded tokens under ``name``, server-wide; how many tokens they
         hold (after ``flush``, all but the last). They live until the export is released, and this
         context copies them before writing into them. Raises OvenError if the name is taken."""
+        await self._recompute_discarded()
         if self.queue.has_unchecked():
             await self.synchronize()  # copies and masks land before another instance reads
         count = -(-len(self.tokens) // self.page_size)

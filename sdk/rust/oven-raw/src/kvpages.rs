@@ -22,6 +22,10 @@ extern "C" {
     fn raw_import_kvpages(name_ptr: *const u8, name_len: usize, ret: *mut u8);
     #[link_name = "release-export"]
     fn raw_release_export(name_ptr: *const u8, name_len: usize, ret: *mut u8);
+    #[link_name = "set-recomputable"]
+    fn raw_set_recomputable(pages_ptr: *const u32, pages_len: usize, recomputable: i32, ret: *mut u8);
+    #[link_name = "restore-discarded"]
+    fn raw_restore_discarded(pages_ptr: *const u32, pages_len: usize, ret: *mut u8);
 }
 
 /// A future for `count` new pages (take-handles).
@@ -78,5 +82,25 @@ pub fn release_export(name: &str) -> Result<(), String> {
     unsafe {
         raw_release_export(name.as_ptr(), name.len(), ret.ptr());
         ret.take_result(|_| ())
+    }
+}
+
+/// Whether this instance can rewrite the K/V of `pages` from its own tokens (default: no); the
+/// interception policy may discard the K/V of recomputable pages while the instance waits on I/O.
+pub fn set_recomputable(pages: &[u32], recomputable: bool) -> Result<(), String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_set_recomputable(pages.as_ptr(), pages.len(), recomputable as i32, ret.ptr());
+        ret.take_result(|_| ())
+    }
+}
+
+/// This instance rewrites `pages` now: those among them whose K/V was discarded, which may be
+/// forwarded into again.
+pub fn restore_discarded(pages: &[u32]) -> Result<Vec<u32>, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_restore_discarded(pages.as_ptr(), pages.len(), ret.ptr());
+        ret.take_result(|r| r.take_list(4))
     }
 }

@@ -4,7 +4,8 @@
 //! each one fused `forward-text` call. The last filled token stays pending after a flush: the
 //! next decode step feeds it and gets the distribution of the token after it from the same call.
 //! Each context issues its calls on a queue of its own, so the host batches the decode steps of
-//! many contexts (forks, concurrent tasks) horizontally.
+//! many contexts (forks, concurrent tasks) horizontally. K/V the server discarded while the
+//! inferlet waited is recomputed on the next forward (`context/recompute.rs`).
 
 use oven_raw::futures::{self as raw_futures, Distribution};
 use oven_raw::{forward, kvpages, runtime};
@@ -14,7 +15,10 @@ use crate::pages::PageTable;
 use crate::{spawn, HostFuture, Queue, Sampler, Stop};
 
 mod edit;
+mod recompute;
 mod sharing;
+
+use recompute::{set_recomputable, KV_DISCARDED};
 
 /// While generating, pages are allocated this many tokens ahead of need (4 pages of 16).
 const ALLOC_AHEAD_TOKENS: usize = 64;
@@ -244,9 +248,21 @@ impl Context {
     }
 
     /// One forward-text call over the pending tokens up to `upto`; the top-`top_k` distributions
-    /// after the `outputs` among them (indices counted from the first pending token).
+    /// after the `outputs` among them (indices counted from the first pending token). If the server
+    /// discarded pages meanwhile, they are recomputed and the call made again.
     async fn forward(&mut self, upto: usize, outputs: &[u32], top_k: u32) -> Result<Vec<Distribution>, String> {
         self.reserve(upto).await?;
+        match self.forward_text(upto, outputs, top_k).await {
+            Err(message) if message.starts_with(KV_DISCARDED) => {
+                self.recompute_discarded().await?;
+                self.forward_text(upto, outputs, top_k).await
+            }
+            result => result,
+        }
+    }
+
+    /// The forward-text call of [`Context::forward`], its pages reserved.
+    async fn forward_text(&mut self, upto: usize, outputs: &[u32], top_k: u32) -> Result<Vec<Distribution>, String> {
         let first = self.num_committed;
         let ps = self.page_size;
         let num_pages = (upto + ps - 1) / ps;
@@ -288,6 +304,7 @@ impl Context {
             let count = (missing - fresh.len()) as u32;
             fresh.extend(HostFuture::handles(kvpages::alloc_kvpages(self.queue.id(), count)).await?);
         }
+        set_recomputable(&fresh, true)?; // ours alone: the server may discard them while we wait
         let mut fresh = fresh.into_iter();
         if copy_first {
             let page = fresh.next().expect("allocated above");

@@ -3,14 +3,16 @@
 
 use oven_raw::kvpages;
 
-use super::Context;
+use super::{set_recomputable, Context};
 use crate::HostFuture;
 
 impl Context {
     /// A copy that continues independently, on a queue of its own with this one's priority and
     /// adapter. Pending tokens are flushed first; full pages are then shared (by reference) and
-    /// the partial last page is copied.
+    /// the partial last page is copied. The shared pages are never discarded by the server from
+    /// then on: two contexts read them.
     pub async fn fork(&mut self) -> Result<Context, String> {
+        self.recompute_discarded().await?;
         self.flush().await?;
         let num_full = self.num_committed / self.page_size;
         let num_partial = self.num_committed % self.page_size;
@@ -19,10 +21,12 @@ impl Context {
         child.num_committed = self.num_committed;
         child.dropped = self.dropped.clone();
         child.pages = self.pages.share_prefix(num_full);
+        set_recomputable(child.pages.handles(), false)?;
         if num_partial > 0 {
             // On the parent's queue, after its writes, and awaited before the child forwards.
             let page = HostFuture::handles(kvpages::alloc_kvpages(self.queue.id(), 1)).await?[0];
             child.pages.push(page); // the child frees it, even if the copy fails
+            set_recomputable(&[page], true)?;
             let src = self.pages.handles()[num_full];
             HostFuture::unit(kvpages::copy_kvpage(self.queue.id(), src, page, 0, 0, num_partial as u32)).await?;
         }
@@ -48,6 +52,7 @@ impl Context {
         if start == end {
             return Ok(());
         }
+        self.recompute_discarded().await?; // masks are written into the pages: they must hold their K/V
         self.flush().await?; // now every token but the last is in the pages
         self.dropped.resize(len, false);
         self.dropped[start..end].iter_mut().for_each(|d| *d = dropped);
@@ -56,6 +61,7 @@ impl Context {
         let shared: Vec<usize> = touched.clone().filter(|i| self.pages.is_shared(*i)).collect();
         if !shared.is_empty() {
             let fresh = HostFuture::handles(kvpages::alloc_kvpages(self.queue.id(), shared.len() as u32)).await?;
+            set_recomputable(&fresh, true)?;
             for (index, page) in shared.into_iter().zip(fresh) {
                 self.copy_on_write(index, page);
             }

@@ -12,6 +12,7 @@ impl Context {
     /// they stay its pages, but must be [`restore`](Context::restore)d before it (or a fork
     /// sharing them) forwards again.
     pub async fn offload(&mut self) -> Result<(), String> {
+        self.recompute_discarded().await?;
         self.free_pages_ahead();
         HostFuture::unit(kvpages::offload_kvpages(self.queue.id(), self.pages.handles())).await
     }
@@ -37,6 +38,7 @@ impl Context {
     /// hold (after [`flush`](Context::flush), all but the last). They live until the export is
     /// released, and this context copies them before writing into them.
     pub async fn export(&mut self, name: &str) -> Result<usize, String> {
+        self.recompute_discarded().await?;
         if !self.side_calls.is_empty() {
             self.synchronize().await?; // copies and masks land before another instance reads
             self.check_side_calls()?;
