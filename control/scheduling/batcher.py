@@ -15,6 +15,7 @@ from oven.proto import inference as p
 
 from .commands import Command, CommandQueue
 from .conflicts import QueueFootprint
+from .footprint import TokenSlot
 
 __all__ = ["Batch", "SchedulerStats", "BatchScheduler"]
 
@@ -97,6 +98,7 @@ class BatchScheduler:
         self._pending_ids: set[int] = set()
         self._next_queue_id = 1
         self._num_pending = 0
+        self._num_pending_chained = 0
         self._num_batches = self._num_commands = 0
         self._num_horizontal = self._num_vertical = 0
         self._batch_sizes: Counter[int] = Counter()
@@ -128,6 +130,7 @@ class BatchScheduler:
         self._nonempty.pop(queue_id, None)
         dropped = queue.drain()
         self._num_pending -= len(dropped)
+        self._num_pending_chained -= sum(map(_chained, dropped))
         self._pending_ids.difference_update(c.command_id for c in dropped)
         return dropped
 
@@ -148,12 +151,19 @@ class BatchScheduler:
         queue.append(command)
         self._nonempty[queue.queue_id] = queue
         self._num_pending += 1
+        self._num_pending_chained += _chained(command)
         self._pending_ids.add(command.command_id)
         heapq.heappush(self._by_age, (command.enqueued_at, command.command_id))
 
     @property
     def num_pending(self) -> int:
         return self._num_pending
+
+    @property
+    def num_pending_chained(self) -> int:
+        """Pending commands fed by a token future (they read a :class:`TokenSlot`): each may go out
+        while the batch that samples its token runs, see ``AdaptivePolicy``."""
+        return self._num_pending_chained
 
     @property
     def oldest_enqueued_at(self) -> float | None:
@@ -222,6 +232,7 @@ class BatchScheduler:
         if not len(queue):
             del self._nonempty[queue.queue_id]
         self._num_pending -= num_commands
+        self._num_pending_chained -= sum(map(_chained, commands))
         self._pending_ids.difference_update(c.command_id for c in commands)
         return commands
 
@@ -244,3 +255,7 @@ class BatchScheduler:
             batch_size_histogram=tuple(sorted(self._batch_sizes.items())),
             total_wait_s=self._total_wait_s,
         )
+
+
+def _chained(command: Command) -> bool:
+    return any(isinstance(r, TokenSlot) for r in command.reads)
