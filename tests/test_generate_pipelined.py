@@ -1,7 +1,8 @@
-"""The Python SDK's pipelined ``generate`` (sdk/python/inferlet/pipelined.py) against its step-by-step
-loop, inside one real inferlet on the tiny model: the same text and tokens, and the context left in
-the same state (tokens, pending token, pages, the sampler's generator, and what it decodes next),
-for Greedy and a seeded TopP, stopped by max tokens, an end token and a stop string."""
+"""Pipelined ``generate`` (sdk/python/inferlet/pipelined.py, sdk/rust/oven/src/context/pipelined.rs)
+against the step-by-step loop of the same SDK, inside real inferlets on the tiny model: the same
+text and tokens, and the context left in the same state (tokens, pending token, pages, the sampler's
+generator, what it decodes next), for Greedy and a seeded TopP, stopped by max tokens, an end token
+and a stop string; and the two SDKs' reports equal."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ import pytest
 from harness import assert_pools_full, messages, run
 from oven.control.tokenizer import Tokenizer
 
-PROGRAMS = ["conformance"]  # stored in the module's ControlLoop (conftest.py)
+PROGRAMS = ["conformance", "conformance-rust"]  # stored in the module's ControlLoop (conftest.py)
 PROMPT = "Once upon a time, in a land far away, there lived a"
 SAMPLERS = ["greedy", "top_p:0.9:1.3:6"]
 
 
 def pipelined(loop, spec: str, max_tokens: int, *options: str) -> dict:
-    (inst,) = run(loop, "conformance", [["|".join(["pipelined", spec, PROMPT, str(max_tokens), *options])]])
-    assert inst.exit_code == 0, inst.error
-    (report,) = [json.loads(m) for m in messages(loop, inst)]
-    return report
+    """The Python SDK's report (the Rust SDK's must be equal: both paths of both SDKs)."""
+    args = ["|".join(["pipelined", spec, PROMPT, str(max_tokens), *options])]
+    reports = []
+    for program in PROGRAMS:
+        (inst,) = run(loop, program, [args])
+        assert inst.exit_code == 0, inst.error
+        (report,) = [json.loads(m) for m in messages(loop, inst)]
+        reports.append(report)
+    assert reports[0] == reports[1]
+    return reports[0]
 
 
 def assert_same(report: dict) -> None:

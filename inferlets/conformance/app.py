@@ -22,7 +22,7 @@ Arguments: one scenario each, its fields separated by "|":
   runs a built-in sampler (the server samples, one step in flight ahead) and as it runs a custom
   one (the same sampler wrapped: the inferlet samples, step by step), each in a context of its
   own, then 3 tokens more with the same sampler and the top-5 distribution after them -> for
-  each path the text, tokens, context state and the sampler's generator state (Python only)
+  each path the text, tokens, context state and the sampler's generator state
 * ``dists|PROMPT|K``: one distribution per prompt token -> their token ids
 * ``adapter|NAME|PROMPT|MAX``: a context on LoRA adapter NAME, a fork of it and a context on the
   base model generate greedily, concurrently -> the adapter's id, the three token lists, the error
@@ -235,7 +235,8 @@ async def pipelined(spec, prompt, max_tokens, *options):
         with inferlet.Context() as ctx:
             ctx.fill(prompt)
             text = await ctx.generate(chosen if path == "pipelined" else Stepwise(chosen), stop(max_tokens, list(options)))
-            state = {"text": text, "generated": ctx.generated, "tokens": ctx.tokens, "pending": ctx.pending,
+            state = {"text": text, "generated": list(ctx.generated), "tokens": list(ctx.tokens),
+                     "pending": list(ctx.pending),
                      "num_pages": len(ctx.pages.handles), "rng": getattr(getattr(chosen, "rng", None), "state", None)}
             state["more"] = await ctx.generate_tokens(chosen, inferlet.Stop(3, eos=False))
             state["dist"] = dist_json(await ctx.next_dist(5))
