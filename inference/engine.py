@@ -23,12 +23,12 @@ from .attention import make_backend
 from .attention.base import BatchLayout
 from .config import InferenceConfig
 from .cuda_graphs import DecodeGraphs
+from .device import resolve_device, resolve_dtype
 from .llama import PagedLlama, build_model
-from .lora import Segment, make_lora_executor
+from .lora import Segment, make_lora_executor, merge_runs
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
-from .sampling import make_sampler, sample_dist
-from .token_futures import TokenFutures, resolve_tokens
+from .token_futures import TokenFutures, check_sample, fail_samples, resolve_tokens, settle_samples
 from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
                        check_positions, check_token_range, check_top_k, unpack_mask)
@@ -203,32 +203,16 @@ class Engine:
             check_outputs(item.output_indices, num_inputs)
             check_top_k(item.top_k, self.limits.vocab_size)
             self._check_adapter(item.adapter_id)
-            sampler = None
-            if item.sample is not None:
-                if not item.output_indices:
-                    raise ItemFailure(p.ERR_BAD_ARGUMENT, "sample needs an output index to sample at")
-                futures.check_writable(item.sample.future_id)
-                sampler = make_sampler(item.sample)
+            sampler = check_sample(item, futures)
             return _Checked(token_ids, unpack_mask(item.attention_mask, num_inputs, kv_len), sampler)
 
         errors, good = self._validate(req.items, check)
         try:
             dists = self._forward_text_batch(req.items, good)
         except Exception as exc:  # the server answers every item with this; their slots must say so too
-            error = p.ItemError(p.ERR_INTERNAL, f"{type(exc).__name__}: {exc}")
-            for item in req.items:
-                if item.sample is not None:
-                    futures.fail(item.sample.future_id, error)
+            fail_samples(req.items, futures, p.ItemError(p.ERR_INTERNAL, f"{type(exc).__name__}: {exc}"))
             raise
-        sampled: list[int | None] = [None] * len(req.items) if sampled_here else []
-        for i, item in enumerate(req.items):
-            if item.sample is None:
-                continue
-            if errors[i] is not None:
-                futures.fail(item.sample.future_id, errors[i])
-            else:  # the distribution of the last output index: the step's next token
-                sampled[i] = sample_dist(good[i].sampler, dists[i][-1])
-                futures.fill(item.sample.future_id, sampled[i])
+        sampled = settle_samples(req.items, errors, {i: c.sampler for i, c in good.items()}, dists, futures)
         return p.ForwardTextReply(errors, dists, sampled)
 
     def _forward_text_batch(self, items_in: list[p.ForwardTextItem], good: dict) -> list[list[p.TopKDist] | None]:
@@ -390,7 +374,7 @@ class Engine:
         self.backend.plan(layout)
         if not segments:
             return self.model(hidden, positions, self.backend)
-        self.lora.plan(_merge_runs(segments))
+        self.lora.plan(merge_runs(segments))
         return self.model(hidden, positions, self.backend, self.lora)
 
     def _output_rows(self, layout: BatchLayout, order: list[int], output_indices: dict[int, list[int]]) -> torch.Tensor:
@@ -416,28 +400,3 @@ class Engine:
     def _long(self, values: list[int]) -> torch.Tensor:
         return long_tensor(values, self.device)
 
-
-def _merge_runs(segments: list[Segment]) -> list[Segment]:
-    """Adjacent segments of one adapter (several items) as one segment: fewer, larger GEMMs."""
-    merged = [segments[0]]
-    for seg in segments[1:]:
-        last = merged[-1]
-        if seg.adapter is last.adapter and seg.start == last.end:
-            merged[-1] = Segment(last.adapter, last.start, seg.end)
-        else:
-            merged.append(seg)
-    return merged
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)

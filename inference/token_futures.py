@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from oven.proto import inference as p
 
+from .sampling import make_sampler, sample_dist
 from .validate import ItemFailure
 
 MAX_SLOTS = 1 << 16  # a peer that never frees cannot grow this process without bound
@@ -68,3 +69,40 @@ def resolve_tokens(item: p.ForwardTextItem, futures: TokenFutures, sampled_here:
                                                 "request: send its reader in a later one")
         tokens[i] = futures.token(future_id)
     return tokens
+
+
+def check_sample(item: p.ForwardTextItem, futures: TokenFutures):
+    """The SDK sampler ``item.sample`` asks for (None without one); ItemFailure for a bad spec, an item
+    with no output to sample at, or a full table."""
+    if item.sample is None:
+        return None
+    if not item.output_indices:
+        raise ItemFailure(p.ERR_BAD_ARGUMENT, "sample needs an output index to sample at")
+    futures.check_writable(item.sample.future_id)
+    return make_sampler(item.sample)
+
+
+def settle_samples(items: list[p.ForwardTextItem], errors: list[p.ItemError | None], samplers: dict[int, object],
+                   dists: list[list[p.TopKDist] | None], futures: TokenFutures) -> list[int | None]:
+    """Draw each sampling item's token from the distribution of its last output index (the step's
+    next token) into its slot, or fail the slot with the item's error; the tokens, per item (empty
+    when no item samples)."""
+    if all(item.sample is None for item in items):
+        return []
+    sampled: list[int | None] = [None] * len(items)
+    for i, item in enumerate(items):
+        if item.sample is None:
+            continue
+        if errors[i] is not None:
+            futures.fail(item.sample.future_id, errors[i])
+        else:
+            sampled[i] = sample_dist(samplers[i], dists[i][-1])
+            futures.fill(item.sample.future_id, sampled[i])
+    return sampled
+
+
+def fail_samples(items: list[p.ForwardTextItem], futures: TokenFutures, error: p.ItemError) -> None:
+    """A batch that crashed: each sampling item's slot fails with the error its item gets."""
+    for item in items:
+        if item.sample is not None:
+            futures.fail(item.sample.future_id, error)

@@ -234,7 +234,8 @@ async def pipelined(spec, prompt, max_tokens, *options):
         chosen = sampler(spec) if spec != "greedy" else inferlet.Greedy()
         with inferlet.Context() as ctx:
             ctx.fill(prompt)
-            text = await ctx.generate(chosen if path == "pipelined" else Stepwise(chosen), stop(max_tokens, list(options)))
+            run_by = chosen if path == "pipelined" else Stepwise(chosen)
+            text = await ctx.generate(run_by, stop(max_tokens, list(options)))
             state = {"text": text, "generated": list(ctx.generated), "tokens": list(ctx.tokens),
                      "pending": list(ctx.pending),
                      "num_pages": len(ctx.pages.handles), "rng": getattr(getattr(chosen, "rng", None), "state", None)}
