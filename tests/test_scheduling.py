@@ -543,6 +543,19 @@ def test_adaptive_sends_a_step_fed_by_a_token_future_behind_the_batch_in_flight(
     assert h.scheduler.remove_queue(q) and h.scheduler.num_pending_chained == 0
 
 
+def test_a_step_fed_by_another_queues_token_waits_for_the_step_that_samples_it(h):
+    """A fork's step fed by its parent's token future never goes out before, or with, the step that
+    samples that token, whatever the queues' order."""
+    parent, fork = h.queue(), h.queue(priority=5)
+    first = h.add(parent, "copy_kvpage", at=0.0)
+    sampling = h.add(parent, "forward_text", at=1.0, writes=[TokenSlot(4)])
+    reader = h.add(fork, "forward_text", at=2.0, reads=[TokenSlot(4)])
+    other = h.add(fork, "forward_text", at=3.0)
+    assert ids(h.batch()) == [first.command_id]
+    assert ids(h.batch()) == [sampling.command_id]  # the reader's queue comes first by priority: held
+    assert ids(h.batch()) == [reader.command_id, other.command_id]
+
+
 def test_adaptive_grows_batches_while_the_device_is_busy(h):
     """Four decode loops; the device takes 1 s a batch. Steps that arrive while it runs go out together."""
     policy, queues = DispatchPolicy.adaptive(), [h.queue() for _ in range(4)]
