@@ -24,10 +24,10 @@ def loop(inference, tmp_path_factory):
     control.close()
 
 
-def step(inst, pages, start: int, tokens: list[int], inputs: list[int] = ()) -> int:
+def step(inst, pages, start: int, tokens: list[int], inputs: list[int] = (), q: int = 0) -> int:
     """A greedy forward-sample of ``tokens`` at positions ``start...`` in ``pages`` (16 tokens each)."""
     end = start + len(tokens)
-    return call(inst, "forward", "forward-sample", 0, tokens, list(inputs), list(range(start, end)), pages,
+    return call(inst, "forward", "forward-sample", q, tokens, list(inputs), list(range(start, end)), pages,
                 end - (len(pages) - 1) * 16, 1, 0, "greedy", 0.0, 0.0, 0)
 
 
@@ -79,3 +79,18 @@ def test_a_killed_instance_with_steps_in_flight_leaks_nothing(loop):
     assert loop.run_until(lambda: not loop.calls.num_in_flight, 30)
     assert len(loop.calls.token_slots) == 0
     assert loop.kv_pool.num_free == loop.info.num_kv_pages
+
+
+def test_a_step_on_another_queue_may_feed_on_a_pending_future(loop):
+    """A fork's first step fed by its parent's token future, on a queue of its own that is served first."""
+    inst = loop.launch("echo", [])
+    pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 2), "take-handles")
+    fork_queue = call(inst, "queues", "create-queue", 9)
+    expected = [take(loop, inst, step(inst, pages[:1], 0, PROMPT), "take-token")]
+    expected.append(take(loop, inst, step(inst, pages[:1], len(PROMPT), expected[:1]), "take-token"))
+    call(inst, "kvpages", "copy-kvpage", 0, pages[0], pages[1], 0, 0, len(PROMPT))
+    parent = step(inst, pages[:1], 0, PROMPT)
+    child = step(inst, pages[1:], len(PROMPT), [0], [parent], q=fork_queue)
+    assert [take(loop, inst, parent, "take-token"), take(loop, inst, child, "take-token")] == expected
+    loop.kill(inst, "test over")
+    assert len(loop.calls.token_slots) == 0
