@@ -11,7 +11,9 @@ device time
 spent in ``time.sleep`` (the process sleeps, it does not spin, so it leaves the
 CPU to the control process on a small machine), and every item succeeds:
 ``AckReply`` for calls with no payload, ``NextDistReply`` / ``ForwardTextReply``
-carrying one fixed top-1 distribution (``token_id`` with probability 1).
+carrying one fixed top-1 distribution (``token_id`` with probability 1); an item that asks the
+server to sample (a token future) draws ``token_id``, as every sampler would from that distribution,
+and an input naming a token future needs no resolving: the fake ignores its inputs.
 ``info`` answers at once with a plausible :class:`InfoReply` built around the
 real SmolLM2 tokenizer, so inferlets tokenize and detokenize for real.
 
@@ -95,10 +97,11 @@ class FakeEngine:
             p.HealthRequest: self._health,
             p.NextDistRequest: self._next_dist,
             p.ForwardTextRequest: self._forward_text,
+            p.FreeFuturesRequest: lambda _request: p.AckReply([]),
             **{cls: self._ack for cls in p.BATCH_REQUESTS if cls not in (p.NextDistRequest, p.ForwardTextRequest)},
         }
 
-    def handle(self, request):
+    def handle(self, request, _token_futures=None):
         return self.handlers[type(request)](request)
 
     def check_batch_size(self, num_items: int, request=None) -> None:
@@ -119,7 +122,8 @@ class FakeEngine:
 
     def _forward_text(self, request: p.ForwardTextRequest) -> p.ForwardTextReply:
         errors = self._run(len(request.items))
-        return p.ForwardTextReply(errors, [[self._dist] * len(item.output_indices) for item in request.items])
+        sampled = [self.config.token_id if item.sample is not None else None for item in request.items]
+        return p.ForwardTextReply(errors, [[self._dist] * len(item.output_indices) for item in request.items], sampled)
 
     def _health(self, _request) -> p.HealthReply:
         return p.HealthReply(True, time.monotonic() - self._started_at, self.num_batches, self.num_items, 0)

@@ -2,8 +2,10 @@
 process's own timeline (issue 15, xLLM's figure: ≤ 200 µs).
 
 A control loop in this process drives ``--instances`` (1 and 32) concurrent greedy decode loops of
-``--tokens`` tokens, ``text-completion`` (Python SDK, ``generate``) and ``hello-python --fused``
-(the raw API, one forward-text per token), against two devices: the fake one of
+``--tokens`` tokens, ``text-completion`` (Python SDK, ``generate``: the server draws the tokens, one
+step in flight ahead), ``text-completion --stepwise`` (the same with the sampler run in the
+inferlet: today's path, one round trip per token) and ``hello-python --fused`` (the raw API, one
+forward-text per token), against two devices: the fake one of
 ``fake_inference.py`` (5 ms + 0.05 ms per item) and SmolLM2 on the CPU (one torch thread). The
 inference server keeps a timeline of its batches (``--timeline-batches``); the gap is the time
 from one batch's end to the next one's start, over the decode phase (batches of forward-text
@@ -38,6 +40,7 @@ from oven.proto.endpoints import private_endpoint  # noqa: E402
 TIMELINE = 1 << 16
 PROMPT = "Once upon a time"
 PROGRAMS = {"text-completion": lambda tokens: [PROMPT, str(tokens)],
+            "text-completion --stepwise": lambda tokens: [PROMPT, str(tokens), "--stepwise"],
             "hello-python --fused": lambda tokens: [PROMPT, str(tokens), "--fused"]}
 GOAL_US = 200
 
@@ -78,6 +81,7 @@ def main() -> int:
     parser.add_argument("--instances", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--devices", default="fake,smollm2", help="fake and/or a model spec, comma-separated")
+    parser.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=list(PROGRAMS))
     parser.add_argument("--program-dir", default=str(Path(default_program_dir()).parent / "bench-programs"))
     args = parser.parse_args()
     rows, sections = [], [*machine_lines()]
@@ -94,7 +98,7 @@ def main() -> int:
             client = server.client  # CURVE, with the key the server was started with
             label = f"{model} (CPU, 1 thread)"
         with server:
-            for program in PROGRAMS:
+            for program in args.programs:
                 for instances in args.instances:
                     r = measure(client(), args.program_dir, program, instances, args.tokens)
                     print(f"{label:30} {program:22} x{instances:<3} gap median {r['median']:8.0f} us  p90 "

@@ -11,7 +11,7 @@ import os
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -23,10 +23,12 @@ from .attention import make_backend
 from .attention.base import BatchLayout
 from .config import InferenceConfig
 from .cuda_graphs import DecodeGraphs
+from .device import resolve_device, resolve_dtype
 from .llama import PagedLlama, build_model
-from .lora import Segment, make_lora_executor
+from .lora import Segment, make_lora_executor, merge_runs
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
+from .token_futures import TokenFutures, check_sample, fail_samples, resolve_tokens, settle_samples
 from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
                        check_positions, check_token_range, check_top_k, unpack_mask)
@@ -38,6 +40,17 @@ TRAITS = [p.TRAIT_INPUT_TEXT, p.TRAIT_TOKENIZE, p.TRAIT_OUTPUT_TEXT, p.TRAIT_FOR
 
 
 DEFAULT_HOST_TIER_BYTES = 4 << 30
+
+
+_USES_TOKEN_FUTURES = frozenset({p.ForwardTextRequest, p.FreeFuturesRequest})
+
+
+class _Checked(NamedTuple):
+    """A forward_text item that passed its checks: its tokens (futures resolved), mask and sampler."""
+
+    token_ids: list[int]
+    mask: object
+    sampler: object
 
 
 class BatchTooLarge(ValueError):
@@ -79,8 +92,11 @@ class Engine:
                              mc.vocab_size, mc.max_position)
         self.started = time.monotonic()
         self.num_batches = self.num_items = self.num_item_errors = 0
-        # Each request's handler is the method named by its wire tag (its call type, for a batch).
-        self.handlers: dict[type, Callable] = {cls: getattr(self, p.CODEC.tag(cls)) for cls in p.REQUESTS}
+        # The token future slots of in-process callers; the server passes each connection's own.
+        self.token_futures = TokenFutures()
+        # Each request's handler is the method named by its wire tag (its call type, for a batch),
+        # called with the request and the sender's token futures (only two handlers look at them).
+        self.handlers: dict[type, Callable] = {cls: self._bind(cls) for cls in p.REQUESTS}
         log.info("%s on %s/%s, %s attention, %d pages of %d tokens, %d host slots, %d embeds",
                  mc.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
                  num_pages, cfg.page_size, self.host_tier.num_slots, cfg.num_embeds)
@@ -97,12 +113,17 @@ class Engine:
         page_bytes = self.model.config.kv_page_bytes(self.cfg.page_size, self.dtype.itemsize)
         return max(1, min(num_pages, DEFAULT_HOST_TIER_BYTES // page_bytes))
 
-    def handle(self, request):
+    def _bind(self, cls: type) -> Callable:
+        method = getattr(self, p.CODEC.tag(cls))
+        return method if cls in _USES_TOKEN_FUTURES else (lambda request, _futures: method(request))
+
+    def handle(self, request, futures: TokenFutures | None = None):
         """Dispatch a decoded request to its handler (KeyError for a type with none; BatchTooLarge for a
-        batch past the limits, refused before any item is validated)."""
+        batch past the limits, refused before any item is validated). ``futures``: the sending
+        connection's token future slots (None: this engine's own, for in-process callers)."""
         if isinstance(request, p.BATCH_REQUESTS):
             self.check_batch_size(len(request.items), request)
-        reply = self.handlers[type(request)](request)
+        reply = self.handlers[type(request)](request, self.token_futures if futures is None else futures)
         if isinstance(request, p.BATCH_REQUESTS):
             self.num_batches += 1
             self.num_items += len(request.items)
@@ -170,33 +191,51 @@ class Engine:
                 dists[i] = dist
         return p.NextDistReply(errors, dists)
 
-    def forward_text(self, req: p.ForwardTextRequest) -> p.ForwardTextReply:
+    def forward_text(self, req: p.ForwardTextRequest, futures: TokenFutures) -> p.ForwardTextReply:
+        sampled_here = {it.sample.future_id for it in req.items if it.sample is not None}
+
         def check(item: p.ForwardTextItem):
             num_inputs = check_lengths(token_ids=item.token_ids, positions=item.positions)
             kv_len = check_context(self.limits, item.kv_page_ids, item.kv_last_page_len, num_inputs)
-            check_ids(item.token_ids, self.limits.vocab_size, p.ERR_BAD_TOKEN, "token")
+            token_ids = resolve_tokens(item, futures, sampled_here)
+            check_ids(token_ids, self.limits.vocab_size, p.ERR_BAD_TOKEN, "token")
             check_positions(self.limits, item.positions)
             check_outputs(item.output_indices, num_inputs)
             check_top_k(item.top_k, self.limits.vocab_size)
             self._check_adapter(item.adapter_id)
-            return unpack_mask(item.attention_mask, num_inputs, kv_len)
+            sampler = check_sample(item, futures)
+            return _Checked(token_ids, unpack_mask(item.attention_mask, num_inputs, kv_len), sampler)
 
         errors, good = self._validate(req.items, check)
-        dists: list[list[p.TopKDist] | None] = [None] * len(req.items)
-        if good:
-            order = self._by_adapter(req.items, good)
-            items = [req.items[i] for i in order]
-            hidden = self.model.embed(self._long([t for it in items for t in it.token_ids]))
-            positions = self._long([q for it in items for q in it.positions])
-            layout = BatchLayout.build(self.cfg.page_size, [
-                (it.kv_page_ids, it.kv_last_page_len, len(it.token_ids), good[i]) for i, it in zip(order, items)])
-            out = self._run(hidden, positions, layout, items)
-            rows = self._output_rows(layout, order, {i: req.items[i].output_indices for i in good})
-            top_ks = [req.items[i].top_k for i in good for _ in req.items[i].output_indices]
-            flat = iter(self._top_k(out[rows], top_ks))
-            for i in good:
-                dists[i] = [next(flat) for _ in req.items[i].output_indices]
-        return p.ForwardTextReply(errors, dists)
+        try:
+            dists = self._forward_text_batch(req.items, good)
+        except Exception as exc:  # the server answers every item with this; their slots must say so too
+            fail_samples(req.items, futures, p.ItemError(p.ERR_INTERNAL, f"{type(exc).__name__}: {exc}"))
+            raise
+        sampled = settle_samples(req.items, errors, {i: c.sampler for i, c in good.items()}, dists, futures)
+        return p.ForwardTextReply(errors, dists, sampled)
+
+    def _forward_text_batch(self, items_in: list[p.ForwardTextItem], good: dict) -> list[list[p.TopKDist] | None]:
+        dists: list[list[p.TopKDist] | None] = [None] * len(items_in)
+        if not good:
+            return dists
+        order = self._by_adapter(items_in, good)
+        items = [items_in[i] for i in order]
+        hidden = self.model.embed(self._long([t for i in order for t in good[i].token_ids]))
+        positions = self._long([q for it in items for q in it.positions])
+        layout = BatchLayout.build(self.cfg.page_size, [
+            (it.kv_page_ids, it.kv_last_page_len, len(it.token_ids), good[i].mask) for i, it in zip(order, items)])
+        out = self._run(hidden, positions, layout, items)
+        rows = self._output_rows(layout, order, {i: items_in[i].output_indices for i in good})
+        top_ks = [items_in[i].top_k for i in good for _ in items_in[i].output_indices]
+        flat = iter(self._top_k(out[rows], top_ks))
+        for i in good:
+            dists[i] = [next(flat) for _ in items_in[i].output_indices]
+        return dists
+
+    def free_futures(self, req: p.FreeFuturesRequest, futures: TokenFutures) -> p.AckReply:
+        futures.free(req.future_ids)
+        return p.AckReply([])
 
     # -- KvPage management --------------------------------------------------
 
@@ -335,7 +374,7 @@ class Engine:
         self.backend.plan(layout)
         if not segments:
             return self.model(hidden, positions, self.backend)
-        self.lora.plan(_merge_runs(segments))
+        self.lora.plan(merge_runs(segments))
         return self.model(hidden, positions, self.backend, self.lora)
 
     def _output_rows(self, layout: BatchLayout, order: list[int], output_indices: dict[int, list[int]]) -> torch.Tensor:
@@ -361,28 +400,3 @@ class Engine:
     def _long(self, values: list[int]) -> torch.Tensor:
         return long_tensor(values, self.device)
 
-
-def _merge_runs(segments: list[Segment]) -> list[Segment]:
-    """Adjacent segments of one adapter (several items) as one segment: fewer, larger GEMMs."""
-    merged = [segments[0]]
-    for seg in segments[1:]:
-        last = merged[-1]
-        if seg.adapter is last.adapter and seg.start == last.end:
-            merged[-1] = Segment(last.adapter, last.start, seg.end)
-        else:
-            merged.append(seg)
-    return merged
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' was asked for but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)

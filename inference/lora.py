@@ -43,6 +43,19 @@ class Segment:
     end: int
 
 
+
+def merge_runs(segments: list[Segment]) -> list[Segment]:
+    """Adjacent segments of one adapter (several items) as one segment: fewer, larger GEMMs."""
+    merged = [segments[0]]
+    for seg in segments[1:]:
+        last = merged[-1]
+        if seg.adapter is last.adapter and seg.start == last.end:
+            merged[-1] = Segment(last.adapter, last.start, seg.end)
+        else:
+            merged.append(seg)
+    return merged
+
+
 class LoraExecutor(abc.ABC):
     """Adds the LoRA updates of a planned batch to the base projections' outputs."""
 

@@ -36,6 +36,7 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 from .config import InferenceConfig
 from .engine import BatchTooLarge, Engine
 from .timeline import Timeline
+from .token_futures import TokenFutures
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class InferenceServer:
         bind(self._sock, endpoint)
         self._stopping = False
         self._served_since_idle: set[bytes] = set()
+        self._token_futures_by_peer: dict[bytes, TokenFutures] = {}
 
     def stop(self, *_args) -> None:
         self._stopping = True
@@ -78,14 +80,14 @@ class InferenceServer:
             if len(frames) < 2:
                 continue  # a ROUTER always prepends the identity; nothing to answer to otherwise
             envelope, payload = frames[:-1], frames[-1]
-            self._sock.send_multipart([*envelope, self.handle_payload(payload)])
+            self._sock.send_multipart([*envelope, self.handle_payload(payload, envelope[0])])
             self._served_since_idle.add(envelope[0])
             if not self._sock.poll(0, zmq.POLLIN):
                 self._announce_idle()
         self._sock.close(0)
 
-    def handle_payload(self, payload: bytes) -> bytes:
-        """Decode, run and encode one request; never raises."""
+    def handle_payload(self, payload: bytes, peer: bytes = b"") -> bytes:
+        """Decode, run and encode one request from connection ``peer``; never raises."""
         codec = p.CODEC
         head = codec.peek_list_length(payload, "items")  # (request_id, class, number of items)
         batch = head is not None and head[1] in p.BATCH_REQUESTS
@@ -106,7 +108,10 @@ class InferenceServer:
                                 envelope.request_id)
         try:
             start_ns = time.monotonic_ns()
-            reply = self.engine.handle(request)
+            futures = self._token_futures_by_peer.get(peer)
+            if futures is None:
+                futures = self._token_futures_by_peer[peer] = TokenFutures()
+            reply = self.engine.handle(request, futures)
             if batch:  # when the device ran it
                 self.timeline.record(codec.tag(type(request)), head[2], start_ns, time.monotonic_ns())
         except BatchTooLarge as exc:
@@ -131,7 +136,7 @@ def _internal_failure(request, exc: Exception):
     if isinstance(request, p.NextDistRequest):
         return p.NextDistReply(errors, [None] * len(errors))
     if isinstance(request, p.ForwardTextRequest):
-        return p.ForwardTextReply(errors, [None] * len(errors))
+        return p.ForwardTextReply(errors, [None] * len(errors), [None] * len(errors))
     return p.AckReply(errors)
 
 

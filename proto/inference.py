@@ -35,6 +35,18 @@ instances holding an id go on unchanged; it never gives an id to another
 adapter, so an item sent with the id of an adapter unloaded meanwhile fails
 instead of running on another adapter. ``unload_adapter`` frees one by name;
 ``info`` lists those loaded.
+
+Token futures (xLLM's asynchronous schedule, SGLang's future map): a ``forward_text`` item with a
+``sample`` has this process draw its next token with one of the SDK samplers (``SampleSpec``, the
+algorithm of sdk/README.md "Seeded sampling", bit for bit) from the top-``top_k`` distribution
+at its last output index, the one the inferlet would have been sent; the token is kept in the
+future slot ``sample.future_id`` of the sending connection and returned in
+``ForwardTextReply.sampled``. A later item may name that slot in ``token_futures`` instead of a
+token: requests of one connection run in order, so the sender need not wait for the reply
+first. The sender owns the slot ids (so it can name a slot before the reply arrives); a slot
+holds its token (or its failure: a sampling item that failed fails its slot too) until a
+``free_futures`` request drops it or a later sample reuses the id. An item that names a slot
+that is free, failed, or sampled by an item of the same request fails alone (``bad_future``).
 """
 
 from __future__ import annotations
@@ -43,7 +55,8 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 
-PROTOCOL_VERSION = 4  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id; 4: timeline
+PROTOCOL_VERSION = 5  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id;
+# 4: timeline; 5: token futures (ForwardTextItem.sample and .token_futures, free_futures)
 
 # Traits (Pie §4.4) a model served by an inference process may implement.
 TRAIT_INPUT_TEXT = "input_text"
@@ -94,9 +107,38 @@ class NextDistItem:
     top_k: int = 0
 
 
+# The SDK samplers a SampleSpec may name (sdk/python/inferlet/sampling.py), by their wire names.
+SAMPLE_GREEDY, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, SAMPLE_TOP_P, SAMPLE_MIN_P = (
+    "greedy", "temperature", "top_k", "top_p", "min_p")
+SAMPLE_KINDS = (SAMPLE_GREEDY, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, SAMPLE_TOP_P, SAMPLE_MIN_P)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSpec:
+    """Draw the next token in this process, as the SDK sampler ``kind`` would, into future slot ``future_id``.
+
+    ``param`` is TopK's ``k``, TopP's or MinP's ``p`` (unused by the others). ``rng_state`` is the
+    sampler's SplitMix64 state *before* this draw (its ``Rng.state``): the generator is
+    counter-based (state = seed + draws x 0x9E3779B97F4A7C15 mod 2**64), so a sender that keeps
+    several samples in flight gives the k-th one its state plus k times that constant, and every
+    sampler but greedy makes exactly one draw per sample.
+    """
+
+    future_id: int
+    kind: str
+    temperature: float = 1.0
+    param: float = 0.0
+    rng_state: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardTextItem:
-    """Fused embed + forward + next-dist: tokens in, distributions at ``output_indices`` out."""
+    """Fused embed + forward + next-dist: tokens in, distributions at ``output_indices`` out.
+
+    ``token_futures``: None, or one entry per token: -1 takes ``token_ids[i]``, any other value is
+    a future slot whose token replaces it. ``sample``: draw a token from the distribution of the
+    last output index (see the module docstring, "Token futures").
+    """
 
     token_ids: list[int]
     positions: list[int]
@@ -106,6 +148,8 @@ class ForwardTextItem:
     top_k: int = 0
     attention_mask: list[bytes] | None = None
     adapter_id: int = BASE_MODEL
+    token_futures: list[int] | None = None
+    sample: SampleSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +205,7 @@ ERR_BAD_POSITION = "bad_position"
 ERR_BAD_TOKEN = "bad_token"
 ERR_BAD_ARGUMENT = "bad_argument"
 ERR_BAD_ADAPTER = "bad_adapter"  # an item's unknown adapter_id; also the ErrorReply code of a refused load
+ERR_BAD_FUTURE = "bad_future"  # a token future slot that is free, failed, or sampled in the same request
 ERR_INTERNAL = "internal"
 
 
@@ -228,6 +273,14 @@ class UnloadAdapterRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class FreeFuturesRequest:
+    """Drop the sending connection's token future slots ``future_ids`` (free ones are ignored);
+    answered with an empty :class:`AckReply`."""
+
+    future_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class InfoRequest:
     pass
 
@@ -277,6 +330,7 @@ class NextDistReply:
 class ForwardTextReply:
     errors: list[ItemError | None]
     dists: list[list[TopKDist] | None]  # one distribution per output index
+    sampled: list[int | None] = field(default_factory=list)  # per item: its sampled token (empty: none sampled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +438,7 @@ CODEC = Codec(
         "restore": RestoreRequest,
         "load_adapter": LoadAdapterRequest,
         "unload_adapter": UnloadAdapterRequest,
+        "free_futures": FreeFuturesRequest,
         "info": InfoRequest,
         "health": HealthRequest,
         "timeline": TimelineRequest,
@@ -410,6 +465,6 @@ BATCH_REQUESTS = (
     OffloadRequest,
     RestoreRequest,
 )
-REQUESTS = BATCH_REQUESTS + (LoadAdapterRequest, UnloadAdapterRequest, InfoRequest, HealthRequest)
+REQUESTS = BATCH_REQUESTS + (LoadAdapterRequest, UnloadAdapterRequest, FreeFuturesRequest, InfoRequest, HealthRequest)
 REQUEST_BY_CALL_TYPE: dict[str, type] = {CODEC.tag(cls): cls for cls in BATCH_REQUESTS}
 CALL_TYPES = frozenset(REQUEST_BY_CALL_TYPE)

@@ -105,24 +105,25 @@ ENTRIES = [c.InstanceEntry("i-1", "prog", "ready", 1.25, None, "", "alice"),
 
 # Captured from the codec before it compiled its hints: the wire format must not move. (Since then
 # ForwardTextItem gained adapter_id and InfoReply max_adapters and adapters: the trailing fields; the
-# inference protocol is at version 4 (the timeline), the control protocol at 3: the second byte.)
+# inference protocol is at version 5 (token futures: ForwardTextItem's token_futures and sample,
+# ForwardTextReply's sampled, the trailing fields), the control protocol at 3: the second byte.)
 GOLDEN = [
     (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], [1, 2, 3, 4, 5, 6, 7], 12, [0], top_k=4),
                                     p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], 0, [b"\xff"])]), 7,
-     "9404ac666f72776172645f74657874079192989105916497010203040506070c910004c0009892050692000191030291010091c401ff00"),
+     "9405ac666f72776172645f746578740791929a9105916497010203040506070c910004c000c0c09a92050692000191030291010091c401ff00c0c0"),
     (p.CODEC, p.ForwardTextReply([None, ERR], [[DIST, DIST], None]), 8,
-     ("9404b2666f72776172645f746578745f7265706c79089292c092a86261645f70616765a26e6f929292c40401000000c404000080"
-      "3f92c40401000000c4040000803fc0")),
+     ("9405b2666f72776172645f746578745f7265706c79089392c092a86261645f70616765a26e6f929292c40401000000c404000080"
+      "3f92c40401000000c4040000803fc090")),
     (p.CODEC, p.NextDistReply([ERR, None], [None, DIST]), 9,
-     "9404af6e6578745f646973745f7265706c7909929292a86261645f70616765a26e6fc092c092c40401000000c4040000803f"),
+     "9405af6e6578745f646973745f7265706c7909929292a86261645f70616765a26e6fc092c092c40401000000c4040000803f"),
     (p.CODEC, p.AckReply([None, ERR]), 2**64 - 1,
-     "9404a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
-    (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9404ac6865616c74685f7265706c790095c302000100"),
+     "9405a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
+    (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9405ac6865616c74685f7265706c790095c302000100"),
     (p.CODEC, INFO, 1,
-     ("9404aa696e666f5f7265706c7901dc0014a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
+     ("9405aa696e666f5f7265706c7901dc0014a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
       "401491a7666f727761726495a27b7da0a33c733ea43c2f733e91020090")),
     # A dataclass where an int belongs: the walker always sent it as a nested array.
-    (p.CODEC, p.IdleNotice(DIST), 0, "9404a469646c65009192c40401000000c4040000803f"),
+    (p.CODEC, p.IdleNotice(DIST), 0, "9405a469646c65009192c40401000000c4040000803f"),
     # Control protocol 2 (authenticated clients; instances carry their owner), now 3 (adapters).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
      ("9403ad696e7374616e63655f6c69737403919297a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c69636597"

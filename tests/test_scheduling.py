@@ -21,6 +21,7 @@ from oven.control.scheduling import (
     HostSlot,
     KPolicy,
     KvSlots,
+    TokenSlot,
     TPolicy,
     forward_kv_footprint,
 )
@@ -518,6 +519,41 @@ def test_adaptive_waits_for_the_instances_still_to_run_in_the_pass():
     assert ask(policy, 1.0, 16, 1.0, idle=True, in_flight=0, to_run=0)
     for other in (DispatchPolicy.eager(), DispatchPolicy.k(1), DispatchPolicy.t(0.0)):  # theirs is their own rule
         assert ask(other, 1.0, 1, 1.0, idle=True, in_flight=0, to_run=15)
+
+
+def test_adaptive_sends_a_step_fed_by_a_token_future_behind_the_batch_in_flight(h):
+    """A decode step whose input token the batch in flight draws goes out at once (one batch ahead, no
+    more), and never in the same batch as the step that draws its token."""
+    policy, q = DispatchPolicy.adaptive(), h.queue()
+
+    def ready(in_flight: int, to_run: int = 0) -> bool:
+        return policy.should_dispatch(1.0, h.scheduler.num_pending, h.scheduler.oldest_enqueued_at, in_flight == 0,
+                                      in_flight, to_run, h.scheduler.num_pending_chained)
+
+    kv = ([3], 5, 1, 16)
+    h.add(q, "forward_text", writes=[TokenSlot(0)], kv_context=kv)
+    h.add(q, "forward_text", reads=[TokenSlot(0)], writes=[TokenSlot(1)], kv_context=([3], 6, 1, 16))
+    assert h.scheduler.num_pending_chained == 1
+    assert ready(in_flight=0)
+    assert len(h.batch().commands) == 1  # the reader waits for a batch of its own
+    assert ready(in_flight=1) and not ready(in_flight=1, to_run=3) and not ready(in_flight=2)
+    assert len(h.batch().commands) == 1 and h.scheduler.num_pending_chained == 0
+    h.add(q, "forward_text", kv_context=kv)  # a step of today's kind still waits for the device
+    assert not ready(in_flight=1)
+    assert h.scheduler.remove_queue(q) and h.scheduler.num_pending_chained == 0
+
+
+def test_a_step_fed_by_another_queues_token_waits_for_the_step_that_samples_it(h):
+    """A fork's step fed by its parent's token future never goes out before, or with, the step that
+    samples that token, whatever the queues' order."""
+    parent, fork = h.queue(), h.queue(priority=5)
+    first = h.add(parent, "copy_kvpage", at=0.0)
+    sampling = h.add(parent, "forward_text", at=1.0, writes=[TokenSlot(4)])
+    reader = h.add(fork, "forward_text", at=2.0, reads=[TokenSlot(4)])
+    other = h.add(fork, "forward_text", at=3.0)
+    assert ids(h.batch()) == [first.command_id]
+    assert ids(h.batch()) == [sampling.command_id]  # the reader's queue comes first by priority: held
+    assert ids(h.batch()) == [reader.command_id, other.command_id]
 
 
 def test_adaptive_grows_batches_while_the_device_is_busy(h):

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Protocol
 from oven.control.scheduling import Batch, BatchScheduler, Command, Resource
 from oven.proto import inference as p
 
-from .futures import DISTS, Future
+from .futures import DISTS, TOKEN, Future
 from .queues import QueueState
+from .token_slots import TokenSlots
 
 if TYPE_CHECKING:
     from .instance import Instance
@@ -52,6 +53,7 @@ class InferenceCalls:
         self._by_command_id: dict[int, tuple[Instance, Future]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
+        self.token_slots = TokenSlots()  # the inference process's token future slots in use
 
     # -- an instance's queues --------------------------------------------------------------------
 
@@ -139,6 +141,7 @@ class InferenceCalls:
             for command in batch.commands:
                 self._by_command_id.pop(command.command_id, None)
         self._in_flight.clear()
+        self.token_slots.reset()
 
     def _fail(self, commands: list[Command], error: str) -> None:
         for command in commands:
@@ -153,6 +156,8 @@ def _settle(inst: Instance, fut: Future, reply, i: int) -> None:
         inst.futures.fail(fut, f"{reply.code}: {reply.message}")
     elif reply.errors[i] is not None:
         inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
+    elif fut.kind == TOKEN:
+        inst.futures.complete(fut, reply.sampled[i])
     elif fut.kind == DISTS:
         dists = reply.dists[i] if isinstance(reply.dists[i], list) else [reply.dists[i]]
         inst.futures.complete(fut, [_decode_dist(d) for d in dists])

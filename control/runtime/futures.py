@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-UNIT, HANDLES, DISTS, TEXT, HTTP = "unit", "handles", "dists", "text", "http"
+UNIT, HANDLES, DISTS, TOKEN, TEXT, HTTP = "unit", "handles", "dists", "token", "text", "http"
 
 
 class FutureError(ValueError):
@@ -25,6 +25,7 @@ class Future:
     done: bool = False
     value: Any = None
     error: str | None = None
+    token_slot: int = -1  # a token future: the inference process's slot its token is drawn into
     callbacks: list[Callable[["Future"], None]] = field(default_factory=list)
 
 

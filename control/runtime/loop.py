@@ -314,7 +314,7 @@ class ControlLoop:
             now = time.monotonic()
             in_flight = calls.num_in_flight
             if not policy.should_dispatch(now, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight,
-                                          in_flight, instances_to_run):
+                                          in_flight, instances_to_run, scheduler.num_pending_chained):
                 return
             batch = scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
             if batch is None:

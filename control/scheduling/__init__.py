@@ -7,7 +7,7 @@ sends what :meth:`BatchScheduler.form_batch` returns to the inference layer.
 
 from .batcher import Batch, BatchScheduler, SchedulerStats
 from .commands import Command, CommandQueue
-from .footprint import Embed, HostSlot, KvSlots, Resource, forward_kv_footprint
+from .footprint import Embed, HostSlot, KvSlots, Resource, TokenSlot, forward_kv_footprint
 from .policy import AdaptivePolicy, DispatchPolicy, EagerPolicy, KPolicy, TPolicy
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "HostSlot",
     "KvSlots",
     "Resource",
+    "TokenSlot",
     "forward_kv_footprint",
     "AdaptivePolicy",
     "DispatchPolicy",

@@ -15,6 +15,7 @@ from oven.proto import inference as p
 
 from .commands import Command, CommandQueue
 from .conflicts import QueueFootprint
+from .footprint import TokenSlot
 
 __all__ = ["Batch", "SchedulerStats", "BatchScheduler"]
 
@@ -82,6 +83,12 @@ class BatchScheduler:
        and do not conflict with what the batch already took from that queue
        (rules in :mod:`.footprint`); the first that fails ends that queue's run.
 
+    A command fed by a token future (it reads a :class:`TokenSlot`) joins no batch while the command
+    that samples that token is still pending, in this batch or behind: the inference process must
+    have run the sampling step first. Its own queue orders it behind that step anyway; this holds
+    the rule across queues (a fork fed by its parent's future). The anchor is never held so: the
+    sampling step's queue has a head older than any command issued after it.
+
     A command is never split. An anchor costing more than ``max_tokens`` is
     dispatched alone: were it held back it would block its queue forever, and
     only the inference layer can say whether it fits after all (it fails that
@@ -97,6 +104,8 @@ class BatchScheduler:
         self._pending_ids: set[int] = set()
         self._next_queue_id = 1
         self._num_pending = 0
+        self._num_pending_chained = 0
+        self._pending_token_writes: Counter[int] = Counter()  # token slot -> pending commands sampling into it
         self._num_batches = self._num_commands = 0
         self._num_horizontal = self._num_vertical = 0
         self._batch_sizes: Counter[int] = Counter()
@@ -128,6 +137,8 @@ class BatchScheduler:
         self._nonempty.pop(queue_id, None)
         dropped = queue.drain()
         self._num_pending -= len(dropped)
+        self._num_pending_chained -= sum(map(_chained, dropped))
+        self._forget_token_writes(dropped)
         self._pending_ids.difference_update(c.command_id for c in dropped)
         return dropped
 
@@ -148,12 +159,20 @@ class BatchScheduler:
         queue.append(command)
         self._nonempty[queue.queue_id] = queue
         self._num_pending += 1
+        self._num_pending_chained += _chained(command)
+        self._pending_token_writes.update(r.slot_id for r in command.writes if isinstance(r, TokenSlot))
         self._pending_ids.add(command.command_id)
         heapq.heappush(self._by_age, (command.enqueued_at, command.command_id))
 
     @property
     def num_pending(self) -> int:
         return self._num_pending
+
+    @property
+    def num_pending_chained(self) -> int:
+        """Pending commands fed by a token future (they read a :class:`TokenSlot`): each may go out
+        while the batch that samples its token runs, see ``AdaptivePolicy``."""
+        return self._num_pending_chained
 
     @property
     def oldest_enqueued_at(self) -> float | None:
@@ -195,7 +214,7 @@ class BatchScheduler:
         for q in candidates:
             if num_items == max_items:
                 break
-            if q is not anchor and num_tokens + q.head.num_tokens <= max_tokens:
+            if q is not anchor and num_tokens + q.head.num_tokens <= max_tokens and not self._unsampled(q.head):
                 runs[q.queue_id] = 1
                 num_items += 1
                 num_tokens += q.head.num_tokens
@@ -205,7 +224,7 @@ class BatchScheduler:
             footprint = None  # built once a follower of the same type could join: footprints cost
             for command in islice(q, 1, None):
                 if (num_items == max_items or command.call_type != call_type
-                        or num_tokens + command.num_tokens > max_tokens):
+                        or num_tokens + command.num_tokens > max_tokens or self._unsampled(command)):
                     break
                 if footprint is None:
                     footprint = QueueFootprint()
@@ -222,8 +241,23 @@ class BatchScheduler:
         if not len(queue):
             del self._nonempty[queue.queue_id]
         self._num_pending -= num_commands
+        self._num_pending_chained -= sum(map(_chained, commands))
+        self._forget_token_writes(commands)
         self._pending_ids.difference_update(c.command_id for c in commands)
         return commands
+
+    def _unsampled(self, command: Command) -> bool:
+        """Whether ``command`` is fed by a token that a pending command has yet to sample."""
+        return bool(self._pending_token_writes) and any(
+            isinstance(r, TokenSlot) and self._pending_token_writes[r.slot_id] for r in command.reads)
+
+    def _forget_token_writes(self, commands: list[Command]) -> None:
+        for command in commands:
+            for r in command.writes:
+                if isinstance(r, TokenSlot):
+                    self._pending_token_writes[r.slot_id] -= 1
+                    if not self._pending_token_writes[r.slot_id]:
+                        del self._pending_token_writes[r.slot_id]
 
     def _count(self, batch: Batch, runs: dict[int, int]) -> None:
         size = len(batch.commands)
@@ -244,3 +278,7 @@ class BatchScheduler:
             batch_size_histogram=tuple(sorted(self._batch_sizes.items())),
             total_wait_s=self._total_wait_s,
         )
+
+
+def _chained(command: Command) -> bool:
+    return any(isinstance(r, TokenSlot) for r in command.reads)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from oven.proto import inference as p
 
 from .commands import Command
-from .footprint import Embed, HostSlot, KvSlots, Resource
+from .footprint import Embed, HostSlot, KvSlots, Resource, TokenSlot
 
 __all__ = ["KV_WRITTEN_BEFORE_ATTENTION", "QueueFootprint"]
 
@@ -36,7 +36,7 @@ class _ResourceSet:
     __slots__ = ("_ids", "_ranges_by_page")
 
     def __init__(self) -> None:
-        self._ids: set[Embed | HostSlot] = set()
+        self._ids: set[Embed | HostSlot | TokenSlot] = set()
         self._ranges_by_page: dict[int, list[tuple[int, int]]] = {}
 
     def add(self, resources: Iterable[Resource]) -> None:

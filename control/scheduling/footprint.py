@@ -2,7 +2,7 @@
 
 A command names the memory it touches as *resources*: token-slot ranges of a
 KvPage (:class:`KvSlots`, which also covers the page's mask bits), Embed slots
-(:class:`Embed`) and host-tier slots (:class:`HostSlot`). All ids are physical.
+(:class:`Embed`), host-tier slots (:class:`HostSlot`) and token future slots (:class:`TokenSlot`). All ids are physical.
 KvPage footprints are ranges rather than one key per token so that a 512-token
 prefill costs a handful of keys, not 512. Which footprints may share a batch
 is :mod:`.conflicts`' question.
@@ -17,6 +17,7 @@ __all__ = [
     "KvSlots",
     "Embed",
     "HostSlot",
+    "TokenSlot",
     "Resource",
     "forward_kv_footprint",
 ]
@@ -53,7 +54,15 @@ class HostSlot:
     host_slot_id: int
 
 
-Resource = KvSlots | Embed | HostSlot
+@dataclass(frozen=True, slots=True)
+class TokenSlot:
+    """A token future slot of the inference process: a sampling forward writes it, a forward fed
+    by that token reads it (so the two never share a batch, where the token does not exist yet)."""
+
+    slot_id: int
+
+
+Resource = KvSlots | Embed | HostSlot | TokenSlot
 
 
 def forward_kv_footprint(kv_page_ids: list[int], kv_last_page_len: int, num_inputs: int,

@@ -32,14 +32,16 @@ class DispatchPolicy(ABC):
 
     @abstractmethod
     def should_dispatch(self, now: float, num_pending_commands: int, oldest_enqueued_at: float | None,
-                        inference_idle: bool, num_in_flight_batches: int, instances_to_run: int = 0) -> bool:
+                        inference_idle: bool, num_in_flight_batches: int, instances_to_run: int = 0,
+                        num_pending_chained: int = 0) -> bool:
         """True when a batch should be formed now; always False when nothing is pending.
 
         ``oldest_enqueued_at`` is that of the oldest pending command (None when
         none); ``inference_idle`` is the inference layer's own report that it has
         nothing queued; ``num_in_flight_batches`` counts batches sent and not yet
         answered; ``instances_to_run`` counts the ready instances the runtime has
-        yet to run in its current pass (each may add commands).
+        yet to run in its current pass (each may add commands); ``num_pending_chained`` counts the
+        pending commands fed by a token future (``BatchScheduler.num_pending_chained``).
         """
 
     def next_wakeup(self, now: float, oldest_enqueued_at: float | None) -> float | None:
@@ -90,7 +92,7 @@ class EagerPolicy(DispatchPolicy):
     """
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches, instances_to_run=0) -> bool:
+                        num_in_flight_batches, instances_to_run=0, num_pending_chained=0) -> bool:
         return not _nothing_pending(num_pending_commands, oldest_enqueued_at)
 
     def __str__(self) -> str:
@@ -116,7 +118,7 @@ class KPolicy(DispatchPolicy):
             raise ValueError(f"max_wait_s must be positive, got {self.max_wait_s}")
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches, instances_to_run=0) -> bool:
+                        num_in_flight_batches, instances_to_run=0, num_pending_chained=0) -> bool:
         if _nothing_pending(num_pending_commands, oldest_enqueued_at):
             return False
         return num_pending_commands >= self.k or now >= self.next_wakeup(now, oldest_enqueued_at)
@@ -139,7 +141,7 @@ class TPolicy(DispatchPolicy):
             raise ValueError(f"seconds must be non-negative, got {self.seconds}")
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches, instances_to_run=0) -> bool:
+                        num_in_flight_batches, instances_to_run=0, num_pending_chained=0) -> bool:
         if _nothing_pending(num_pending_commands, oldest_enqueued_at):
             return False
         return now >= self.next_wakeup(now, oldest_enqueued_at)
@@ -164,13 +166,20 @@ class AdaptivePolicy(DispatchPolicy):
     batch's reply woke are ready together, and dispatching after the first one's
     slice split every decode round in two (a batch of one, then the rest; 6.4
     items per batch for 16 lockstep instances), each batch reading all weights.
+
+    Steps fed by a token future are the exception (xLLM's asynchronous schedule): their inputs
+    are drawn by the batch in flight, so they go out behind it at once, one batch ahead, and the
+    inference process starts them the moment it finishes that batch instead of idling for the
+    reply, the inferlets' slices and the next send.
     """
 
     def should_dispatch(self, now, num_pending_commands, oldest_enqueued_at, inference_idle,
-                        num_in_flight_batches, instances_to_run=0) -> bool:
-        if _nothing_pending(num_pending_commands, oldest_enqueued_at):
+                        num_in_flight_batches, instances_to_run=0, num_pending_chained=0) -> bool:
+        if _nothing_pending(num_pending_commands, oldest_enqueued_at) or instances_to_run:
             return False
-        return inference_idle and num_in_flight_batches == 0 and instances_to_run == 0
+        if num_pending_chained and num_in_flight_batches == 1:
+            return True
+        return inference_idle and num_in_flight_batches == 0
 
     def __str__(self) -> str:
         return "adaptive"

@@ -18,6 +18,11 @@ Arguments: one scenario each, its fields separated by "|":
   greedily -> page handles after MODE, tokens, page handles
 * ``ahead|PROMPT|MAX|TOKEN``: generate up to MAX tokens, stopping at TOKEN, then free the pages
   allocated ahead -> tokens, page handles before and after
+* ``pipelined|SAMPLER|PROMPT|MAX[|token=ID][|string=TEXT][|noeos]``: ``generate`` as the Python SDK
+  runs a built-in sampler (the server samples, one step in flight ahead) and as it runs a custom
+  one (the same sampler wrapped: the inferlet samples, step by step), each in a context of its
+  own, then 3 tokens more with the same sampler and the top-5 distribution after them -> for
+  each path the text, tokens, context state and the sampler's generator state
 * ``dists|PROMPT|K``: one distribution per prompt token -> their token ids
 * ``adapter|NAME|PROMPT|MAX``: a context on LoRA adapter NAME, a fork of it and a context on the
   base model generate greedily, concurrently -> the adapter's id, the three token lists, the error
@@ -213,6 +218,33 @@ async def vectors():
     return {"u64": u64, "f64": f64, "draws": draws}
 
 
+class Stepwise(inferlet.Sampler):
+    """A built-in sampler run by the inferlet: a custom sampler keeps ``generate`` step by step."""
+
+    def __init__(self, inner: inferlet.Sampler):
+        self.inner, self.top_k = inner, inner.top_k
+
+    def sample(self, token_ids, probs):
+        return self.inner.sample(token_ids, probs)
+
+
+async def pipelined(spec, prompt, max_tokens, *options):
+    report = {}
+    for path in ("pipelined", "stepwise"):
+        chosen = sampler(spec) if spec != "greedy" else inferlet.Greedy()
+        with inferlet.Context() as ctx:
+            ctx.fill(prompt)
+            run_by = chosen if path == "pipelined" else Stepwise(chosen)
+            text = await ctx.generate(run_by, stop(max_tokens, list(options)))
+            state = {"text": text, "generated": list(ctx.generated), "tokens": list(ctx.tokens),
+                     "pending": list(ctx.pending),
+                     "num_pages": len(ctx.pages.handles), "rng": getattr(getattr(chosen, "rng", None), "state", None)}
+            state["more"] = await ctx.generate_tokens(chosen, inferlet.Stop(3, eos=False))
+            state["dist"] = dist_json(await ctx.next_dist(5))
+            report[path] = state
+    return report
+
+
 async def errors():
     messages = {}
     with inferlet.Context() as ctx:
@@ -232,8 +264,8 @@ async def errors():
     return messages
 
 
-SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, dists, adapter, vectors,
-                                      errors)}
+SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, pipelined, dists, adapter,
+                                      vectors, errors)}
 
 
 async def main(args: list[str]) -> None:

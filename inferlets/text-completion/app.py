@@ -1,13 +1,17 @@
 """text-completion: a completion on the Python SDK.
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--steps] [--pause MS].
+Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--steps] [--stepwise]
+[--pause MS].
 Prints the completion and sends the generated token ids to the client as one message ("1 2 3").
 Greedy unless a temperature is given. --pause MS decodes half the tokens, then waits for a client
 message as an agent waits on a tool (announced with a pause hint of MS milliseconds: the server may
-keep, swap or discard the context's K/V meanwhile), then decodes the rest. --steps decodes with the SDK's primitives instead of
-``generate`` (the tests pin their semantics with it): a flush, which forwards every prompt token
+keep, swap or discard the context's K/V meanwhile), then decodes the rest. --steps decodes with
+the SDK's primitives instead of ``generate`` (the tests pin their semantics with it): a flush, which forwards every prompt token
 but the last, then per token ``next_dist`` twice, the second time with nothing pending, so the
-last token is forwarded again; the token is sampled from the second distribution.
+last token is forwarded again; the token is sampled from the second distribution. --stepwise
+samples in the inferlet (the sampler wrapped as a custom one), so ``generate`` waits for each
+distribution instead of letting the server draw the tokens with one step in flight ahead (the
+benchmarks' reference).
 """
 
 import inferlet
@@ -15,6 +19,16 @@ import inferlet
 
 def option(args: list[str], name: str, default: str | None = None) -> str | None:
     return args[args.index(name) + 1] if name in args else default
+
+
+class InInferlet(inferlet.Sampler):
+    """A built-in sampler, run by the inferlet: ``generate`` then takes its step-by-step path."""
+
+    def __init__(self, inner: inferlet.Sampler):
+        self.inner, self.top_k = inner, inner.top_k
+
+    def sample(self, token_ids, probs):
+        return self.inner.sample(token_ids, probs)
 
 
 async def by_steps(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: int) -> list[int]:
@@ -41,12 +55,14 @@ async def with_pause(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: 
 
 async def main(args: list[str]) -> None:
     if not args:
-        raise SystemExit("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] [--steps] "
-                         "[--pause MS]")
+        raise SystemExit("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] "
+                         "[--steps] [--stepwise] [--pause MS]")
     max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
     temperature = option(args, "--temperature")
     seed = option(args, "--seed")
     sampler = inferlet.Temperature(float(temperature), int(seed or 0)) if temperature else inferlet.Greedy()
+    if "--stepwise" in args:
+        sampler = InInferlet(sampler)
 
     with inferlet.Context() as ctx:
         if "--chat" in args:

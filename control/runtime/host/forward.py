@@ -1,9 +1,10 @@
-"""``forward``: the forward pass, next-token distributions, and the fused forward-text path."""
+"""``forward``: the forward pass, next-token distributions, the fused forward-text path, and the
+decode step whose token the inference process draws (``forward-sample``, a token future)."""
 
 from __future__ import annotations
 
 from oven.control.resources import ResourceError
-from oven.control.scheduling import Embed
+from oven.control.scheduling import Embed, TokenSlot
 from oven.proto import inference as p
 
 from .. import futures as f
@@ -57,4 +58,68 @@ def forward_text(inst, q, tokens, positions, pages, last_page_len, output_indice
     return issue(inst, q, "forward_text", f.DISTS, build)
 
 
-FUNCS = {"forward": forward, "get-next-dist": get_next_dist, "forward-text": forward_text}
+# WIT's sampler-kind cases (as wasmtime-py lifts them) -> the inference protocol's sampler names.
+SAMPLE_KIND_BY_WIT = {"greedy": p.SAMPLE_GREEDY, "temperature": p.SAMPLE_TEMPERATURE, "top-k": p.SAMPLE_TOP_K,
+                      "top-p": p.SAMPLE_TOP_P, "min-p": p.SAMPLE_MIN_P}
+
+
+def forward_sample(inst, q, tokens, input_futures, positions, pages, last_page_len, top_k, adapter, sampler,
+                   temperature, param, rng_state) -> int:
+    """A token future: its slot is held by this command and by every command it feeds until they settle
+    (see ``token_slots``); a bad handle or a failed input future fails it at once."""
+    fut = inst.futures.create(f.TOKEN)
+    slots, held = inst.host.calls.token_slots, []
+
+    def release(_fut) -> None:
+        for slot in held:
+            slots.release(slot)
+
+    try:
+        adapter_id = _adapter_id(inst, adapter)
+        page_ids = inst.resources.physical_pages(pages)
+        token_ids, token_futures = _inputs(inst, tokens, input_futures, held)
+    except ResourceError as exc:
+        release(fut)
+        inst.futures.fail(fut, str(exc))
+        return fut.handle
+    fut.token_slot = slots.allocate()
+    held.append(fut.token_slot)
+    fut.callbacks.append(release)
+    item = p.ForwardTextItem(token_ids, list(positions), page_ids, last_page_len, [len(tokens) - 1], top_k,
+                             adapter_id=adapter_id, token_futures=token_futures,
+                             sample=p.SampleSpec(fut.token_slot, SAMPLE_KIND_BY_WIT[sampler], temperature, param,
+                                                 rng_state))
+    inst.host.calls.submit(inst, q, "forward_text", item, fut, num_tokens=len(tokens),
+                           reads=frozenset(TokenSlot(s) for s in held[:-1]),
+                           writes=frozenset({TokenSlot(fut.token_slot)}),
+                           kv_context=_kv_context(inst, page_ids, last_page_len, len(tokens)))
+    return fut.handle
+
+
+def _inputs(inst, tokens: list[int], input_futures: list[int], held: list[int]) -> tuple[list[int], list[int] | None]:
+    """The item's tokens and ``token_futures``: a completed input future becomes its token, a pending
+    one its slot (held in ``held``); ResourceError for a handle that is no token future of this
+    instance or one that failed."""
+    if not input_futures:
+        return list(tokens), None
+    if len(input_futures) != len(tokens):
+        raise ResourceError(f"input-futures has {len(input_futures)} entries for {len(tokens)} tokens")
+    token_ids, token_futures = list(tokens), [-1] * len(tokens)
+    for i, handle in enumerate(input_futures):
+        if handle == 0:
+            continue
+        if not inst.futures.is_known(handle) or (source := inst.futures.get(handle)).kind != f.TOKEN:
+            raise ResourceError(f"input future {handle} is not a token future of this inferlet")
+        if source.error is not None:
+            raise ResourceError(f"input token future {handle} failed: {source.error}")
+        if source.done:
+            token_ids[i] = source.value
+        else:
+            inst.host.calls.token_slots.hold(source.token_slot)
+            held.append(source.token_slot)
+            token_ids[i], token_futures[i] = 0, source.token_slot
+    return token_ids, token_futures if any(s != -1 for s in token_futures) else None
+
+
+FUNCS = {"forward": forward, "get-next-dist": get_next_dist, "forward-text": forward_text,
+         "forward-sample": forward_sample}

@@ -33,6 +33,10 @@ def take_dists(inst, handle: int):
     return [SimpleNamespace(**{"token-ids": ids, "probs": probs}) for ids, probs in value]
 
 
+def take_token(inst, handle: int):
+    return _take(inst, handle, f.TOKEN)
+
+
 def take_text(inst, handle: int):
     value, error = inst.futures.take(handle, f.TEXT)
     # result<string, string> cannot be told apart by Python type: tag it explicitly.
@@ -58,6 +62,7 @@ FUNCS = {
     "take-unit": take_unit,
     "take-handles": take_handles,
     "take-dists": take_dists,
+    "take-token": take_token,
     "take-text": take_text,
     "take-http": take_http,
     "discard": discard,

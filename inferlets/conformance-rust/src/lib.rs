@@ -192,6 +192,46 @@ async fn ahead(prompt: &str, max_tokens: &str, token: &str) -> Outcome {
     Ok(object(&[("tokens", ints(&tokens)), ("before", before), ("after", handles(&ctx))]))
 }
 
+/// A built-in sampler run by the inferlet: a sampler of one's own keeps `generate` step by step.
+struct Stepwise<'a>(&'a mut dyn Sampler);
+
+impl Sampler for Stepwise<'_> {
+    fn top_k(&self) -> u32 {
+        self.0.top_k()
+    }
+
+    fn sample(&mut self, dist: &Distribution) -> u32 {
+        self.0.sample(dist)
+    }
+}
+
+async fn pipelined(spec: &str, prompt: &str, max_tokens: &str, options: &[&str]) -> Outcome {
+    let mut paths = Vec::new();
+    for path in ["pipelined", "stepwise"] {
+        let mut chosen = sampler(spec)?;
+        let mut ctx = Context::new();
+        ctx.fill(prompt);
+        let start = ctx.len();
+        let stop = stop(max_tokens, options)?;
+        let text_out = if path == "pipelined" {
+            ctx.generate(chosen.as_mut(), &stop).await?
+        } else {
+            ctx.generate(&mut Stepwise(chosen.as_mut()), &stop).await?
+        };
+        let forwarded = ctx.len() - ctx.num_pending();
+        let rng = chosen.server_spec().and_then(|spec| spec.rng).map_or("null".to_string(), |rng| rng.state().to_string());
+        let generated = ints(&ctx.token_ids()[start..]);
+        let (tokens, pending) = (ints(&ctx.token_ids()[..forwarded]), ints(&ctx.token_ids()[forwarded..]));
+        let num_pages = ctx.page_handles().len().to_string();
+        let more = ctx.generate_tokens(chosen.as_mut(), &Stop::max_tokens(3).without_eos()).await?;
+        let after = ctx.next_dist(5).await?;
+        paths.push(object(&[("text", text(&text_out)), ("generated", generated), ("tokens", tokens),
+                            ("pending", pending), ("num_pages", num_pages), ("rng", rng), ("more", ints(&more)),
+                            ("dist", dist(&after))]));
+    }
+    Ok(object(&[("pipelined", paths[0].clone()), ("stepwise", paths[1].clone())]))
+}
+
 async fn dists(prompt: &str, k: &str) -> Outcome {
     let mut ctx = Context::new();
     ctx.fill(prompt);
@@ -275,6 +315,7 @@ async fn scenario(arg: &str) -> Outcome {
         ("truncate", [prompt, max, keep]) => truncate(prompt, max, keep).await,
         ("kv", [prompt, steps, max, mode]) => kv(prompt, steps, max, mode).await,
         ("ahead", [prompt, max, token]) => ahead(prompt, max, token).await,
+        ("pipelined", [spec, prompt, max, options @ ..]) => pipelined(spec, prompt, max, options).await,
         ("dists", [prompt, k]) => dists(prompt, k).await,
         ("adapter", [name, prompt, max]) => adapter(name, prompt, max).await,
         ("vectors", []) => vectors(),

@@ -16,11 +16,12 @@ from __future__ import annotations
 from wit_world.imports import forward, futures, kvpages
 
 from . import host
+from .pipelined import Pipelined
 from .edit import Editing
 from .pages import PageTable
 from .queue import Queue
 from .recompute import Recompute, set_recomputable
-from .sampling import Greedy, Sampler
+from .sampling import Greedy, Sampler, server_spec
 from .sharing import Sharing
 from .stop import Stop
 from .tasks import HostFuture, OvenError, spawn
@@ -29,7 +30,7 @@ from .tasks import HostFuture, OvenError, spawn
 ALLOC_AHEAD_TOKENS = 64
 
 
-class Context(Editing, Sharing, Recompute):
+class Context(Editing, Sharing, Recompute, Pipelined):
     """A token sequence being generated, with its KV cache. ``close()`` (or leaving a ``with``
     block) frees what it alone holds: its pages (shared ones stay with the contexts that still hold
     them) and its queue.
@@ -112,28 +113,32 @@ class Context(Editing, Sharing, Recompute):
     async def generate_tokens(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> list[int]:
         """Decode until ``stop``; the new tokens, a final stop token included (also ``self.generated``).
 
-        The loop is ``decode_step`` written out: it is the per-token path of most inferlets,
-        and every coroutine frame costs microseconds in WebAssembly.
+        With a built-in sampler the server draws the tokens, one step in flight ahead (``pipelined.py``):
+        the same tokens, the same context afterwards. Otherwise the loop is ``decode_step`` written
+        out: it is the per-token path of most inferlets, and every coroutine frame costs
+        microseconds in WebAssembly.
         """
         sampler = sampler or Greedy()
+        spec = server_spec(sampler)
+        if spec is not None:
+            return await self._generate_pipelined(sampler, stop, spec)
         stop_ids = stop.stop_token_ids(host.stop_tokens())
         top_k, sample, limit = sampler.top_k, sampler.sample, stop.max_tokens
         strings, tail = stop.strings, stop.tail_tokens()
-        generated, ps, handles = [], self.page_size, self.pages.handles
+        generated = []
         self.generated, self._planned_len = generated, len(self) + limit
         try:
             while len(generated) < limit:
                 self._feed_last_again()
                 end = len(self.tokens) + len(self.pending)
-                if -(-end // ps) > len(handles) or self.pages.is_shared(len(self.tokens) // ps):
+                if self._needs_pages(end):
                     await self._reserve(end)
                 one, start, outputs = len(self.pending) == 1, len(self.tokens), [len(self.pending) - 1]
                 try:
                     (dist,) = await self._issue_forward(outputs, top_k, len(self.pending))
                 except OvenError as err:  # the server discarded pages: recompute, then this step again
                     (dist,) = await self._retry_discarded(err, start, outputs, top_k)
-                if one and self._spare is None and len(handles) * ps - len(self.tokens) <= ps // 2:
-                    self._prefetch()
+                self._prefetch_after_decode(one)
                 token = sample(dist.token_ids, dist.probs)
                 self.pending.append(token)
                 generated.append(token)
@@ -197,6 +202,18 @@ class Context(Editing, Sharing, Recompute):
         return self.queue.result(handle, futures.take_dists)
 
     # -- pages ----------------------------------------------------------------------------------
+    def _needs_pages(self, end: int) -> bool:
+        """Whether a step ending at ``end`` tokens must ``_reserve`` first: a page short, or its write
+        page shared (copy on write)."""
+        ps = self.page_size
+        return -(-end // ps) > len(self.pages.handles) or self.pages.is_shared(len(self.tokens) // ps)
+
+    def _prefetch_after_decode(self, one: bool) -> None:
+        """After issuing a decode step of ``one`` token: prefetch once the last page is half full."""
+        ps = self.page_size
+        if one and self._spare is None and len(self.pages.handles) * ps - len(self.tokens) <= ps // 2:
+            self._prefetch()
+
     async def _reserve(self, end: int) -> None:
         """Pages for the tokens up to ``end`` (topped up to the planned length, see ``_pages_ahead``),
         and a page of our own where the next forward starts writing."""

@@ -174,3 +174,21 @@ class MinP(Temperature):
         while n < len(probs) and probs[n] >= floor_:
             n += 1
         return n
+
+
+def server_spec(sampler: Sampler) -> tuple[str, float, float] | None:
+    """(kind, temperature, param) of a built-in sampler that the server can run in its place with the
+    same draws (WIT ``forward-sample``; ``param`` is TopK's k, TopP's or MinP's p), or None for any
+    other sampler: a subclass may sample differently, and only the inferlet can run it."""
+    kind = type(sampler)
+    if kind is Greedy:
+        return "greedy", 0.0, 0.0
+    if kind is Temperature:
+        return "temperature", sampler.temperature, 0.0
+    if kind is TopK:
+        return "top-k", sampler.temperature, float(sampler.k)
+    if kind is TopP:
+        return "top-p", sampler.temperature, sampler.p
+    if kind is MinP:
+        return "min-p", sampler.temperature, sampler.p
+    return None

@@ -1,4 +1,5 @@
-//! `oven:inferlet/forward`: the forward pass, next-token distributions, the fused path.
+//! `oven:inferlet/forward`: the forward pass, next-token distributions, the fused path, and the
+//! decode step whose token the server draws (a token future).
 
 use crate::abi::RawList;
 
@@ -37,6 +38,38 @@ extern "C" {
         top_k: u32,
         adapter: u32,
     ) -> u32;
+    // Sixteen flat parameters: the canonical ABI's limit, so they are passed as they are. The enum
+    // goes as its case index, f64 as f64, u64 as i64.
+    #[link_name = "forward-sample"]
+    fn raw_forward_sample(
+        q: u32,
+        tokens_ptr: *const u32,
+        tokens_len: usize,
+        input_futures_ptr: *const u32,
+        input_futures_len: usize,
+        positions_ptr: *const u32,
+        positions_len: usize,
+        pages_ptr: *const u32,
+        pages_len: usize,
+        last_page_len: u32,
+        top_k: u32,
+        adapter: u32,
+        sampler: i32,
+        temperature: f64,
+        param: f64,
+        rng_state: i64,
+    ) -> u32;
+}
+
+/// The SDK samplers the server runs (WIT `sampler-kind`), bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SamplerKind {
+    Greedy = 0,
+    Temperature = 1,
+    TopK = 2,
+    TopP = 3,
+    MinP = 4,
 }
 
 /// Run `inputs` as the last tokens of the context in `pages` (`last_page_len` valid tokens in the
@@ -107,6 +140,48 @@ pub fn forward_text(
             output_indices.len(),
             top_k,
             adapter,
+        )
+    }
+}
+
+/// A decode step whose next token the server draws: `forward-text` with one output, the last
+/// input, whose top-`top_k` distribution `sampler` draws from (`param`: top-k's k, top-p's or
+/// min-p's p; `rng_state`: the sampler's SplitMix64 state before the draw). Returns a token future
+/// (take-token). `input_futures` is empty or has one entry per token: 0 takes `tokens[i]`, else a
+/// token future of this instance, pending or not, whose token replaces it.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_sample(
+    q: u32,
+    tokens: &[u32],
+    input_futures: &[u32],
+    positions: &[u32],
+    pages: &[u32],
+    last_page_len: u32,
+    top_k: u32,
+    adapter: u32,
+    sampler: SamplerKind,
+    temperature: f64,
+    param: f64,
+    rng_state: u64,
+) -> u32 {
+    unsafe {
+        raw_forward_sample(
+            q,
+            tokens.as_ptr(),
+            tokens.len(),
+            input_futures.as_ptr(),
+            input_futures.len(),
+            positions.as_ptr(),
+            positions.len(),
+            pages.as_ptr(),
+            pages.len(),
+            last_page_len,
+            top_k,
+            adapter,
+            sampler as i32,
+            temperature,
+            param,
+            rng_state as i64,
         )
     }
 }

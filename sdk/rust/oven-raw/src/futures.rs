@@ -32,6 +32,8 @@ extern "C" {
     fn raw_take_handles(f: u32, ret: *mut u8);
     #[link_name = "take-dists"]
     fn raw_take_dists(f: u32, ret: *mut u8);
+    #[link_name = "take-token"]
+    fn raw_take_token(f: u32, ret: *mut u8);
     #[link_name = "take-text"]
     fn raw_take_text(f: u32, ret: *mut u8);
     #[link_name = "take-http"]
@@ -78,6 +80,15 @@ pub fn take_dists(f: u32) -> Result<Vec<Distribution>, String> {
                 .map(|d| Distribution { token_ids: d.token_ids.into_vec(), probs: d.probs.into_vec() })
                 .collect()
         })
+    }
+}
+
+/// forward-sample: the token the server drew.
+pub fn take_token(f: u32) -> Result<u32, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_take_token(f, ret.ptr());
+        ret.take_result(|r| r.u32_at(4))
     }
 }
 

@@ -15,6 +15,7 @@ use crate::pages::PageTable;
 use crate::{spawn, HostFuture, Queue, Sampler, Stop};
 
 mod edit;
+mod pipelined;
 mod recompute;
 mod sharing;
 
@@ -180,15 +181,7 @@ impl Context {
     /// Forward every pending token (the last one again if none is pending); the distribution
     /// after the last, or after `each` one.
     async fn forward_pending(&mut self, top_k: u32, each: bool) -> Result<Vec<Distribution>, String> {
-        if self.num_committed == self.token_ids.len() {
-            if self.num_committed == 0 {
-                return Err("the context is empty: fill it before decoding".to_string());
-            }
-            self.num_committed -= 1; // rewriting its K/V slot is harmless, and shows it if it was hidden
-            if let Some(dropped) = self.dropped.get_mut(self.num_committed) {
-                *dropped = false;
-            }
-        }
+        self.feed_last_again()?;
         let pending = self.num_pending() as u32;
         let outputs: Vec<u32> = if each { (0..pending).collect() } else { vec![pending - 1] };
         let dists = self.forward(self.token_ids.len(), &outputs, top_k).await?;
@@ -201,6 +194,21 @@ impl Context {
         Ok(dists)
     }
 
+    /// With nothing pending, make the last forwarded token pending again, so that a decode step has a
+    /// token to feed; an error for an empty context.
+    fn feed_last_again(&mut self) -> Result<(), String> {
+        if self.num_committed == self.token_ids.len() {
+            if self.num_committed == 0 {
+                return Err("the context is empty: fill it before decoding".to_string());
+            }
+            self.num_committed -= 1; // rewriting its K/V slot is harmless, and shows it if it was hidden
+            if let Some(dropped) = self.dropped.get_mut(self.num_committed) {
+                *dropped = false;
+            }
+        }
+        Ok(())
+    }
+
     /// One decode step: sample the next token and append it (pending); return it.
     pub async fn decode_step<S: Sampler + ?Sized>(&mut self, sampler: &mut S) -> Result<u32, String> {
         let dist = self.next_dist(sampler.top_k()).await?;
@@ -209,11 +217,22 @@ impl Context {
         Ok(token)
     }
 
-    /// Decode until `stop`; the new tokens, a final stop token included.
+    /// Decode until `stop`; the new tokens, a final stop token included. With a built-in sampler the
+    /// server draws the tokens, one step in flight ahead (`context/pipelined.rs`): the same tokens,
+    /// the same context afterwards, the sampler's generator moved on by the same draws.
     pub async fn generate_tokens<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<Vec<u32>, String> {
         self.planned_len = self.token_ids.len() + stop.max_new_tokens();
         let mut generated = Vec::new();
-        let result = self.decode_until(sampler, stop, &mut generated).await;
+        let result = match pipelined::Draw::of(sampler) {
+            Some(draw) => {
+                let result = self.decode_pipelined(&draw, stop, &mut generated).await;
+                if let Some(rng) = sampler.server_spec().and_then(|spec| spec.rng) {
+                    rng.skip(generated.len() as u64); // the draws the server made for the tokens kept
+                }
+                result
+            }
+            None => self.decode_until(sampler, stop, &mut generated).await,
+        };
         self.planned_len = 0;
         result.map(|()| generated)
     }
@@ -288,13 +307,13 @@ impl Context {
     /// Pages for tokens `[..upto]` (topped up to the planned length, see `pages_ahead`), and a page
     /// of our own where the forward starts writing.
     async fn reserve(&mut self, upto: usize) -> Result<(), String> {
+        if !self.needs_pages(upto) {
+            return Ok(());
+        }
         let ps = self.page_size;
         let needed = (upto + ps - 1) / ps;
         let write_page = self.num_committed / ps;
         let copy_first = write_page < self.pages.len().min(needed) && self.pages.is_shared(write_page);
-        if needed <= self.pages.len() && !copy_first {
-            return Ok(());
-        }
         let missing = needed.max(self.pages_ahead(upto)).saturating_sub(self.pages.len()) + copy_first as usize;
         let mut fresh = match self.spare.take() {
             Some(spare) => spare.await?,
@@ -314,6 +333,15 @@ impl Context {
         Ok(())
     }
 
+    /// Whether a forward of the pending tokens up to `upto` must reserve first: a page short, or its
+    /// write page shared (copy on write).
+    fn needs_pages(&self, upto: usize) -> bool {
+        let ps = self.page_size;
+        let needed = (upto + ps - 1) / ps;
+        let write_page = self.num_committed / ps;
+        needed > self.pages.len() || (write_page < self.pages.len().min(needed) && self.pages.is_shared(write_page))
+    }
+
     /// How many pages to hold once `upto` tokens are in: while generating, enough for the planned
     /// length but at most `ALLOC_AHEAD_TOKENS` past `upto` (one allocation per few pages, not per
     /// page, without holding a long budget's pages that an early stop would never use).
@@ -326,13 +354,19 @@ impl Context {
     /// never waits for an allocation. On queue 0: its fresh-page masking then runs apart from
     /// this context's forwards instead of in front of the next one.
     fn prefetch_pages(&mut self) {
-        let free_slots = self.pages.len() * self.page_size - self.num_committed;
+        self.prefetch_pages_at(self.num_committed);
+    }
+
+    /// `prefetch_pages` as it would run with `num_committed` tokens forwarded (the pipelined loop has
+    /// issued the next step by then).
+    fn prefetch_pages_at(&mut self, num_committed: usize) {
+        let free_slots = self.pages.len() * self.page_size - num_committed;
         if self.spare.is_some() || free_slots > self.page_size / 2 {
             return;
         }
         let count = match self.planned_len {
             0 => 1, // decode steps driven by the caller: one page at a time
-            _ => self.pages_ahead(self.num_committed).saturating_sub(self.pages.len()),
+            _ => self.pages_ahead(num_committed).saturating_sub(self.pages.len()),
         };
         if count > 0 {
             self.spare = Some(HostFuture::handles(kvpages::alloc_kvpages(0, count as u32)).checking_first());

@@ -59,6 +59,13 @@ impl HostFuture<Vec<Distribution>> {
     }
 }
 
+impl HostFuture<u32> {
+    /// `forward-sample`: the token the server drew.
+    pub fn token(handle: u32) -> Self {
+        Self::new(handle, raw::take_token)
+    }
+}
+
 impl HostFuture<String> {
     /// `receive` / `subscribe`: a message.
     pub fn text(handle: u32) -> Self {

@@ -58,7 +58,8 @@ pub use model::{
     available_traits, detokenize, models, open_adapter, page_size, render_chat, stop_tokens, tokenize, vocab_size,
 };
 pub use oven_raw::futures::{Distribution, HttpResponse};
-pub use sampling::{draw, Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP};
+pub use sampling::{draw, Greedy, MinP, Rng, Sampler, ServerSpec, Temperature, TopK, TopP};
+pub use oven_raw::forward::SamplerKind;
 pub use stop::Stop;
 
 /// The raw bindings, for calls the SDK does not wrap (embeds, release-export, ...).

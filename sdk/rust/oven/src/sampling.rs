@@ -12,6 +12,7 @@
 
 use std::f64::consts::{FRAC_1_SQRT_2 as SQRT_HALF, LN_2 as LN2};
 
+use oven_raw::forward::SamplerKind;
 use oven_raw::futures::Distribution;
 
 /// 1 / (2k + 1), k = 10 down to 0: the series of atanh, which gives ln.
@@ -47,6 +48,9 @@ const EXP_TERMS: [f64; 15] = [
     1.0,
 ];
 
+/// SplitMix64's increment: each draw adds it to the state.
+pub(crate) const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
 /// SplitMix64 (Steele, Lea and Flood 2014): a 64-bit state, seeded with `seed`.
 #[derive(Clone, Debug)]
 pub struct Rng {
@@ -59,11 +63,22 @@ impl Rng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.state = self.state.wrapping_add(GAMMA);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+
+    /// The state: the seed plus the draws made so far times SplitMix64's increment (mod 2^64).
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
+    /// Move on as `draws` draws would, without making them (the generator is counter-based): for
+    /// draws the server made in the sampler's place.
+    pub fn skip(&mut self, draws: u64) {
+        self.state = self.state.wrapping_add(GAMMA.wrapping_mul(draws));
     }
 
     /// Uniform in [0, 1): the top 53 bits of `next_u64` times 2^-53 (exact).
@@ -143,6 +158,21 @@ pub trait Sampler {
     fn top_k(&self) -> u32;
     /// One token of `dist` (never empty: the context checks before calling).
     fn sample(&mut self, dist: &Distribution) -> u32;
+    /// How the server can run this sampler in the inferlet's place with the same draws (WIT
+    /// `forward-sample`, which `Context::generate` pipelines), or None, the default: a sampler of
+    /// your own is run by the inferlet.
+    fn server_spec(&mut self) -> Option<ServerSpec<'_>> {
+        None
+    }
+}
+
+/// A built-in sampler as the server runs it: its kind, temperature and parameter (TopK's k, TopP's
+/// or MinP's p), and its generator (None for Greedy, which draws nothing).
+pub struct ServerSpec<'a> {
+    pub kind: SamplerKind,
+    pub temperature: f64,
+    pub param: f64,
+    pub rng: Option<&'a mut Rng>,
 }
 
 /// The most probable token (draws nothing).
@@ -156,6 +186,10 @@ impl Sampler for Greedy {
 
     fn sample(&mut self, dist: &Distribution) -> u32 {
         dist.token_ids[0]
+    }
+
+    fn server_spec(&mut self) -> Option<ServerSpec<'_>> {
+        Some(ServerSpec { kind: SamplerKind::Greedy, temperature: 0.0, param: 0.0, rng: None })
     }
 }
 
@@ -258,7 +292,7 @@ impl MinP {
 /// `Sampler` for a sampler with `keep`, `temperature` and `rng`: ask the host for `$top_k`
 /// candidates, keep some, draw among them.
 macro_rules! truncating_sampler {
-    ($name:ident, $top_k:expr) => {
+    ($name:ident, $top_k:expr, $kind:expr, $param:expr) => {
         impl Sampler for $name {
             fn top_k(&self) -> u32 {
                 $top_k(self)
@@ -267,14 +301,19 @@ macro_rules! truncating_sampler {
             fn sample(&mut self, dist: &Distribution) -> u32 {
                 dist.token_ids[draw(&dist.probs, self.keep(&dist.probs), self.temperature, &mut self.rng)]
             }
+
+            fn server_spec(&mut self) -> Option<ServerSpec<'_>> {
+                let param = $param(&*self);
+                Some(ServerSpec { kind: $kind, temperature: self.temperature, param, rng: Some(&mut self.rng) })
+            }
         }
     };
 }
 
-truncating_sampler!(Temperature, |_| 0);
-truncating_sampler!(TopK, |s: &TopK| s.k);
-truncating_sampler!(TopP, |_| 0);
-truncating_sampler!(MinP, |_| 0);
+truncating_sampler!(Temperature, |_| 0, SamplerKind::Temperature, |_: &Temperature| 0.0);
+truncating_sampler!(TopK, |s: &TopK| s.k, SamplerKind::TopK, |s: &TopK| s.k as f64);
+truncating_sampler!(TopP, |_| 0, SamplerKind::TopP, |s: &TopP| s.p);
+truncating_sampler!(MinP, |_| 0, SamplerKind::MinP, |s: &MinP| s.p);
 
 #[cfg(test)]
 mod tests {
@@ -299,6 +338,29 @@ mod tests {
         assert_eq!([rng.next_u64(), rng.next_u64(), rng.next_u64()], [16294208416658607535, 7960286522194355700, 487617019471545679]);
         let mut rng = Rng::new(42);
         assert_eq!([rng.next_f64(), rng.next_f64(), rng.next_f64()], [0.7415648787718233, 0.1599103928769201, 0.27860113025513866]);
+    }
+
+    #[test]
+    fn skipping_draws_is_drawing_them() {
+        let (mut drawn, mut skipped) = (Rng::new(2u64.pow(63) + 5), Rng::new(2u64.pow(63) + 5));
+        for _ in 0..7 {
+            drawn.next_u64();
+        }
+        skipped.skip(7);
+        assert_eq!(drawn.state(), skipped.state());
+    }
+
+    #[test]
+    fn the_built_in_samplers_tell_the_server_how_to_run_them() {
+        let mut top_p = TopP::new(0.9, 0.7, 3);
+        top_p.sample(&dist());
+        let spec = top_p.server_spec().expect("a built-in sampler");
+        assert_eq!((spec.kind, spec.temperature, spec.param), (SamplerKind::TopP, 0.7, 0.9));
+        assert_eq!(spec.rng.map(|rng| rng.state()), Some(3u64.wrapping_add(GAMMA)));
+        let mut top_k = TopK::new(5, 1.0, 0);
+        let spec = top_k.server_spec().expect("a built-in sampler");
+        assert_eq!((spec.kind, spec.param), (SamplerKind::TopK, 5.0));
+        assert!(Greedy.server_spec().expect("a built-in sampler").rng.is_none());
     }
 
     #[test]
