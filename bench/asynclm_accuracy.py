@@ -16,16 +16,20 @@ the answer). Each sample runs greedily in process with transformers + PEFT, the 
 Models: ``FT``, the adapter (default: the one that ships with oven) with the prompt it was trained
 on; ``base``, the model alone with the worked example in its prompt (few-shot, as the paper's
 ICL rows). Writes ``results/asynclm_accuracy.md`` (tables, the goals checked) and
-``results/asynclm_accuracy.json`` (every session's calls and answer).
+``results/asynclm_accuracy.json`` (every session's calls and answer, written as they end);
+``--reuse`` takes the sessions of an earlier run's JSON instead of running them again (those of
+``FT`` only where the adapter's weights are the same), so a long run can be split or resumed.
 
     .venv/bin/python bench/asynclm_accuracy.py                        # 20 samples per set
     .venv/bin/python bench/asynclm_accuracy.py --tasks 50 --sets demo --variants async
+    .venv/bin/python bench/asynclm_accuracy.py --reuse bench/results/asynclm_accuracy.json   # go on
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -66,6 +70,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the data seed (default %(default)s: the held-out "
                         "split the adapter was checked on)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
+    parser.add_argument("--reuse", type=Path, help="an earlier run's JSON: its sessions are not run again")
     args = parser.parse_args()
     sets = [s for s in args.sets.split(",") if s]
     variants = [v for v in args.variants.split(",") if v]
@@ -76,6 +81,15 @@ def main() -> int:
             parser.error(f"{name} must be some of {', '.join(known)}")
     if "FT" in models and not (args.adapter / "adapter_config.json").is_file():
         parser.error(f"--adapter {args.adapter}: no adapter_config.json there")
+
+    adapter_sha = (hashlib.sha256((args.adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+                   if "FT" in models else None)
+    earlier = {}
+    if args.reuse:
+        try:
+            earlier = {_key(s): s for s in json.loads(args.reuse.read_text())}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--reuse {args.reuse}: not a JSON list of this bench's sessions ({exc})")
 
     import torch
     from peft import PeftModel
@@ -103,12 +117,20 @@ def main() -> int:
             ok = results.setdefault((model_name, set_name, variant), [])
             for record in recs:
                 few_shot = model_name == "base"
-                with model.disable_adapter() if few_shot and model is not base else contextlib.nullcontext():
-                    outcome = run_task(model, encoder, record, registry_by_id[record["task_id"]](), example=few_shot)
-                ok.append(correct(record, outcome))
-                sessions.append({"model": model_name, "set": set_name, "variant": variant, "task_id": record["task_id"],
-                                 "correct": ok[-1], "calls": outcome.calls, "expected": record["calls"],
-                                 "answer": outcome.text.strip()})
+                session = {"model": model_name, "adapter_sha256": None if few_shot else adapter_sha,
+                           "set": set_name, "variant": variant, "task_id": record["task_id"]}
+                if _key(session) in earlier:
+                    session = earlier[_key(session)]
+                else:
+                    with model.disable_adapter() if few_shot and model is not base else contextlib.nullcontext():
+                        outcome = run_task(model, encoder, record, registry_by_id[record["task_id"]](),
+                                           example=few_shot)
+                    session.update(correct=correct(record, outcome), calls=outcome.calls, expected=record["calls"],
+                                   answer=outcome.text.strip())
+                ok.append(session["correct"])
+                sessions.append(session)
+                (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(
+                    sessions + [e for k, e in earlier.items() if k not in {_key(x) for x in sessions}], indent=1) + "\n")
                 done += 1
                 elapsed = time.monotonic() - start
                 print(f"[{done}/{total}, {elapsed / 60:.1f} min, ETA {elapsed / done * (total - done) / 60:.1f} min] "
@@ -142,9 +164,13 @@ def main() -> int:
         "## Goals (issue 14)\n\n" + ("\n".join(goals) or "—") + "\n\n" + PAPER_NOTE,
     ]
     path = write_results("asynclm_accuracy", "AsyncLM accuracy (Table 1) on the embedded model", sections)
-    (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(sessions, indent=1) + "\n")
     print(path.read_text())
     return 0
+
+
+def _key(session: dict) -> tuple:
+    """What decides a session's outcome (greedy): the model (the adapter's weights), the sample."""
+    return (session["model"], session["adapter_sha256"], session["set"], session["variant"], session["task_id"])
 
 
 if __name__ == "__main__":
