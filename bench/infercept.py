@@ -13,8 +13,9 @@ Per policy, from the client's clock: completed requests per minute (completed / 
 completion) and p50 / p90 latency (arrival to exit); from the server's own stats (``oven stats``):
 the share of device time spent recomputing discarded K/V (the batches' send-to-reply seconds, split by
 tokens, of the forwards that ask for no distribution: only the SDK's recompute sends those, so the
-figure is 0 wherever nothing was discarded), memory waste (device pages of intercepted instances
-integrated over time, page-seconds), swaps, discards and preemptions, and the cost profile it learnt.
+figure is 0 wherever nothing was discarded), device pages of intercepted instances integrated over
+time (page-seconds), in all ("paused") and while memory was short (instances waited for pages, or
+under 10% of the pool was free): the memory *waste*, pages others could have used; swaps, discards and preemptions, and the cost profile it learnt.
 Every request's tokens must be the same under every policy (greedy): the policy changes cost, never
 results.
 
@@ -106,8 +107,8 @@ def parse_args() -> argparse.Namespace:
     add("--rate", type=float, default=30, help="mean arrivals per minute, Poisson (default %(default)s)")
     add("--time-scale", type=float, default=0.1, help="multiplies every tool's wait (default %(default)s)")
     add("--tokens", type=int, default=8, help="tokens decoded between two pauses (default %(default)s)")
-    add("--num-kv-pages", type=int, default=64, help="device KvPage pool (default %(default)s)")
-    add("--num-host-pages", type=int, default=64, help="host tier slots (default %(default)s)")
+    add("--num-kv-pages", type=int, default=48, help="device KvPage pool (default %(default)s)")
+    add("--num-host-pages", type=int, default=48, help="host tier slots (default %(default)s)")
     add("--torch-threads", type=int, default=1, help="the inference process's threads (default %(default)s)")
     add("--policies", nargs="+", default=list(NAMES), choices=NAMES, help="interception policies (default: all)")
     add("--seed", type=int, default=0, help="draws the requests, their waits and arrivals (default %(default)s)")
@@ -170,13 +171,13 @@ def report_rows(outcomes: list[Outcome], reference: dict[int, str], num_requests
         rows.append([o.policy, f"{len(o.latency_s)}/{num_requests}", f"{o.per_min:.1f}",
                      f"{percentile(latencies, 50):.1f}", f"{percentile(latencies, 90):.1f}",
                      f"{s.device_s:.0f}", f"{100 * s.rewrite_s / max(s.device_s, 1e-9):.1f}%",
-                     f"{s.intercepted_page_s:.0f}", s.num_swapped_out, s.num_swapped_in, s.num_discarded,
+                     f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", s.num_swapped_out, s.num_swapped_in, s.num_discarded,
                      s.num_preempted, f"{same}/{len(o.outputs)}"])
     return rows
 
 
 HEADERS = ["policy", "completed", "requests/min", "p50 s", "p90 s", "device s", "recompute share",
-           "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
+           "paused page-s", "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
 
 
 def ratio_lines(outcomes: list[Outcome]) -> list[str]:
@@ -189,7 +190,7 @@ def ratio_lines(outcomes: list[Outcome]) -> list[str]:
         return f"{a / b:.2f}x" if b else "-"
     p90 = {o.policy: percentile(sorted(o.latency_s.values()), 90) for o in outcomes}
     return [f"infercept / {o.policy}: requests/min {ratio(ic.per_min, o.per_min)}, p90 {ratio(p90[ic.policy], p90[o.policy])}, "
-            f"waste {ratio(ic.stats.intercepted_page_s, o.stats.intercepted_page_s)}"
+            f"waste {ratio(ic.stats.contended_page_s, o.stats.contended_page_s)}"
             for o in outcomes if o is not ic]
 
 

@@ -217,6 +217,7 @@ class StatsReply:
     rewrite_s: float = 0.0
     # Memory intercepted instances kept on the device: their pages integrated over time (page-seconds).
     intercepted_page_s: float = 0.0
+    contended_page_s: float = 0.0  # the same, only while memory was short (instances waited for pages, or <10% free)
     num_preempted: int = 0  # instances swapped out for an older one that needed pages (the exhaustion policy)
 
 

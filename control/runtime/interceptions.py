@@ -67,14 +67,15 @@ class Interceptions:
         self._allocator, self._kv_pool, self._host_pool = allocator, kv_pool, host_pool
         self._page_size, self._has_calls = page_size, has_calls
         self.num_swapped_out = self.num_swapped_in = self.num_discarded = 0
-        # InferCept's preserve waste as it happened: device pages of intercepted instances x seconds.
-        self.intercepted_page_s = 0.0
+        # InferCept's preserve waste as it happened: device pages of intercepted instances x seconds, in
+        # all and while memory was short (instances waited for pages, or the pool was under LOW_WATER).
+        self.intercepted_page_s = self.contended_page_s = 0.0
         self._sampled_at: float | None = None
 
     def step(self, instances: Iterable[Instance], now: float) -> None:
         """One iteration: decide for every intercepted instance whose pages can move, and move them."""
-        self._sample_waste(instances, now)
         pressure = self._allocator.num_waiting > 0 or self._kv_pool.num_free < LOW_WATER * self._kv_pool.size
+        self._sample_waste(instances, now, pressure)
         if not pressure and not self._host_pool.num_used:
             return  # every loop turn: nothing to swap out, and nothing swapped out to bring back
         by_id, contexts, num_intercepted_pages = {}, [], 0
@@ -119,7 +120,7 @@ class Interceptions:
         if self.num_discarded > num_discarded:  # once every choice is carried out: a retry may move pages too
             self._allocator.retry_parked()
 
-    def _sample_waste(self, instances: Iterable[Instance], now: float) -> None:
+    def _sample_waste(self, instances: Iterable[Instance], now: float, pressure: bool) -> None:
         """Add the device pages intercepted instances hold now x the time since the last sample (at
         most every WASTE_SAMPLE_S: counting pages walks every instance's table)."""
         if self._sampled_at is not None and now - self._sampled_at < WASTE_SAMPLE_S:
@@ -127,6 +128,8 @@ class Interceptions:
         if self._sampled_at is not None:
             num_pages = sum(len(inst.resources.exclusive_device_handles()) for inst in instances if inst.io_idle)
             self.intercepted_page_s += num_pages * (now - self._sampled_at)
+            if pressure:
+                self.contended_page_s += num_pages * (now - self._sampled_at)
         self._sampled_at = now
 
     def _swap_out(self, inst: Instance) -> bool:

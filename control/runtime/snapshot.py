@@ -28,5 +28,6 @@ class LoopSnapshot:
     profile_measured: tuple[bool, bool, bool] = (False, False, False)  # recompute, swap, budget measured
     device_s: float = 0.0  # InferenceCalls.device_s / rewrite_s
     rewrite_s: float = 0.0
-    intercepted_page_s: float = 0.0  # Interceptions.intercepted_page_s
+    intercepted_page_s: float = 0.0  # Interceptions.intercepted_page_s / contended_page_s
+    contended_page_s: float = 0.0
     num_preempted: int = 0  # Allocator.num_preempted
