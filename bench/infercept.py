@@ -15,7 +15,8 @@ the share of device time spent recomputing discarded K/V (the batches' send-to-r
 tokens, of the forwards that ask for no distribution: only the SDK's recompute sends those, so the
 figure is 0 wherever nothing was discarded), device pages of intercepted instances integrated over
 time (page-seconds), in all ("paused") and while memory was short (instances waited for pages, or
-under 10% of the pool was free): the memory *waste*, pages others could have used; swaps, discards and preemptions, and the cost profile it learnt.
+under 10% of the pool was free): the memory *waste*, pages others could have used; swaps, discards
+and preemptions, and the cost profile it learnt.
 Every request's tokens must be the same under every policy (greedy): the policy changes cost, never
 results.
 
@@ -104,11 +105,12 @@ def parse_args() -> argparse.Namespace:
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     add = parser.add_argument
     add("--requests", type=int, default=24, help="requests per policy (default %(default)s)")
-    add("--rate", type=float, default=30, help="mean arrivals per minute, Poisson (default %(default)s)")
+    add("--rate", type=float, default=40, help="mean arrivals per minute, Poisson (default %(default)s)")
     add("--time-scale", type=float, default=0.1, help="multiplies every tool's wait (default %(default)s)")
     add("--tokens", type=int, default=8, help="tokens decoded between two pauses (default %(default)s)")
     add("--num-kv-pages", type=int, default=48, help="device KvPage pool (default %(default)s)")
-    add("--num-host-pages", type=int, default=48, help="host tier slots (default %(default)s)")
+    add("--num-host-pages", type=int, default=1024,
+        help="host tier slots (default %(default)s: room for every context, as InferCept assumes)")
     add("--torch-threads", type=int, default=1, help="the inference process's threads (default %(default)s)")
     add("--policies", nargs="+", default=list(NAMES), choices=NAMES, help="interception policies (default: all)")
     add("--seed", type=int, default=0, help="draws the requests, their waits and arrivals (default %(default)s)")
@@ -163,16 +165,27 @@ def drive(client, requests: list[Request], args, outcome: Outcome) -> None:
     outcome.span_s = last_exit - start - requests[0].arrival_s
 
 
+def references(outcomes: list[Outcome]) -> dict[int, str]:
+    """Each request's tokens under ``preserve`` (nothing recomputed or copied), else under the first
+    policy that completed it."""
+    ordered = sorted(outcomes, key=lambda o: o.policy != "preserve")
+    return {i: text for o in reversed(ordered) for i, text in o.outputs.items() if i in o.latency_s}
+
+
+def differing(o: Outcome, reference: dict[int, str]) -> list[int]:
+    return [i for i in o.latency_s if o.outputs[i] != reference[i]]
+
+
 def report_rows(outcomes: list[Outcome], reference: dict[int, str], num_requests: int) -> list[list[object]]:
     rows = []
     for o in outcomes:
         s, latencies = o.stats, sorted(o.latency_s.values())
-        same = sum(reference.get(i) == text for i, text in o.outputs.items())
+        same = len(o.latency_s) - len(differing(o, reference))
         rows.append([o.policy, f"{len(o.latency_s)}/{num_requests}", f"{o.per_min:.1f}",
                      f"{percentile(latencies, 50):.1f}", f"{percentile(latencies, 90):.1f}",
                      f"{s.device_s:.0f}", f"{100 * s.rewrite_s / max(s.device_s, 1e-9):.1f}%",
-                     f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", s.num_swapped_out, s.num_swapped_in, s.num_discarded,
-                     s.num_preempted, f"{same}/{len(o.outputs)}"])
+                     f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", s.num_swapped_out, s.num_swapped_in,
+                     s.num_discarded, s.num_preempted, f"{same}/{len(o.latency_s)}"])
     return rows
 
 
@@ -189,7 +202,8 @@ def ratio_lines(outcomes: list[Outcome]) -> list[str]:
     def ratio(a: float, b: float) -> str:
         return f"{a / b:.2f}x" if b else "-"
     p90 = {o.policy: percentile(sorted(o.latency_s.values()), 90) for o in outcomes}
-    return [f"infercept / {o.policy}: requests/min {ratio(ic.per_min, o.per_min)}, p90 {ratio(p90[ic.policy], p90[o.policy])}, "
+    return [f"infercept / {o.policy}: requests/min {ratio(ic.per_min, o.per_min)}, "
+            f"p90 {ratio(p90[ic.policy], p90[o.policy])}, "
             f"waste {ratio(ic.stats.contended_page_s, o.stats.contended_page_s)}"
             for o in outcomes if o is not ic]
 
@@ -213,10 +227,17 @@ def main() -> None:
             for index, error in list(o.errors.items())[:3]:
                 print(f"  request {index}: {error[:160]}", flush=True)
             outcomes.append(o)
-    reference = next((o.outputs for o in outcomes if o.policy == "preserve"), outcomes[0].outputs)
+    reference = references(outcomes)
+    for o in outcomes:
+        for i in differing(o, reference)[:3]:
+            mine, theirs = o.outputs[i].split(), reference[i].split()
+            at = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+            print(f"  {o.policy}: request {i} ({requests[i].augmentation}) differs from token {at} of {len(theirs)}")
     table = markdown_table(HEADERS, report_rows(outcomes, reference, len(requests)))
     ratios = ratio_lines(outcomes)
     profiles = [f"- `{o.policy}`: {o.profile_log}" for o in outcomes]
+    failures = [f"- `{o.policy}`: request {i} ({requests[i].augmentation}, {len(requests[i].pauses_ms)} pauses): "
+                f"{error}" for o in outcomes for i, error in sorted(o.errors.items())] or ["- none"]
     print(table, *ratios, *profiles, sep="\n")
     command = " ".join(["python bench/infercept.py", *sys.argv[1:]])
     path = write_results("infercept", "InferCept's workload: interception policies side by side",
@@ -225,6 +246,7 @@ def main() -> None:
                           f"tokens per step, {args.num_kv_pages} KvPages and {args.num_host_pages} host slots, "
                           f"{args.torch_threads} torch thread(s). Command: `{command}`", table,
                           "\n".join(f"- {line}" for line in ratios),
+                          "Requests that failed:\n\n" + "\n".join(failures),
                           "Cost profiles as `oven serve` logged them last:\n\n" + "\n".join(profiles)])
     print(f"wrote {path}")
 

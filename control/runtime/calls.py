@@ -121,7 +121,8 @@ class InferenceCalls:
         if batch is None:
             return
         now = time.monotonic()
-        seconds = now - max(sent_at, self._last_settled_at)  # replies come in order: a batch starts when the one before it ended
+        # Replies come in order: a batch starts when the one before it ended.
+        seconds = now - max(sent_at, self._last_settled_at)
         self.device_s += seconds
         if batch.call_type == "forward_text":
             num_rewrite_tokens = sum(c.num_tokens for c in batch.commands if not c.item.output_indices)
