@@ -140,6 +140,13 @@ def iqr(values: list[float]) -> float:
     return quartiles[2] - quartiles[0]
 
 
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ascending values, nearest rank; NaN for none."""
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))]
+
+
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]

@@ -15,11 +15,15 @@ OVEN = [sys.executable, "-m", "oven.client.cli"]
 
 
 class Server:
-    def __init__(self, root: Path, model: str, *flags: str, endpoint: str | None = None):
+    def __init__(self, root: Path, model: str, *flags: str, endpoint: str | None = None, log: Path | None = None):
+        """``flags`` come last, so they override the defaults here (``--program-dir`` say); ``log``: a file
+        for the server's own log (default: dropped)."""
         self.state, self.endpoint = root / "state", endpoint or f"ipc://{root / 'control.sock'}"
-        self.proc = subprocess.Popen([*OVEN, "serve", "--model", model, "--quiet", "--control-endpoint", self.endpoint,
-                                      "--state-dir", str(self.state), "--program-dir", str(root / "programs"), *flags],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(log or "/dev/null", "w") as log_file:
+            self.proc = subprocess.Popen([*OVEN, "serve", "--model", model, "--quiet", "--control-endpoint",
+                                          self.endpoint, "--state-dir", str(self.state), "--program-dir",
+                                          str(root / "programs"), *flags],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file)
         deadline = time.monotonic() + 600
         while not self.up():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -281,6 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(ps)
     ps.set_defaults(func=commands.cmd_ps)
 
+    stats = sub.add_parser("stats", help="show the server's batches, device time and interception policy",
+                           description="Batches and free memory, device time (and the part spent recomputing "
+                                       "discarded K/V), the interception policy's moves and its cost profile: "
+                                       "each cost learnt from the served model's batches, or its default.")
+    add_client_args(stats)
+    stats.set_defaults(func=commands.cmd_stats)
+
     exports = sub.add_parser(
         "exports", help="list named KvPage exports (drop them with --drop)",
         description="List the KvPage exports inferlets published by name (oldest first), or drop some. An export "

@@ -39,6 +39,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .openai_api.frontend import FrontEnd, FrontEndError, OpenAIConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s control %(levelname)s %(message)s")
+    # The loop logs the interception policy's cost profile as it learns it, and a summary at shutdown.
+    logging.getLogger("oven.control.runtime.loop").setLevel(logging.INFO)
     try:
         inference = config_from_args(InferenceConfig, args)
         control = config_from_args(ControlConfig, args, section="control")
@@ -212,6 +214,23 @@ def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
         exit_text = "" if i.exit_code is None else str(i.exit_code)
         print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {i.state:9} {i.age_s:7.1f}s  {exit_text:4} {i.error}"
               .rstrip())
+
+
+@_with_client
+def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
+    s = client.stats()
+    print(f"batches {s.num_batches}, commands {s.num_commands} ({s.mean_batch_size:.1f} per batch); free: "
+          f"{s.free_kv_pages} KvPages, {s.free_embeds} embeds, {s.free_host_slots} host slots")
+    print(f"device {s.device_s:.1f} s, of it recomputing discarded K/V {s.rewrite_s:.1f} s; intercepted instances "
+          f"kept {s.intercepted_page_s:.0f} page-s on the device, {s.contended_page_s:.0f} of them while memory "
+          "was short")
+    print(f"interception policy {s.interception_policy}: {s.num_swapped_out} swapped out, {s.num_swapped_in} "
+          f"back in ahead of their return, {s.num_discarded} discarded; {s.num_preempted} preempted for the pool")
+    if s.profile is not None:
+        p = s.profile
+        tag = ["measured" if m else "default" for m in (p.recompute_measured, p.swap_measured, p.budget_measured)]
+        print(f"profile: recompute {p.recompute_s_per_token * 1e3:.3f} ms/token ({tag[0]}), swap "
+              f"{p.swap_s_per_page * 1e3:.3f} ms/page ({tag[1]}), swap budget {p.swap_budget_pages} pages ({tag[2]})")
 
 
 @_with_client

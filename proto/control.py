@@ -181,6 +181,20 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
+class InterceptionProfile:
+    """The interception policy's cost profile (control/scheduling/profiler.py): a recompute's seconds per
+    token, one page's copy to or from the host tier, and the pages copied per iteration (the swap budget).
+    Each is learnt from this server's own batches, or the default until a batch of its kind was seen
+    (``*_measured`` False)."""
+    recompute_s_per_token: float
+    swap_s_per_page: float
+    swap_budget_pages: int
+    recompute_measured: bool
+    swap_measured: bool
+    budget_measured: bool
+
+
+@dataclass(frozen=True, slots=True)
 class StatsReply:
     num_batches: int
     num_commands: int
@@ -195,6 +209,16 @@ class StatsReply:
     num_swapped_out: int = 0
     num_swapped_in: int = 0
     num_discarded: int = 0
+    interception_policy: str = ""
+    profile: InterceptionProfile | None = None
+    # Seconds the inference process took over every batch (send to reply), and the part of it spent
+    # on forward-text items that ask for no distribution: what the SDKs send to recompute discarded K/V.
+    device_s: float = 0.0
+    rewrite_s: float = 0.0
+    # Memory intercepted instances kept on the device: their pages integrated over time (page-seconds).
+    intercepted_page_s: float = 0.0
+    contended_page_s: float = 0.0  # the same, only while memory was short (instances waited for pages, or <10% free)
+    num_preempted: int = 0  # instances swapped out for an older one that needed pages (the exhaustion policy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,8 @@ BROAD = [
     (c.CODEC, c.InstanceList(ENTRIES)),
     (c.CODEC, c.ServerInfoReply(["m"], ["forward"], 16, 100, 50, "cpu", "fcfs", 2, 10.0, "0123abcd", "alice")),
     (c.CODEC, c.StatsReply(1, 2, 3, 4, 1.5, 6, 7, 8, 9, 10, 11)),
+    (c.CODEC, c.StatsReply(1, 2, 3, 4, 1.5, 6, 7, 8, 9, 10, 11, "infercept",
+                           c.InterceptionProfile(1.2e-3, 2e-4, 64, True, False, True), 12.5, 0.5, 300.0, 120.0, 2)),
     (c.CODEC, c.InstanceEvent("i-1", "exit", "", 0)),
     (c.CODEC, c.InstanceEvent("i-1", "stdout", "hi")),
 ]

@@ -158,6 +158,25 @@ def test_a_killed_instance_whose_pages_were_discarded_leaves_nothing_behind(infe
     paused_run(inference, "text-completion", "discard", then=kill)
 
 
+def test_the_loop_measures_the_recompute_and_the_pages_a_pause_keeps(inference):
+    def paused_for_a_while(policy: str):
+        with control_loop(inference, None, ["text-completion"], interception_policy=policy) as loop:
+            inst = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
+            assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+            paused_at = time.monotonic()
+            loop.run_until(lambda: time.monotonic() - paused_at > 0.5, 5)
+            loop.deliver(inst.instance_id, "go on")
+            assert loop.run_until(lambda: not inst.alive, 60)
+            return loop.snapshot()
+    kept, discarded = paused_for_a_while("preserve"), paused_for_a_while("discard")
+    # Only the SDK's recompute sends forwards that ask for no distribution: none when the K/V was kept.
+    assert (kept.rewrite_s, kept.num_discarded, discarded.num_discarded) == (0.0, 0, 1)
+    assert 0 < discarded.rewrite_s < discarded.device_s
+    # The kept context held its ~10 pages through the half-second pause; the discarded one gave them back.
+    assert kept.intercepted_page_s > 9 * 0.4
+    assert discarded.intercepted_page_s < kept.intercepted_page_s / 4
+
+
 def test_an_inferlet_on_the_raw_api_is_never_discarded(inference):
     # hello-python never says it can recompute its pages: `discard` preserves them.
     with control_loop(inference, None, ["hello-python"], interception_policy="discard") as loop:
@@ -230,6 +249,12 @@ def test_oven_serve_with_the_discard_policy_shows_and_counts_the_discard(inferen
                     sent.append(event.text)  # the generated ids, sent before it exits
                     break
             assert (sent, wait_exit(client, instance_id).exit_code) == ([kept], 0)
+            # What `oven stats` shows: the recompute's device time, and the cost profile learnt meanwhile.
+            stats = client.stats()
+            assert stats.interception_policy == "discard"
+            assert 0 < stats.rewrite_s < stats.device_s
+            assert (stats.profile.recompute_measured, stats.profile.budget_measured) == (True, True)
+            assert stats.profile.recompute_s_per_token > 0
     finally:
         srv.stop()
 

@@ -50,6 +50,9 @@ class InferenceCalls:
         self.scheduler = scheduler
         self._on_broken, self._on_batch = on_broken, on_batch
         self._last_settled_at = 0.0
+        # Seconds the inference process took over every batch, and the share of forward-text items that
+        # ask for no distribution: the SDKs' recomputes of discarded K/V (recompute.py) send those.
+        self.device_s = self.rewrite_s = 0.0
         self._by_command_id: dict[int, tuple[Instance, Future]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
@@ -120,9 +123,14 @@ class InferenceCalls:
         if batch is None:
             return
         now = time.monotonic()
-        if self._on_batch is not None:  # replies come in order: a batch starts when the one before it ended
-            self._on_batch(batch.call_type, len(batch.commands), batch.num_tokens,
-                           now - max(sent_at, self._last_settled_at))
+        # Replies come in order: a batch starts when the one before it ended.
+        seconds = now - max(sent_at, self._last_settled_at)
+        self.device_s += seconds
+        if batch.call_type == "forward_text":
+            num_rewrite_tokens = sum(c.num_tokens for c in batch.commands if not c.item.output_indices)
+            self.rewrite_s += seconds * num_rewrite_tokens / batch.num_tokens
+        if self._on_batch is not None:
+            self._on_batch(batch.call_type, len(batch.commands), batch.num_tokens, seconds)
         self._last_settled_at = now
         for i, command in enumerate(batch.commands):
             inst, fut = self._by_command_id.pop(command.command_id, (None, None))

@@ -41,6 +41,8 @@ DEFAULT_EXPECTED_S = 1.0  # an instance's first interception, with no hint: expe
 # Idle pages waste memory only when someone could use it: pages move out only while instances wait
 # for memory or fewer than this share of the pool is free (a copy into a pool that has room buys nothing).
 LOW_WATER = 0.1
+# How often the memory intercepted instances keep on the device is sampled (``intercepted_page_s``).
+WASTE_SAMPLE_S = 0.05
 
 
 def expected_return_at(inst: Instance, now: float) -> float:
@@ -65,10 +67,15 @@ class Interceptions:
         self._allocator, self._kv_pool, self._host_pool = allocator, kv_pool, host_pool
         self._page_size, self._has_calls = page_size, has_calls
         self.num_swapped_out = self.num_swapped_in = self.num_discarded = 0
+        # InferCept's preserve waste as it happened: device pages of intercepted instances x seconds, in
+        # all and while memory was short (instances waited for pages, or the pool was under LOW_WATER).
+        self.intercepted_page_s = self.contended_page_s = 0.0
+        self._sampled_at: float | None = None
 
     def step(self, instances: Iterable[Instance], now: float) -> None:
         """One iteration: decide for every intercepted instance whose pages can move, and move them."""
         pressure = self._allocator.num_waiting > 0 or self._kv_pool.num_free < LOW_WATER * self._kv_pool.size
+        self._sample_waste(instances, now, pressure)
         if not pressure and not self._host_pool.num_used:
             return  # every loop turn: nothing to swap out, and nothing swapped out to bring back
         by_id, contexts, num_intercepted_pages = {}, [], 0
@@ -112,6 +119,18 @@ class Interceptions:
                 self.num_swapped_in += 1
         if self.num_discarded > num_discarded:  # once every choice is carried out: a retry may move pages too
             self._allocator.retry_parked()
+
+    def _sample_waste(self, instances: Iterable[Instance], now: float, pressure: bool) -> None:
+        """Add the device pages intercepted instances hold now x the time since the last sample (at
+        most every WASTE_SAMPLE_S: counting pages walks every instance's table)."""
+        if self._sampled_at is not None and now - self._sampled_at < WASTE_SAMPLE_S:
+            return
+        if self._sampled_at is not None:
+            num_pages = sum(len(inst.resources.exclusive_device_handles()) for inst in instances if inst.io_idle)
+            self.intercepted_page_s += num_pages * (now - self._sampled_at)
+            if pressure:
+                self.contended_page_s += num_pages * (now - self._sampled_at)
+        self._sampled_at = now
 
     def _swap_out(self, inst: Instance) -> bool:
         """Whether its pages are on their way to the host tier."""

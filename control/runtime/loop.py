@@ -97,6 +97,7 @@ class ControlLoop:
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self.scheduler = BatchScheduler()
         self.profiler = CostProfiler()
+        self._profile_logged = self.profiler.measured  # what _log_profile last reported
         self.calls = InferenceCalls(self.scheduler, on_broken=self.kill, on_batch=self.profiler.observe)
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
@@ -180,7 +181,10 @@ class ControlLoop:
         return LoopSnapshot(tuple(inst.record() for inst in self.instances.values()), tuple(self.finished.values()),
                             tuple(self.exports.exports()), self.scheduler.stats(), self.kv_pool.num_free,
                             self.embed_pool.num_free, self.host_pool.num_free, self.interceptions.num_swapped_out,
-                            self.interceptions.num_swapped_in, self.interceptions.num_discarded)
+                            self.interceptions.num_swapped_in, self.interceptions.num_discarded,
+                            self.config.interception_policy, self.profiler.profile(), self.profiler.measured,
+                            self.calls.device_s, self.calls.rewrite_s, self.interceptions.intercepted_page_s,
+                            self.interceptions.contended_page_s, self.allocator.num_preempted)
 
     def record(self, instance_id: str) -> InstanceRecord | None:
         """The running instance ``instance_id``, or None."""
@@ -228,6 +232,8 @@ class ControlLoop:
         self._dispatch()
         self.interceptions.step(self.instances.values(), time.monotonic())
         self._dispatch()  # the copies it chose
+        if self.profiler.measured != self._profile_logged:
+            self._log_profile()
         if self.supervisor is not None:
             self._watch_inference(time.monotonic())
         extra = extra or {}
@@ -369,6 +375,16 @@ class ControlLoop:
             log.warning("the new inference process serves; dispatching again")
             return
         self.supervisor.kill(f"the new inference process does not match the old one: {reply}")
+
+    def _log_profile(self) -> None:
+        """Log the interception policy's costs each time one more of them is learnt (a few times a run)."""
+        self._profile_logged = measured = self.profiler.measured
+        profile = self.profiler.profile()
+        tag = ["measured" if m else "default" for m in measured]
+        log.info("interception profile (%s policy): recompute %.3f ms/token (%s), swap %.3f ms/page (%s), "
+                 "swap budget %d pages per iteration (%s)", self.config.interception_policy,
+                 profile.recompute_b_s * 1e3, tag[0], profile.swap_s_per_page * 1e3, tag[1],
+                 profile.swap_budget_pages, tag[2])
 
     def _tick_epochs(self) -> None:
         while not self._stopping:

@@ -39,6 +39,11 @@ class CostProfiler:
         elif call_type in COPY_CALL_TYPES:
             self._s_per_page = _mean(self._s_per_page, seconds / num_items)
 
+    @property
+    def measured(self) -> tuple[bool, bool, bool]:
+        """Whether the recompute cost, the swap cost and the swap budget are measured (not defaults)."""
+        return self._s_per_token is not None, self._s_per_page is not None, self._step_s is not None
+
     def profile(self) -> CostProfile:
         d = self._default
         per_page = d.swap_s_per_page if self._s_per_page is None else self._s_per_page

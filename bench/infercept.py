@@ -1,0 +1,255 @@
+"""InferCept's workload: agent requests that pause for tools, under every interception policy side by side.
+
+Requests of the ``tool-agent`` inferlet (Python SDK, greedy) arrive at a fixed rate (Poisson, seeded)
+on one fresh ``oven serve`` per interception policy (``--interception-policy infercept | preserve |
+discard | swap``), each with a KvPage pool too small to hold every paused context. A request decodes
+``--tokens`` tokens, waits for a tool (a real timer: the server sees the instance intercepted, and the
+inferlet announces the wait with a pause hint of its length), appends the tool's result, and repeats;
+its augmentation (one of the six of the InferCept blog) sets how often it pauses and for how long,
+drawn per request with the seed; ``--time-scale`` scales every wait. The same requests, arrival times
+and waits go to every policy.
+
+Per policy, from the client's clock: completed requests per minute (completed / first arrival to last
+completion) and p50 / p90 latency (arrival to exit); from the server's own stats (``oven stats``):
+the share of device time spent recomputing discarded K/V (the batches' send-to-reply seconds, split by
+tokens, of the forwards that ask for no distribution: only the SDK's recompute sends those, so the
+figure is 0 wherever nothing was discarded), device pages of intercepted instances integrated over
+time (page-seconds), in all ("paused") and while memory was short (instances waited for pages, or
+under 10% of the pool was free): the memory *waste*, pages others could have used; swaps, discards
+and preemptions, and the cost profile it learnt.
+Every request's tokens must be the same under every policy (greedy): the policy changes cost, never
+results.
+
+Run: ``.venv/bin/python bench/infercept.py`` (about 8 minutes on 2 loaded cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import machine_lines, markdown_table, percentile, write_results  # noqa: E402
+from served import Server, wasm  # noqa: E402
+
+from oven.control.config import default_program_dir  # noqa: E402
+from oven.control.scheduling.interception import NAMES  # noqa: E402
+from oven.inference.config import DEFAULT_MODEL  # noqa: E402
+from oven.proto import control as c  # noqa: E402
+
+PROGRAM = "tool-agent"
+# The six augmentations of the InferCept blog: (pauses per request, seconds per pause), each drawn
+# uniformly from its range. The blog gives 3 to 28 interceptions per request, calculator calls under
+# 1 s and model-backed tools (text-to-speech, stable diffusion) about 20x longer; a chatbot's wait is
+# its user writing a follow-up.
+AUGMENTATIONS = {
+    "calculator": ((3, 5), (0.05, 0.9)),
+    "wikipedia": ((3, 6), (0.5, 2.0)),
+    "virtual-env": ((20, 28), (0.1, 1.0)),
+    "chatbot": ((3, 6), (5.0, 30.0)),
+    "image": ((3, 4), (5.0, 20.0)),
+    "tts": ((3, 6), (5.0, 20.0)),
+}
+PROFILE_LOG = re.compile(r"interception profile .*")
+
+
+@dataclass(frozen=True)
+class Request:
+    index: int
+    arrival_s: float  # after the run's start
+    augmentation: str
+    pauses_ms: tuple[int, ...]
+
+    def args(self, tokens: int) -> list[str]:
+        prompt = f"You are agent {self.index}. Use the {self.augmentation} tool to solve task {self.index}."
+        return [prompt, "--tokens", str(tokens), "--pauses", ",".join(map(str, self.pauses_ms)),
+                "--tool", self.augmentation]
+
+
+def workload(num: int, rate_per_min: float, time_scale: float, seed: int) -> list[Request]:
+    rng, arrival, requests = random.Random(seed), 0.0, []
+    for i in range(num):
+        kind = rng.choice(sorted(AUGMENTATIONS))
+        (lo, hi), (short_s, long_s) = AUGMENTATIONS[kind]
+        pauses = tuple(max(1, round(rng.uniform(short_s, long_s) * time_scale * 1000))
+                       for _ in range(rng.randint(lo, hi)))
+        requests.append(Request(i, arrival, kind, pauses))
+        arrival += rng.expovariate(rate_per_min / 60)
+    return requests
+
+
+@dataclass
+class Outcome:
+    policy: str
+    latency_s: dict[int, float] = field(default_factory=dict)  # request -> arrival to exit, completed ones
+    outputs: dict[int, str] = field(default_factory=dict)  # request -> its token ids
+    errors: dict[int, str] = field(default_factory=dict)
+    span_s: float = 0.0  # first arrival to last completion
+    stats: c.StatsReply | None = None
+    profile_log: str = ""
+
+    @property
+    def per_min(self) -> float:
+        return 60 * len(self.latency_s) / self.span_s if self.span_s else 0.0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    add = parser.add_argument
+    add("--requests", type=int, default=24, help="requests per policy (default %(default)s)")
+    add("--rate", type=float, default=40, help="mean arrivals per minute, Poisson (default %(default)s)")
+    add("--time-scale", type=float, default=0.1, help="multiplies every tool's wait (default %(default)s)")
+    add("--tokens", type=int, default=8, help="tokens decoded between two pauses (default %(default)s)")
+    add("--num-kv-pages", type=int, default=48, help="device KvPage pool (default %(default)s)")
+    add("--num-host-pages", type=int, default=1024,
+        help="host tier slots (default %(default)s: room for every context, as InferCept assumes)")
+    add("--torch-threads", type=int, default=1, help="the inference process's threads (default %(default)s)")
+    add("--policies", nargs="+", default=list(NAMES), choices=NAMES, help="interception policies (default: all)")
+    add("--seed", type=int, default=0, help="draws the requests, their waits and arrivals (default %(default)s)")
+    add("--model", default=DEFAULT_MODEL, help="served model (default %(default)s)")
+    add("--timeout-s", type=float, default=300, help="a policy's run is cut off after this long (default %(default)s)")
+    add("--program-dir", default=str(Path(default_program_dir()).parent / "bench-programs"),
+        help="program store with its compiled-code cache, shared by the servers (default %(default)s)")
+    return parser.parse_args()
+
+
+def run_policy(args, policy: str, requests: list[Request], root: Path) -> Outcome:
+    log = root / f"serve-{policy}.log"
+    srv = Server(root / policy, args.model, "--interception-policy", policy, "--num-kv-pages", str(args.num_kv_pages),
+                 "--num-host-pages", str(args.num_host_pages), "--torch-threads", str(args.torch_threads),
+                 "--program-dir", args.program_dir, "--max-instances-per-client", str(len(requests)), log=log)
+    outcome = Outcome(policy)
+    try:
+        with srv.client() as client:
+            client.upload(wasm(PROGRAM), PROGRAM)
+            drive(client, requests, args, outcome)
+            outcome.stats = client.stats()
+    finally:
+        srv.stop()
+    found = PROFILE_LOG.findall(log.read_text(errors="replace"))
+    outcome.profile_log = found[-1] if found else "(not logged)"
+    return outcome
+
+
+def drive(client, requests: list[Request], args, outcome: Outcome) -> None:
+    """Launch each request at its arrival time and collect exits until all are done or time runs out."""
+    pending, by_id, start = list(requests), {}, time.monotonic()
+    last_exit = start
+    for event in client.events(poll_s=0.02):
+        now = time.monotonic() - start
+        while pending and pending[0].arrival_s <= now:
+            request = pending.pop(0)
+            by_id[client.launch(PROGRAM, request.args(args.tokens))] = request
+        if event is not None and event.instance_id in by_id:
+            request = by_id[event.instance_id]
+            if event.kind == "message":
+                outcome.outputs[request.index] = event.text
+            elif event.kind == "exit":
+                if event.exit_code == 0 and request.index in outcome.outputs:
+                    outcome.latency_s[request.index] = now - request.arrival_s
+                    last_exit = time.monotonic()
+                else:
+                    outcome.errors[request.index] = f"exit {event.exit_code}: {event.text}"
+        if not pending and len(outcome.latency_s) + len(outcome.errors) == len(requests):
+            break
+        if now > args.timeout_s:
+            break
+    outcome.span_s = last_exit - start - requests[0].arrival_s
+
+
+def references(outcomes: list[Outcome]) -> dict[int, str]:
+    """Each request's tokens under ``preserve`` (nothing recomputed or copied), else under the first
+    policy that completed it."""
+    ordered = sorted(outcomes, key=lambda o: o.policy != "preserve")
+    return {i: text for o in reversed(ordered) for i, text in o.outputs.items() if i in o.latency_s}
+
+
+def differing(o: Outcome, reference: dict[int, str]) -> list[int]:
+    return [i for i in o.latency_s if o.outputs[i] != reference[i]]
+
+
+def report_rows(outcomes: list[Outcome], reference: dict[int, str], num_requests: int) -> list[list[object]]:
+    rows = []
+    for o in outcomes:
+        s, latencies = o.stats, sorted(o.latency_s.values())
+        same = len(o.latency_s) - len(differing(o, reference))
+        rows.append([o.policy, f"{len(o.latency_s)}/{num_requests}", f"{o.per_min:.1f}",
+                     f"{percentile(latencies, 50):.1f}", f"{percentile(latencies, 90):.1f}",
+                     f"{s.device_s:.0f}", f"{100 * s.rewrite_s / max(s.device_s, 1e-9):.1f}%",
+                     f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", s.num_swapped_out, s.num_swapped_in,
+                     s.num_discarded, s.num_preempted, f"{same}/{len(o.latency_s)}"])
+    return rows
+
+
+HEADERS = ["policy", "completed", "requests/min", "p50 s", "p90 s", "device s", "recompute share",
+           "paused page-s", "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
+
+
+def ratio_lines(outcomes: list[Outcome]) -> list[str]:
+    """infercept against each other policy: requests per minute, p90 latency and memory waste."""
+    ic = next((o for o in outcomes if o.policy == "infercept"), None)
+    if ic is None:
+        return []
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b else "-"
+    p90 = {o.policy: percentile(sorted(o.latency_s.values()), 90) for o in outcomes}
+    return [f"infercept / {o.policy}: requests/min {ratio(ic.per_min, o.per_min)}, "
+            f"p90 {ratio(p90[ic.policy], p90[o.policy])}, "
+            f"waste {ratio(ic.stats.contended_page_s, o.stats.contended_page_s)}"
+            for o in outcomes if o is not ic]
+
+
+def main() -> None:
+    args = parse_args()
+    requests = workload(args.requests, args.rate, args.time_scale, args.seed)
+    print("\n".join(machine_lines()), flush=True)
+    kinds = {k: sum(r.augmentation == k for r in requests) for k in sorted(AUGMENTATIONS)}
+    num_pauses = [len(r.pauses_ms) for r in requests]
+    print(f"{args.requests} requests at {args.rate}/min over {requests[-1].arrival_s:.0f} s, {kinds}; "
+          f"{sum(num_pauses)} pauses ({min(num_pauses)}-{max(num_pauses)} per request), "
+          f"waits {min(min(r.pauses_ms) for r in requests)}-{max(max(r.pauses_ms) for r in requests)} ms; "
+          f"{args.num_kv_pages} KvPages, {args.num_host_pages} host slots", flush=True)
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="oven-infercept-") as tmp:
+        for policy in args.policies:
+            o = run_policy(args, policy, requests, Path(tmp))
+            print(f"{policy}: {len(o.latency_s)} completed, {len(o.errors)} failed in {o.span_s:.0f} s; "
+                  f"{o.profile_log}", flush=True)
+            for index, error in list(o.errors.items())[:3]:
+                print(f"  request {index}: {error[:160]}", flush=True)
+            outcomes.append(o)
+    reference = references(outcomes)
+    for o in outcomes:
+        for i in differing(o, reference)[:3]:
+            mine, theirs = o.outputs[i].split(), reference[i].split()
+            at = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+            print(f"  {o.policy}: request {i} ({requests[i].augmentation}) differs from token {at} of {len(theirs)}")
+    table = markdown_table(HEADERS, report_rows(outcomes, reference, len(requests)))
+    ratios = ratio_lines(outcomes)
+    profiles = [f"- `{o.policy}`: {o.profile_log}" for o in outcomes]
+    failures = [f"- `{o.policy}`: request {i} ({requests[i].augmentation}, {len(requests[i].pauses_ms)} pauses): "
+                f"{error}" for o in outcomes for i, error in sorted(o.errors.items())] or ["- none"]
+    print(table, *ratios, *profiles, sep="\n")
+    command = " ".join(["python bench/infercept.py", *sys.argv[1:]])
+    path = write_results("infercept", "InferCept's workload: interception policies side by side",
+                         [f"{args.model}, {args.requests} `{PROGRAM}` requests at {args.rate}/min (Poisson, seed "
+                          f"{args.seed}), {sum(num_pauses)} tool waits, time scale {args.time_scale}, {args.tokens} "
+                          f"tokens per step, {args.num_kv_pages} KvPages and {args.num_host_pages} host slots, "
+                          f"{args.torch_threads} torch thread(s). Command: `{command}`", table,
+                          "\n".join(f"- {line}" for line in ratios),
+                          "Requests that failed:\n\n" + "\n".join(failures),
+                          "Cost profiles as `oven serve` logged them last:\n\n" + "\n".join(profiles)])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
