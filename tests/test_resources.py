@@ -583,6 +583,46 @@ def test_preempt_waits_while_pages_can_come_back_and_kills_only_when_nothing_can
     assert choose_victims(policy, FLEET, "old", 6, now=0.0, num_free_host_slots=99) == Decision(terminate=("old",))
 
 
+def test_preempt_waits_for_pages_arriving_from_the_host_tier():
+    # Measured in bench/infercept.py: the requester ("e") comes back from a tool call with 4 pages on
+    # the host and finds 2 free; the other 46 are being restored for four instances (copies in flight,
+    # in no table yet: nothing reclaimable, nothing offloadable), the rest are swapped out or empty.
+    # They run on once their pages land: the requester waits, with 949 host slots free.
+    fleet = [
+        usage("5", 0.0, 0, num_arriving=32),
+        usage("7", 5.5, 0, io_wait_since=11.3),
+        usage("a", 7.0, 0, num_arriving=5),
+        usage("b", 8.7, 0, io_wait_since=11.3),
+        usage("c", 9.5, 0, num_arriving=4),
+        usage("d", 9.8, 0, num_arriving=5),
+        usage("e", 10.6, 0),
+        usage("f", 10.7, 0, blocked_since=11.4),
+        usage("10", 11.2, 0),
+    ]
+    policy = ExhaustionPolicy.preempt()
+    assert choose_victims(policy, fleet, "e", 2, now=11.5, num_free_host_slots=949) == Decision(wait=True)
+    # a long agent (36 pages on the host) needs 9 more than are free: one holder's restore is in
+    # flight, the others' pages are on their way to the host
+    fleet = [usage("7", 0.0, 0), usage("11", 7.3, 0, io_wait_since=11.0), usage("13", 10.9, 0, num_arriving=7),
+             usage("14", 11.0, 7), usage("15", 11.0, 1)]
+    assert choose_victims(policy, fleet, "7", 9, now=11.5, num_free_host_slots=969) == Decision(wait=True)
+    assert choose_victims(ExhaustionPolicy.wait(), fleet, "7", 9, now=11.5) == Decision(wait=True)
+    # more than everyone else holds or receives: it can never fit
+    assert choose_victims(policy, fleet, "7", 16, now=11.5, num_free_host_slots=969) == Decision(terminate=("7",))
+
+
+def test_preempt_kills_the_newest_in_a_deadlock_no_swap_can_break():
+    # every holder is parked on an allocation, nothing is arriving, and no holder newer than the
+    # requester (nor the requester itself) fits in the host tier
+    fleet = [usage("old", 0.0, 2, num_offloadable=2, blocked_since=1.0),
+             usage("mid", 1.0, 3, num_offloadable=3, blocked_since=2.0),
+             usage("new", 2.0, 4, num_offloadable=4, blocked_since=3.0)]
+    policy = ExhaustionPolicy.preempt()
+    assert choose_victims(policy, fleet, "old", 3, now=4.0, num_free_host_slots=1) == Decision(terminate=("new",))
+    # with the host slots for the newest, it is swapped out instead
+    assert choose_victims(policy, fleet, "old", 3, now=4.0, num_free_host_slots=4) == Decision(offload=("new",))
+
+
 def test_choose_victims_rejects_bad_arguments():
     with pytest.raises(ValueError, match="not among the instances"):
         choose_victims(ExhaustionPolicy.terminate_newest(), FLEET, "ghost", 1, now=0.0)

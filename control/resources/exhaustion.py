@@ -80,6 +80,8 @@ class InstanceUsage:
     for KvPages, ``num_embeds`` for Embeds). ``num_offloadable``: KvPages freed if its
     exclusive device pages move to the host tier now (0 for an Embed shortage, and 0 while
     calls that use them are queued or in flight).
+    ``num_arriving``: KvPages a restore is copying its swapped-out pages into: taken from the
+    pool, in no table until the copy lands, then reclaimable (or freed, if it has exited).
     ``io_wait_since``: when it began waiting on I/O (a tool call, http, the user), else None.
     ``blocked_since``: when it was parked on an allocation under ``wait``, else None.
     """
@@ -88,6 +90,7 @@ class InstanceUsage:
     started_at: float
     num_reclaimable: int
     num_offloadable: int = 0
+    num_arriving: int = 0
     io_wait_since: float | None = None
     blocked_since: float | None = None
 
@@ -157,11 +160,18 @@ def _waiting_can_succeed(
     waited_s = None if requester.blocked_since is None else now - requester.blocked_since
     if policy.max_wait_s is not None and waited_s is not None and waited_s >= policy.max_wait_s:
         return False
-    if sum(u.num_reclaimable for u in others) < needed:
+    if sum(_num_held(u) for u in others) < needed:
         return False  # even if every other instance exited, there would not be enough
     # Someone holding memory must still be able to run and free it; if every holder is
     # itself parked on an allocation, nobody ever frees anything.
-    return any(u.blocked_since is None and u.num_reclaimable > 0 for u in others)
+    return any(u.blocked_since is None and _num_held(u) > 0 for u in others)
+
+
+def _num_held(usage: InstanceUsage) -> int:
+    """Pages the instance holds or will hold once its restore lands. Pages in flight back from the
+    host tier are in no table, yet they are no less taken: counting only ``num_reclaimable`` made a
+    pool full of restores look empty of holders, and an instance that could wait was killed for it."""
+    return usage.num_reclaimable + usage.num_arriving
 
 
 def _preempt(instances: Sequence[InstanceUsage], index: int, needed: int, now: float,
@@ -169,7 +179,7 @@ def _preempt(instances: Sequence[InstanceUsage], index: int, needed: int, now: f
     requester = instances[index]
     rank = (requester.started_at, index)
     others = [u for i, u in enumerate(instances) if i != index]
-    if sum(u.num_reclaimable for u in others) < needed:
+    if sum(_num_held(u) for u in others) < needed:
         return Decision(terminate=(requester.instance_id,))  # it cannot fit even alone: waiting is forever
     idle = _by_idle_waste([u for u in others if u.io_wait_since is not None], now)
     newer = sorted((i for i, u in enumerate(instances) if (u.started_at, i) > rank and u.io_wait_since is None),
@@ -178,8 +188,9 @@ def _preempt(instances: Sequence[InstanceUsage], index: int, needed: int, now: f
     if chosen:
         return Decision(offload=chosen)
     # Pages come back when a holder that is not itself parked runs on and frees them, or when
-    # an older parked instance swaps the requester out (it gives up what it holds).
-    if (any(u.blocked_since is None and u.num_reclaimable > 0 for u in others)
+    # an older parked instance swaps the requester out (it gives up what it holds). One whose pages
+    # are arriving from the host runs on once they land (or can be swapped out again then).
+    if (any(u.blocked_since is None and _num_held(u) > 0 for u in others)
             or 0 < requester.num_offloadable <= num_free_host_slots):
         return Decision(wait=True)
     return Decision(terminate=_newest_first(instances, index, needed))

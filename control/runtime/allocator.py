@@ -185,6 +185,7 @@ class Allocator:
         offloadable = len(table.exclusive_device_handles()) if movable else 0
         # An instance whose pages are on their way to the host is about to free them: not blocked.
         return InstanceUsage(inst.instance_id, inst.started_at, held, offloadable,
+                             num_arriving=self.tiers.num_arriving(inst) if kind == "kvpages" else 0,
                              io_wait_since=inst.io_wait_since if inst.io_idle else None,
                              blocked_since=None if inst.swapping else inst.blocked_since)
 

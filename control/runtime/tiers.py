@@ -10,6 +10,7 @@ or in flight, so its pages go back to the pool at once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from oven.control.resources import DISCARDED, HOST, PhysicalPool, ResourceError
@@ -29,6 +30,13 @@ class TierMoves:
                  on_freed: Callable[[], None]):
         self._kv_pool, self._host_pool, self._submit, self._on_freed = kv_pool, host_pool, submit, on_freed
         self._page_size = page_size
+        # Device pages restores are copying into, by instance: in no table until the copy lands (see num_arriving).
+        self._num_arriving_by_instance_id: Counter = Counter()
+
+    def num_arriving(self, inst: Instance) -> int:
+        """Device pages taken for ``inst``'s restores in flight: the exhaustion policy must count them
+        as held by it (they are in its table once the copies land), as it does a blank page."""
+        return self._num_arriving_by_instance_id[inst.instance_id]
 
     def mask_fresh(self, inst: Instance, q: int, page_ids: list[int]) -> list[Future]:
         """Hide every slot of freshly allocated pages (they still hold their previous owner's K/V; a
@@ -70,8 +78,15 @@ class TierMoves:
             self._submit(inst, q, "restore", p.RestoreItem(slot_id, page_id), copy,
                          reads=frozenset({HostSlot(slot_id)}), writes=frozenset({KvSlots.page(page_id)}))
             copies.append(copy)
-        when_all(copies, lambda error: self._settle(inst, fut, error, page_ids, self._kv_pool,
-                                                      lambda: table.mark_restored(handles, page_ids)))
+        arriving = self._num_arriving_by_instance_id
+        arriving[inst.instance_id] += len(page_ids)
+
+        def done(error: str | None) -> None:
+            arriving[inst.instance_id] -= len(page_ids)
+            if not arriving[inst.instance_id]:
+                del arriving[inst.instance_id]
+            self._settle(inst, fut, error, page_ids, self._kv_pool, lambda: table.mark_restored(handles, page_ids))
+        when_all(copies, done)
 
     def blank(self, inst: Instance, q: int, handles: list[int], fut: Future) -> None:
         """Fresh masked device pages for discarded handles; raises PoolExhausted before any call."""
