@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(serve, InferenceConfig)
     add_config_arguments(serve, ControlConfig)
     add_config_arguments(serve, OpenAIConfig)
-    serve.add_argument("--quiet", action="store_true", help="do not echo the inference process's log")
+    serve.add_argument("--quiet", action="store_true", help="do not echo the inference process's log nor log "
+                       "the interception policy's costs")
     serve.set_defaults(func=commands.cmd_serve)
 
     run = sub.add_parser("run", help="run an inferlet and stream its output",

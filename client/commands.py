@@ -39,8 +39,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .openai_api.frontend import FrontEnd, FrontEndError, OpenAIConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s control %(levelname)s %(message)s")
-    # The loop logs the interception policy's cost profile as it learns it, and a summary at shutdown.
-    logging.getLogger("oven.control.runtime.loop").setLevel(logging.INFO)
+    # The loop logs the interception policy's cost profile as it learns it, and a summary at shutdown
+    # (not for an embedded server, started --quiet, whose output is its client's).
+    if not args.quiet:
+        logging.getLogger("oven.control.runtime.loop").setLevel(logging.INFO)
     try:
         inference = config_from_args(InferenceConfig, args)
         control = config_from_args(ControlConfig, args, section="control")
