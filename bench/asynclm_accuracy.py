@@ -156,7 +156,8 @@ def main() -> int:
                          f"({'within' if abs(gap) <= 2 else '**outside**'} 2)")
         if s == "demo" and ("FT", s, "async") in share:
             goals.append(f"- demo: FT async {100 * share['FT', s, 'async']:.0f} % (goal ≥ 90 %)")
-    adapter_line = f"Adapter: `{args.adapter}`" + (f" (`{json.loads((args.adapter / 'training.json').read_text())['command']}`)"
+    shown = os.path.relpath(args.adapter) if args.adapter.resolve().is_relative_to(Path.cwd()) else args.adapter.name
+    adapter_line = f"Adapter: `{shown}`" + (f" (`{json.loads((args.adapter / 'training.json').read_text())['command']}`)"
                                                    if (args.adapter / "training.json").is_file() else "")
     sections = [
         f"{adapter_line}; model `{args.model}`; data seed {args.seed}; greedy; {time.monotonic() - start:.0f} s.",
