@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import sys
 import tempfile
 import time
@@ -56,7 +55,6 @@ AUGMENTATIONS = {
     "image": ((3, 4), (5.0, 20.0)),
     "tts": ((3, 6), (5.0, 20.0)),
 }
-PROFILE_LOG = re.compile(r"interception profile .*")
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,7 @@ class Outcome:
     errors: dict[int, str] = field(default_factory=dict)
     span_s: float = 0.0  # first arrival to last completion
     stats: c.StatsReply | None = None
-    profile_log: str = ""
+    profile: str = ""
 
     @property
     def per_min(self) -> float:
@@ -134,8 +132,7 @@ def run_policy(args, policy: str, requests: list[Request], root: Path) -> Outcom
             outcome.stats = client.stats()
     finally:
         srv.stop()
-    found = PROFILE_LOG.findall(log.read_text(errors="replace"))
-    outcome.profile_log = found[-1] if found else "(not logged)"
+    outcome.profile = outcome.stats.profile.describe() if outcome.stats and outcome.stats.profile else "(none)"
     return outcome
 
 
@@ -223,7 +220,7 @@ def main() -> None:
         for policy in args.policies:
             o = run_policy(args, policy, requests, Path(tmp))
             print(f"{policy}: {len(o.latency_s)} completed, {len(o.errors)} failed in {o.span_s:.0f} s; "
-                  f"{o.profile_log}", flush=True)
+                  f"{o.profile}", flush=True)
             for index, error in list(o.errors.items())[:3]:
                 print(f"  request {index}: {error[:160]}", flush=True)
             outcomes.append(o)
@@ -235,7 +232,7 @@ def main() -> None:
             print(f"  {o.policy}: request {i} ({requests[i].augmentation}) differs from token {at} of {len(theirs)}")
     table = markdown_table(HEADERS, report_rows(outcomes, reference, len(requests)))
     ratios = ratio_lines(outcomes)
-    profiles = [f"- `{o.policy}`: {o.profile_log}" for o in outcomes]
+    profiles = [f"- `{o.policy}`: {o.profile}" for o in outcomes]
     failures = [f"- `{o.policy}`: request {i} ({requests[i].augmentation}, {len(requests[i].pauses_ms)} pauses): "
                 f"{error}" for o in outcomes for i, error in sorted(o.errors.items())] or ["- none"]
     print(table, *ratios, *profiles, sep="\n")
@@ -247,7 +244,7 @@ def main() -> None:
                           f"{args.torch_threads} torch thread(s). Command: `{command}`", table,
                           "\n".join(f"- {line}" for line in ratios),
                           "Requests that failed:\n\n" + "\n".join(failures),
-                          "Cost profiles as `oven serve` logged them last:\n\n" + "\n".join(profiles)])
+                          "Cost profiles (the server's stats at the end of the run):\n\n" + "\n".join(profiles)])
     print(f"wrote {path}")
 
 

@@ -229,10 +229,7 @@ def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
     print(f"interception policy {s.interception_policy}: {s.num_swapped_out} swapped out, {s.num_swapped_in} "
           f"back in ahead of their return, {s.num_discarded} discarded; {s.num_preempted} preempted for the pool")
     if s.profile is not None:
-        p = s.profile
-        tag = ["measured" if m else "default" for m in (p.recompute_measured, p.swap_measured, p.budget_measured)]
-        print(f"profile: recompute {p.recompute_s_per_token * 1e3:.3f} ms/token ({tag[0]}), swap "
-              f"{p.swap_s_per_page * 1e3:.3f} ms/page ({tag[1]}), swap budget {p.swap_budget_pages} pages ({tag[2]})")
+        print(f"profile: {s.profile.describe()}")
 
 
 @_with_client

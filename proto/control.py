@@ -193,6 +193,14 @@ class InterceptionProfile:
     swap_measured: bool
     budget_measured: bool
 
+    def describe(self) -> str:
+        """One line for people (``oven stats``, the benches)."""
+        tag = ["measured" if m else "default" for m in (self.recompute_measured, self.swap_measured,
+                                                         self.budget_measured)]
+        return (f"recompute {self.recompute_s_per_token * 1e3:.3f} ms/token ({tag[0]}), swap "
+                f"{self.swap_s_per_page * 1e3:.3f} ms/page ({tag[1]}), swap budget {self.swap_budget_pages} "
+                f"pages ({tag[2]})")
+
 
 @dataclass(frozen=True, slots=True)
 class StatsReply:
