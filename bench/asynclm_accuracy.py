@@ -109,7 +109,7 @@ def main() -> int:
               for s in sets for v in variants}
 
     results: dict[tuple[str, str, str], list[bool]] = {}
-    sessions = []
+    kept = dict(earlier)  # every session by key, written out as each one ends
     total = sum(len(rs) for rs in chosen.values()) * len(models)
     done, start = 0, time.monotonic()
     for model_name in models:
@@ -128,9 +128,8 @@ def main() -> int:
                     session.update(correct=correct(record, outcome), calls=outcome.calls, expected=record["calls"],
                                    answer=outcome.text.strip())
                 ok.append(session["correct"])
-                sessions.append(session)
-                (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(
-                    sessions + [e for k, e in earlier.items() if k not in {_key(x) for x in sessions}], indent=1) + "\n")
+                kept[_key(session)] = session
+                (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(list(kept.values()), indent=1) + "\n")
                 done += 1
                 elapsed = time.monotonic() - start
                 print(f"[{done}/{total}, {elapsed / 60:.1f} min, ETA {elapsed / done * (total - done) / 60:.1f} min] "

@@ -148,9 +148,7 @@ class Loop:
                     pending += self._inject()
         for event in self.monitor.flush():
             self._on(event)
-        self.outcome.calls_right = same_calls(self.outcome.calls, self.record["calls"])
-        self.outcome.facts_stated = all(fact in self.outcome.text for fact in self.record["facts"])
-        return self.outcome
+        return _scored(self.outcome, self.record)
 
     def _choose(self, ranked: list[int]) -> int | None:
         if self.forced:
@@ -207,14 +205,14 @@ class PlainLoop:
                  system: str):
         self.model, self.encoder, self.record, self.registry = model, encoder, record, registry
         self.max_new_tokens, self.system = max_new_tokens, system
+        self.stop_ids = set(encoder.tokenizer.stop_token_ids)
         self.outcome = Outcome(record["task_id"])
 
     def run(self) -> Outcome:
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": self.record["question"]}]
         budget = self.max_new_tokens
         while budget > 0:
-            written = greedy(self.model, self.encoder.encode(self.encoder.chat(messages)), budget,
-                             set(self.encoder.tokenizer.stop_token_ids))
+            written = greedy(self.model, self.encoder.encode(self.encoder.chat(messages)), budget, self.stop_ids)
             budget -= len(written) + 1
             content = self.encoder.decode(written).strip()
             calls = _plain_calls(content)
@@ -230,9 +228,14 @@ class PlainLoop:
             self.outcome.calls += calls
             messages += [{"role": "assistant", "content": content},
                          {"role": "tool", "content": plain.results_text(pairs)}]
-        self.outcome.calls_right = same_calls(self.outcome.calls, self.record["calls"])
-        self.outcome.facts_stated = all(fact in self.outcome.text for fact in self.record["facts"])
-        return self.outcome
+        return _scored(self.outcome, self.record)
+
+
+def _scored(outcome: Outcome, record: dict) -> Outcome:
+    """``outcome`` with its verdicts against the sample: the expected calls, the values stated."""
+    outcome.calls_right = same_calls(outcome.calls, record["calls"])
+    outcome.facts_stated = all(fact in outcome.text for fact in record["facts"])
+    return outcome
 
 
 def _plain_calls(content: str) -> list[str]:
