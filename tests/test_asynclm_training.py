@@ -98,6 +98,33 @@ def test_resume_refuses_other_settings_and_a_missing_checkpoint(data_file, tmp_p
         train(config(data_file, tmp_path, lr=5e-3), resume=True, progress=False)
 
 
+def test_a_second_stage_starts_from_the_first_adapter_and_keeps_its_recipe(data_file, tmp_path):
+    first = train(config(data_file, tmp_path / "first", epochs=1), progress=False)
+    stage = config(data_file, tmp_path / "second", epochs=1, max_steps=1, lr=1e-9, init=tmp_path / "first")
+    second = train(stage, progress=False)
+    # At lr 1e-9 one step leaves the weights where the first stage put them (bf16 both times).
+    a, b = (load_file(tmp_path / d / "adapter_model.safetensors") for d in ("first", "second"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert second["init"]["name"] == "first" and second["init"]["training"]["loss_curve"] == first["loss_curve"]
+    assert len(second["init"]["weights_sha256"]) == 64
+    assert json.loads((tmp_path / "second" / "training.json").read_text())["init"] == second["init"]
+    # The first step of the second stage starts where the first stage's adapter is, not from scratch.
+    fresh = train(config(data_file, tmp_path / "fresh", epochs=1, max_steps=1, lr=1e-9), progress=False)
+    assert second["loss_curve"][0] < fresh["loss_curve"][0]
+    with pytest.raises(ValueError, match="made on other data or from another --init"):
+        train(config(data_file, tmp_path / "fresh", epochs=1, lr=1e-9, init=tmp_path / "first"), resume=True,
+              progress=False)
+
+
+def test_a_second_stage_refuses_another_shape_or_a_folder_without_an_adapter(data_file, tmp_path):
+    train(config(data_file, tmp_path / "first", epochs=1, max_steps=1), progress=False)
+    with pytest.raises(ValueError, match="pass the same --rank"):
+        train(config(data_file, tmp_path / "x", lora=LoraSettings(rank=8, alpha=8.0), init=tmp_path / "first"),
+              progress=False)
+    with pytest.raises(FileNotFoundError, match="not an adapter folder"):
+        train(config(data_file, tmp_path / "x", init=tmp_path), progress=False)
+
+
 def test_the_committed_adapter_is_a_small_bf16_peft_folder_with_its_recipe():
     from pathlib import Path
 

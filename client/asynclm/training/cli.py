@@ -79,6 +79,9 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--max-steps", type=int, default=None,
                        help="stop after this many steps, writing the adapter so far (resumable)")
     train.add_argument("--resume", action="store_true", help="go on from OUT/checkpoint.pt")
+    train.add_argument("--init", default=None, metavar="ADAPTER",
+                       help="start from this adapter folder (an earlier run's OUT) instead of a fresh adapter: "
+                            "a second stage on new samples; training.json keeps the earlier run's summary")
     train.set_defaults(func=cmd_train)
 
 
@@ -135,7 +138,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             lora=LoraSettings(args.rank, args.alpha, tuple(t for t in args.targets.split(",") if t)),
             precision=args.precision,
             variants=tuple(v for v in args.variants.split(",") if v), threads=args.threads or os.cpu_count() or 1,
-            checkpoint_every=args.checkpoint_every, max_steps=args.max_steps)
+            checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
+            init=Path(args.init) if args.init else None)
         summary = train(config, resume=args.resume, command=shlex.join(["oven", *sys.argv[sys.argv.index(
             "asynclm-train"):]]) if "asynclm-train" in sys.argv else None)
     except (ValueError, FileNotFoundError, KeyError) as exc:

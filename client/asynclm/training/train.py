@@ -5,6 +5,9 @@ prompt prefix (batches.py), in an order fixed by the seed; the weights stay fp32
 products run in bf16 unless ``precision`` is fp32. Every ``checkpoint_every`` steps the
 adapter, the optimizer, the schedule and the loss curve go to ``OUT/checkpoint.pt``; ``resume``
 continues from there with the same settings (the checkpoint is removed once the run completes).
+``init`` starts the adapter from an earlier run's folder instead of PEFT's initialisation (a
+second stage on new samples, with its own optimizer and schedule); ``training.json`` then keeps
+that run's summary under ``init``, so the chain of commands that made the adapter stays on record.
 A run stopped by ``max_steps`` writes the adapter it has so far (``training.json``: ``complete``
 false, ``steps_done``). The result in ``OUT``: a PEFT adapter folder (``adapter_config.json``, ``adapter_model.safetensors``
 in bf16) and ``training.json`` (command, seed, data hashes, settings, loss curve, time); and
@@ -48,6 +51,7 @@ class TrainConfig:
     threads: int = os.cpu_count() or 1
     checkpoint_every: int = 25
     max_steps: int | None = None    # stop after this many steps (a checkpoint makes it resumable)
+    init: Path | None = None        # an adapter folder to start from (same rank, alpha and targets)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_samples", "batch_tokens", "threads", "checkpoint_every"):
@@ -60,7 +64,7 @@ class TrainConfig:
 
     def settings(self) -> dict:
         """What decides the result (not where it goes or how many threads compute it)."""
-        skip = {"data", "out", "threads", "checkpoint_every", "max_steps"}
+        skip = {"data", "out", "threads", "checkpoint_every", "max_steps", "init"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -100,13 +104,16 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
     model, _ = load_base(config.model, config.seed)
     torch.manual_seed(config.seed)
     model = with_lora(model, config.lora)
+    init = _load_init(model, config) if config.init is not None else None
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     data_sha = file_sha256(config.data)
+    # A checkpoint is made from the data and the starting adapter: resume checks both.
+    made_from = data_sha + (f"+{init['weights_sha256']}" if init else "")
     state = {"step": 0, "losses": [], "elapsed_s": 0.0, "tokens": 0}
     checkpoint = config.out / CHECKPOINT
     if resume:
-        state = _restore(checkpoint, model, optimizer, config, data_sha)
+        state = _restore(checkpoint, model, optimizer, config, made_from)
     config.out.mkdir(parents=True, exist_ok=True)
     stop = total if config.max_steps is None else min(total, config.max_steps)
     bar = tqdm(total=total, initial=state["step"], desc="asynclm-train", unit="step", disable=not progress,
@@ -131,12 +138,37 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
         bar.set_postfix(loss=f"{sum(recent) / len(recent):.4f}", tok_s=f"{state['tokens'] / state['elapsed_s']:.0f}")
         bar.update(1)
         if state["step"] % config.checkpoint_every == 0 or state["step"] == stop < total:
-            _save_checkpoint(checkpoint, model, optimizer, config, data_sha, state)
+            _save_checkpoint(checkpoint, model, optimizer, config, made_from, state)
     bar.close()
-    summary = _finish(model, config, state, total, len(records), data_sha, command)
+    summary = _finish(model, config, state, total, len(records), data_sha, command, init)
     if summary["complete"]:
         checkpoint.unlink(missing_ok=True)
     return summary
+
+
+def _load_init(model, config: TrainConfig) -> dict:
+    """Copy the LoRA weights of the adapter folder ``config.init`` into ``model``; what training.json
+    keeps of it (its name, weights hash and the summary of the run that made it)."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = config.init
+    weights, adapter_config = folder / "adapter_model.safetensors", folder / "adapter_config.json"
+    if not weights.is_file() or not adapter_config.is_file():
+        raise FileNotFoundError(f"{folder}: not an adapter folder (no adapter_config.json and "
+                                "adapter_model.safetensors)")
+    theirs = json.loads(adapter_config.read_text())
+    ours = {"r": config.lora.rank, "lora_alpha": config.lora.alpha, "target_modules": sorted(config.lora.targets)}
+    got = {"r": theirs.get("r"), "lora_alpha": theirs.get("lora_alpha"),
+           "target_modules": sorted(theirs.get("target_modules") or [])}
+    if got != ours:
+        raise ValueError(f"{folder}: adapter has {got}, this run {ours}; pass the same --rank, --alpha and --targets")
+    result = set_peft_model_state_dict(model, {k: v.float() for k, v in load_file(weights).items()})
+    if result.unexpected_keys:
+        raise ValueError(f"{folder}: weights this model has no place for: {result.unexpected_keys[:3]}")
+    summary_path = folder / "training.json"
+    return {"name": folder.name, "weights_sha256": file_sha256(weights),
+            "training": json.loads(summary_path.read_text()) if summary_path.is_file() else None}
 
 
 def _trainable_state(model) -> dict:
@@ -161,7 +193,7 @@ def _restore(path: Path, model, optimizer, config: TrainConfig, data_sha: str) -
     if saved["settings"] != config.settings():
         raise ValueError(f"{path} was made with other settings; run without --resume to start over")
     if saved["data_sha256"] != data_sha:
-        raise ValueError(f"{path} was made on other data; run without --resume to start over")
+        raise ValueError(f"{path} was made on other data or from another --init; run without --resume to start over")
     named = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in saved["adapter"].items():
@@ -172,7 +204,7 @@ def _restore(path: Path, model, optimizer, config: TrainConfig, data_sha: str) -
 
 
 def _finish(model, config: TrainConfig, state: dict, total: int, num_samples: int, data_sha: str,
-            command: str | None) -> dict:
+            command: str | None, init: dict | None) -> dict:
     save_adapter(model, config.out, config.model)
     meta_path = config.data.parent / "data.json"
     data_meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -194,6 +226,8 @@ def _finish(model, config: TrainConfig, state: dict, total: int, num_samples: in
         "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 5),
         "loss_curve": losses,
     }
+    if init is not None:
+        summary["init"] = init
     (config.out / "training.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     _plot(losses, config.out / "loss.png")
     return summary
