@@ -20,7 +20,14 @@ and preemptions, and the cost profile it learnt.
 Every request's tokens must be the same under every policy (greedy): the policy changes cost, never
 results.
 
-Run: ``.venv/bin/python bench/infercept.py`` (about 8 minutes on 2 loaded cores).
+``--rates`` takes several arrival rates: the same requests (only their arrival times scale) then run
+under every policy at every rate, and the bench compares what InferCept compares, completed requests
+per minute *at the same p90 latency*: per policy, the most requests per minute among its rates whose
+runs completed every request within a p90 target (``--p90-target``; default the p90 of ``discard`` at
+the lowest rate, the latency discarding costs even when lightly loaded).
+
+Run: ``.venv/bin/python bench/infercept.py`` (about 8 minutes on 2 loaded cores); the sweep
+``--rates 40 60 90 135`` takes about four times as long.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ def workload(num: int, rate_per_min: float, time_scale: float, seed: int) -> lis
 @dataclass
 class Outcome:
     policy: str
+    rate: float = 0.0  # mean arrivals per minute
     latency_s: dict[int, float] = field(default_factory=dict)  # request -> arrival to exit, completed ones
     outputs: dict[int, str] = field(default_factory=dict)  # request -> its token ids
     errors: dict[int, str] = field(default_factory=dict)
@@ -103,7 +111,10 @@ def parse_args() -> argparse.Namespace:
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     add = parser.add_argument
     add("--requests", type=int, default=24, help="requests per policy (default %(default)s)")
-    add("--rate", type=float, default=40, help="mean arrivals per minute, Poisson (default %(default)s)")
+    add("--rates", type=float, nargs="+", default=[40],
+        help="mean arrivals per minute, Poisson; several make a sweep (default %(default)s)")
+    add("--p90-target", type=float, default=None,
+        help="p90 latency target of the sweep, seconds (default: discard's p90 at the lowest rate)")
     add("--time-scale", type=float, default=0.1, help="multiplies every tool's wait (default %(default)s)")
     add("--tokens", type=int, default=8, help="tokens decoded between two pauses (default %(default)s)")
     add("--num-kv-pages", type=int, default=48, help="device KvPage pool (default %(default)s)")
@@ -205,46 +216,101 @@ def ratio_lines(outcomes: list[Outcome]) -> list[str]:
             for o in outcomes if o is not ic]
 
 
+def p90(o: Outcome) -> float:
+    return percentile(sorted(o.latency_s.values()), 90)
+
+
+def best_within(runs: dict[float, list[Outcome]], target_s: float, num_requests: int) -> dict[str, Outcome]:
+    """Per policy, its run with the most requests per minute among those that completed every request
+    with a p90 latency within ``target_s``; a policy with no such run is left out."""
+    best: dict[str, Outcome] = {}
+    for outcomes in runs.values():
+        for o in outcomes:
+            if len(o.latency_s) == num_requests and p90(o) <= target_s and \
+                    (o.policy not in best or o.per_min > best[o.policy].per_min):
+                best[o.policy] = o
+    return best
+
+
+def sweep_sections(runs: dict[float, list[Outcome]], target_s: float, num_requests: int) -> list[str]:
+    """The rate sweep: requests per minute and p90 of every policy at every rate, and each policy's
+    best within the p90 target with infercept's ratio to it."""
+    policies = [o.policy for o in next(iter(runs.values()))]
+    rows = [[policy, *(next(f"{o.per_min:.1f} / {p90(o):.1f}" + ("" if len(o.latency_s) == num_requests else
+                                                              f" ({len(o.latency_s)}/{num_requests})")
+                            for o in outcomes if o.policy == policy) for outcomes in runs.values())]
+            for policy in policies]
+    table = markdown_table(["policy", *(f"{rate:g}/min" for rate in runs)], rows)
+    best = best_within(runs, target_s, num_requests)
+    lines = [f"- `{policy}`: " + (f"{best[policy].per_min:.1f} requests/min (at {best[policy].rate:g}/min, p90 "
+                                  f"{p90(best[policy]):.1f} s)" if policy in best else "no run within the target")
+             for policy in policies]
+    if "infercept" in best:
+        ic = best["infercept"].per_min
+        lines += [f"- infercept / {policy}: {ic / best[policy].per_min:.2f}x" for policy in policies
+                  if policy != "infercept" and policy in best]
+    return [f"Rate sweep: requests/min / p90 s per policy and arrival rate\n\n{table}",
+            f"Requests per minute at the same p90 latency (every request completed, p90 <= {target_s:.1f} s):\n\n"
+            + "\n".join(lines)]
+
+
 def main() -> None:
     args = parse_args()
-    requests = workload(args.requests, args.rate, args.time_scale, args.seed)
+    rates = sorted(args.rates)
     print("\n".join(machine_lines()), flush=True)
-    kinds = {k: sum(r.augmentation == k for r in requests) for k in sorted(AUGMENTATIONS)}
-    num_pauses = [len(r.pauses_ms) for r in requests]
-    print(f"{args.requests} requests at {args.rate}/min over {requests[-1].arrival_s:.0f} s, {kinds}; "
-          f"{sum(num_pauses)} pauses ({min(num_pauses)}-{max(num_pauses)} per request), "
-          f"waits {min(min(r.pauses_ms) for r in requests)}-{max(max(r.pauses_ms) for r in requests)} ms; "
-          f"{args.num_kv_pages} KvPages, {args.num_host_pages} host slots", flush=True)
-    outcomes = []
+    runs: dict[float, list[Outcome]] = {}
     with tempfile.TemporaryDirectory(prefix="oven-infercept-") as tmp:
-        for policy in args.policies:
-            o = run_policy(args, policy, requests, Path(tmp))
-            print(f"{policy}: {len(o.latency_s)} completed, {len(o.errors)} failed in {o.span_s:.0f} s; "
-                  f"{o.profile}", flush=True)
-            for index, error in list(o.errors.items())[:3]:
-                print(f"  request {index}: {error[:160]}", flush=True)
-            outcomes.append(o)
-    reference = references(outcomes)
-    for o in outcomes:
-        for i in differing(o, reference)[:3]:
-            mine, theirs = o.outputs[i].split(), reference[i].split()
-            at = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-            print(f"  {o.policy}: request {i} ({requests[i].augmentation}) differs from token {at} of {len(theirs)}")
-    table = markdown_table(HEADERS, report_rows(outcomes, reference, len(requests)))
-    ratios = ratio_lines(outcomes)
-    profiles = [f"- `{o.policy}`: {o.profile}" for o in outcomes]
-    failures = [f"- `{o.policy}`: request {i} ({requests[i].augmentation}, {len(requests[i].pauses_ms)} pauses): "
-                f"{error}" for o in outcomes for i, error in sorted(o.errors.items())] or ["- none"]
-    print(table, *ratios, *profiles, sep="\n")
+        for rate in rates:
+            requests = workload(args.requests, rate, args.time_scale, args.seed)
+            kinds = {k: sum(r.augmentation == k for r in requests) for k in sorted(AUGMENTATIONS)}
+            num_pauses = [len(r.pauses_ms) for r in requests]
+            print(f"{args.requests} requests at {rate:g}/min over {requests[-1].arrival_s:.0f} s, {kinds}; "
+                  f"{sum(num_pauses)} pauses ({min(num_pauses)}-{max(num_pauses)} per request), "
+                  f"waits {min(min(r.pauses_ms) for r in requests)}-{max(max(r.pauses_ms) for r in requests)} ms; "
+                  f"{args.num_kv_pages} KvPages, {args.num_host_pages} host slots", flush=True)
+            runs[rate] = []
+            for policy in args.policies:
+                o = run_policy(args, policy, requests, Path(tmp) / f"{rate:g}")
+                o.rate = rate
+                print(f"{policy} at {rate:g}/min: {len(o.latency_s)} completed, {len(o.errors)} failed in "
+                      f"{o.span_s:.0f} s, p90 {p90(o) if o.latency_s else float('nan'):.1f} s; {o.profile}", flush=True)
+                for index, error in list(o.errors.items())[:3]:
+                    print(f"  request {index}: {error[:160]}", flush=True)
+                runs[rate].append(o)
+    # Only arrival times differ between rates, so one reference serves every run.
+    reference = references([o for outcomes in runs.values() for o in outcomes])
+    sections = []
+    for rate, outcomes in runs.items():
+        for o in outcomes:
+            for i in differing(o, reference)[:3]:
+                mine, theirs = o.outputs[i].split(), reference[i].split()
+                at = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+                print(f"  {o.policy} at {rate:g}/min: request {i} ({requests[i].augmentation}) differs from token "
+                      f"{at} of {len(theirs)}")
+        table = markdown_table(HEADERS, report_rows(outcomes, reference, len(requests)))
+        ratios = ratio_lines(outcomes)
+        profiles = [f"- `{o.policy}`: {o.profile}" for o in outcomes]
+        failures = [f"- `{o.policy}`: request {i} ({requests[i].augmentation}, {len(requests[i].pauses_ms)} pauses): "
+                    f"{error}" for o in outcomes for i, error in sorted(o.errors.items())] or ["- none"]
+        print(f"at {rate:g}/min:", table, *ratios, *profiles, sep="\n")
+        sections += [f"## {rate:g} requests/min\n\n{table}", "\n".join(f"- {line}" for line in ratios),
+                     "Requests that failed:\n\n" + "\n".join(failures),
+                     "Cost profiles (the server's stats at the end of the run):\n\n" + "\n".join(profiles)]
+    if len(runs) > 1:
+        first = next((o for o in runs[rates[0]] if o.policy == "discard"), None)
+        target_s = args.p90_target or (p90(first) if first and first.latency_s else max(
+            p90(o) for o in runs[rates[0]] if o.latency_s))
+        sweep = sweep_sections(runs, target_s, len(requests))
+        print(*sweep, sep="\n\n")
+        sections = sweep + sections
+    num_pauses = sum(len(r.pauses_ms) for r in requests)
     command = " ".join(["python bench/infercept.py", *sys.argv[1:]])
-    path = write_results("infercept", "InferCept's workload: interception policies side by side",
-                         [f"{args.model}, {args.requests} `{PROGRAM}` requests at {args.rate}/min (Poisson, seed "
-                          f"{args.seed}), {sum(num_pauses)} tool waits, time scale {args.time_scale}, {args.tokens} "
-                          f"tokens per step, {args.num_kv_pages} KvPages and {args.num_host_pages} host slots, "
-                          f"{args.torch_threads} torch thread(s). Command: `{command}`", table,
-                          "\n".join(f"- {line}" for line in ratios),
-                          "Requests that failed:\n\n" + "\n".join(failures),
-                          "Cost profiles (the server's stats at the end of the run):\n\n" + "\n".join(profiles)])
+    name = "infercept" if len(runs) == 1 else "infercept_sweep"
+    path = write_results(name, "InferCept's workload: interception policies side by side",
+                         [f"{args.model}, {args.requests} `{PROGRAM}` requests at {', '.join(f'{r:g}' for r in rates)}"
+                          f"/min (Poisson, seed {args.seed}), {num_pauses} tool waits, time scale {args.time_scale}, "
+                          f"{args.tokens} tokens per step, {args.num_kv_pages} KvPages and {args.num_host_pages} host "
+                          f"slots, {args.torch_threads} torch thread(s). Command: `{command}`", *sections])
     print(f"wrote {path}")
 
 
