@@ -4,7 +4,8 @@ engine decoding the same batch in process (issue 15's "batches that fill").
 * **served**: `oven serve` on the model (one torch thread, the given dispatch policies, one server
   each), ``--instances`` concurrent `text-completion` runs of ``--tokens`` tokens launched at once
   over one client; the wall time from the first launch to the last exit, and the server's own
-  batch statistics (batches, commands, mean items per batch);
+  batch statistics (batches, commands, mean items per batch, and the seconds batches took from
+  send to reply: where the wall time went that no batch was running);
 * **in process**: an :class:`~oven.inference.engine.Engine` on the same model and thread count,
   ``--instances`` sequences at the served runs' mean context, timing one decode step of the whole
   batch (median of ``--reps``): the rate the device could give if every batch held every instance.
@@ -57,6 +58,7 @@ def served(model: str, policy: str, instances: int, tokens: int) -> dict:
             srv.stop()
     batches, commands = after.num_batches - before.num_batches, after.num_commands - before.num_commands
     return {"policy": policy, "wall_s": wall, "batches": batches, "commands": commands,
+            "device_s": after.device_s - before.device_s,
             "correct": sum(r == alone for r in results.values())}
 
 
@@ -91,7 +93,8 @@ def main() -> int:
     decode_tokens = args.instances * args.tokens
     rows = [[r["policy"], f"{r['wall_s']:.1f}", f"{decode_tokens / r['wall_s']:.0f}",
              f"{decode_tokens / r['wall_s'] / rate_in_process:.2f}x", r["batches"], r["commands"],
-             f"{r['commands'] / r['batches']:.1f}", f"{r['correct']} of {args.instances}"] for r in runs]
+             f"{r['commands'] / r['batches']:.1f}", f"{r['device_s']:.1f}",
+             f"{1e3 * r['device_s'] / r['batches']:.1f}", f"{r['correct']} of {args.instances}"] for r in runs]
     best = runs[0]
     items, ratio = best["commands"] / best["batches"], decode_tokens / best["wall_s"] / rate_in_process
     lines = [*machine_lines(),
@@ -100,7 +103,8 @@ def main() -> int:
              f"sequences of {context} tokens (the served runs' mean context), median of "
              f"{args.reps}: {step_s * 1e3:.1f} ms, **{rate_in_process:.0f} tokens/s**.", "",
              markdown_table(["dispatch policy", "wall s", "tokens/s end to end", "/ in process", "batches",
-                             "commands", "items per batch", "outputs equal to a run alone"], rows), "",
+                             "commands", "items per batch", "batches s", "ms per batch",
+                             "outputs equal to a run alone"], rows), "",
              f"- `{best['policy']}`: {items:.1f} items per batch (goal ≥ {GOAL_ITEMS}: "
              f"{'met' if items >= GOAL_ITEMS else 'missed'}); {ratio:.2f}× the in-process batch rate (goal ≥ "
              f"{GOAL_RATE}: {'met' if ratio >= GOAL_RATE else 'missed'}; the wall time includes launch, prefill "

@@ -131,6 +131,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def run_policy(args, policy: str, requests: list[Request], root: Path) -> Outcome:
+    root.mkdir(parents=True, exist_ok=True)
     log = root / f"serve-{policy}.log"
     srv = Server(root / policy, args.model, "--interception-policy", policy, "--num-kv-pages", str(args.num_kv_pages),
                  "--num-host-pages", str(args.num_host_pages), "--torch-threads", str(args.torch_threads),

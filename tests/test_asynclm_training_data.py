@@ -186,6 +186,25 @@ def test_small_talk_needs_no_call(encoder):
     assert plain_sync(task, encoder, Timing(ESTIMATES, 10.0)).calls == []
 
 
+def test_the_training_mix_sets_how_many_chains_depend_on_a_result():
+    from dataclasses import replace
+
+    from oven.client.asynclm.training.data import tasks_for
+    from oven.client.asynclm.training.demo_tasks import TRAINING_MIX
+
+    def dependent(mix) -> int:
+        tasks = tasks_for("train", DataConfig(demo_train=200, sources=("demo",), mix=mix))
+        return sum(len(sub.steps) > 1 for task in tasks for sub in task.subtasks)
+    assert dependent(replace(TRAINING_MIX, dependent_weight=0)) == 0
+    assert 0 < dependent(replace(TRAINING_MIX, dependent_weight=1)) < dependent(TRAINING_MIX)
+    # the evaluation tasks do not follow the training mix
+    evaluation = DataConfig(demo_eval=20, sources=("demo",))
+    assert [t.question for t in tasks_for("eval", evaluation)] == \
+        [t.question for t in tasks_for("eval", replace(evaluation, mix=replace(TRAINING_MIX, dependent_weight=0)))]
+    with pytest.raises(ValueError, match="made-up is a chance"):
+        replace(TRAINING_MIX, made_up=1.5)
+
+
 def test_bad_variant_weights_are_refused():
     with pytest.raises(ValueError, match="bad variant weight 'async=x'"):
         parse_weights("async=x")

@@ -17,6 +17,7 @@ def _fail(verb: str, exc: Exception) -> int:
 
 def add_parsers(sub, default_model: str) -> None:
     from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
+    from .demo_tasks import TRAINING_MIX
 
     defaults = DataConfig()
     data = sub.add_parser(
@@ -46,6 +47,12 @@ def add_parsers(sub, default_model: str) -> None:
                       "(default %(default)s)")
     data.add_argument("--group", type=int, default=defaults.group, help="training demo tasks sharing one table "
                       "of estimated times, so the trainer forwards their system prompt once (default %(default)s)")
+    data.add_argument("--dependent-weight", type=float, default=TRAINING_MIX.dependent_weight,
+                      help="weight of each dependent chain kind in training demo tasks (a price in another "
+                           "currency, a temperature in Fahrenheit, the cost of shares; evaluation: 1-1.5; "
+                           "default %(default)s)")
+    data.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
+                      help="chance that a training demo task's entity is made up or rare (default %(default)s)")
     data.add_argument("--sources", default=",".join(SOURCES), help="which tasks (default %(default)s)")
     data.add_argument("--model", default=default_model, help="whose tokenizer (default %(default)s)")
     data.set_defaults(func=cmd_data)
@@ -86,11 +93,14 @@ def add_parsers(sub, default_model: str) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from oven.control.tokenizer import Tokenizer
     from oven.inference.models import resolve_model
 
     from ..tools import ToolError
     from .data import DataConfig, build, parse_weights, write
+    from .demo_tasks import TRAINING_MIX
     from .segments import Encoder
 
     try:
@@ -98,7 +108,8 @@ def cmd_data(args: argparse.Namespace) -> int:
                             parallel_repeats=args.parallel_repeats, multi_turn_train=args.multi_turn_train,
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
-                            sources=tuple(s for s in args.sources.split(",") if s))
+                            sources=tuple(s for s in args.sources.split(",") if s),
+                            mix=replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up))
         encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
         evaluation, eval_dropped = build("eval", config, encoder)
         train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))

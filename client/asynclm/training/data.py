@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..tools import ToolError
 from .bfcl_tasks import BFCL_KINDS, bfcl_tasks
-from .demo_tasks import FOLLOW_UP_PROBABILITY, DemoTaskMaker
+from .demo_tasks import FOLLOW_UP_PROBABILITY, TRAINING_MIX, DemoTaskMaker, TrainingMix
 from .names import Words, vocabulary_words
 from .plain import plain_sync
 from .segments import Encoder, flatten
@@ -53,6 +53,7 @@ class DataConfig:
     max_tokens: int = 1536          # longer samples are left out (counted)
     group: int = 24                 # training demo tasks that share one table of estimated times
     sources: tuple[str, ...] = SOURCES
+    mix: TrainingMix = TRAINING_MIX  # how training demo tasks differ from evaluation ones
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
@@ -109,7 +110,7 @@ def tasks_for(split: str, config: DataConfig, words: Words | None = None) -> lis
     rng = random.Random(f"{config.seed}:{split}:tasks")
     tasks = []
     if "demo" in config.sources:
-        maker = DemoTaskMaker(split, rng, words)
+        maker = DemoTaskMaker(split, rng, words, config.mix)
         for i in range(config.demo_train if split == "train" else config.demo_eval):
             follow_up = split == "train" and rng.random() < FOLLOW_UP_PROBABILITY
             tasks.append(maker.make(f"demo_{split}_{i}", follow_up))

@@ -38,6 +38,13 @@ class TrainingMix:
     made_up: float = 0.5             # chance that an entity is made up or rare (names.py)
     small_talk: float = 0.03         # chance that a task needs no call
 
+    def __post_init__(self) -> None:
+        if self.dependent_weight < 0:
+            raise ValueError(f"the dependent chains' weight must be >= 0, got {self.dependent_weight}")
+        for name in ("made_up", "small_talk"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name.replace('_', '-')} is a chance, between 0 and 1; got {getattr(self, name)}")
+
 
 TRAINING_MIX = TrainingMix()
 _SMALL_TALK = (
