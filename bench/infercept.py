@@ -15,8 +15,10 @@ the share of device time spent recomputing discarded K/V (the batches' send-to-r
 tokens, of the forwards that ask for no distribution: only the SDK's recompute sends those, so the
 figure is 0 wherever nothing was discarded), device pages of intercepted instances integrated over
 time (page-seconds), in all ("paused") and while memory was short (instances waited for pages, or
-under 10% of the pool was free): the memory *waste*, pages others could have used; swaps, discards
-and preemptions, and the cost profile it learnt.
+under 10% of the pool was free): the memory *idle* while others waited; the pages of the batches that
+recomputed discarded K/V times their recompute seconds (memory held while the recompute lengthened
+their steps); their sum, InferCept's *waste* (a swap's waste is 0 here: copies overlap the batches);
+swaps, discards and preemptions, and the cost profile it learnt.
 Every request's tokens must be the same under every policy (greedy): the policy changes cost, never
 results.
 
@@ -193,13 +195,20 @@ def report_rows(outcomes: list[Outcome], reference: dict[int, str], num_requests
         rows.append([o.policy, f"{len(o.latency_s)}/{num_requests}", f"{o.per_min:.1f}",
                      f"{percentile(latencies, 50):.1f}", f"{percentile(latencies, 90):.1f}",
                      f"{s.device_s:.0f}", f"{100 * s.rewrite_s / max(s.device_s, 1e-9):.1f}%",
-                     f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", s.num_swapped_out, s.num_swapped_in,
+                     f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", f"{s.rewrite_page_s:.0f}",
+                     f"{waste(s):.0f}", s.num_swapped_out, s.num_swapped_in,
                      s.num_discarded, s.num_preempted, f"{same}/{len(o.latency_s)}"])
     return rows
 
 
 HEADERS = ["policy", "completed", "requests/min", "p50 s", "p90 s", "device s", "recompute share",
-           "paused page-s", "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
+           "paused page-s", "idle page-s", "recompute page-s", "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
+
+
+def waste(s: c.StatsReply) -> float:
+    """InferCept's memory waste, page-seconds: paused pages while memory was short, and the pages of
+    the batches that recomputed, for as long as the recompute took."""
+    return s.contended_page_s + s.rewrite_page_s
 
 
 def ratio_lines(outcomes: list[Outcome]) -> list[str]:
@@ -213,7 +222,7 @@ def ratio_lines(outcomes: list[Outcome]) -> list[str]:
     p90 = {o.policy: percentile(sorted(o.latency_s.values()), 90) for o in outcomes}
     return [f"infercept / {o.policy}: requests/min {ratio(ic.per_min, o.per_min)}, "
             f"p90 {ratio(p90[ic.policy], p90[o.policy])}, "
-            f"waste {ratio(ic.stats.contended_page_s, o.stats.contended_page_s)}"
+            f"waste {ratio(waste(ic.stats), waste(o.stats))}"
             for o in outcomes if o is not ic]
 
 

@@ -227,6 +227,9 @@ class StatsReply:
     intercepted_page_s: float = 0.0
     contended_page_s: float = 0.0  # the same, only while memory was short (instances waited for pages, or <10% free)
     num_preempted: int = 0  # instances swapped out for an older one that needed pages (the exhaustion policy)
+    # Recomputing's memory waste: each batch's recompute seconds x the KvPages of every item in it,
+    # held by their instances while the recompute lengthens the step (page-seconds).
+    rewrite_page_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

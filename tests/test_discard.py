@@ -172,6 +172,10 @@ def test_the_loop_measures_the_recompute_and_the_pages_a_pause_keeps(inference):
     # Only the SDK's recompute sends forwards that ask for no distribution: none when the K/V was kept.
     assert (kept.rewrite_s, kept.num_discarded, discarded.num_discarded) == (0.0, 0, 1)
     assert 0 < discarded.rewrite_s < discarded.device_s
+    # Recomputing's memory waste: the recompute batches' pages (this one instance's, 1 to NUM_PAGES of
+    # them) for as long as they recomputed.
+    assert kept.rewrite_page_s == 0.0
+    assert discarded.rewrite_s <= discarded.rewrite_page_s <= NUM_PAGES * discarded.rewrite_s
     # The kept context held its ~10 pages through the half-second pause; the discarded one gave them back.
     assert kept.intercepted_page_s > 9 * 0.4
     assert discarded.intercepted_page_s < kept.intercepted_page_s / 4
@@ -252,7 +256,7 @@ def test_oven_serve_with_the_discard_policy_shows_and_counts_the_discard(inferen
             # What `oven stats` shows: the recompute's device time, and the cost profile learnt meanwhile.
             stats = client.stats()
             assert stats.interception_policy == "discard"
-            assert 0 < stats.rewrite_s < stats.device_s
+            assert 0 < stats.rewrite_s < stats.device_s and stats.rewrite_page_s >= stats.rewrite_s
             assert (stats.profile.recompute_measured, stats.profile.budget_measured) == (True, True)
             assert stats.profile.recompute_s_per_token > 0
     finally:

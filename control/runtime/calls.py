@@ -52,7 +52,9 @@ class InferenceCalls:
         self._last_settled_at = 0.0
         # Seconds the inference process took over every batch, and the share of forward-text items that
         # ask for no distribution: the SDKs' recomputes of discarded K/V (recompute.py) send those.
-        self.device_s = self.rewrite_s = 0.0
+        # Recomputing's memory waste (InferCept's WasteDiscard): that share x the KvPages of the whole
+        # batch, which every instance in it holds while the recompute lengthens its step.
+        self.device_s = self.rewrite_s = self.rewrite_page_s = 0.0
         self._by_command_id: dict[int, tuple[Instance, Future]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
@@ -128,7 +130,10 @@ class InferenceCalls:
         self.device_s += seconds
         if batch.call_type == "forward_text":
             num_rewrite_tokens = sum(c.num_tokens for c in batch.commands if not c.item.output_indices)
-            self.rewrite_s += seconds * num_rewrite_tokens / batch.num_tokens
+            if num_rewrite_tokens:
+                rewrite_s = seconds * num_rewrite_tokens / batch.num_tokens
+                self.rewrite_s += rewrite_s
+                self.rewrite_page_s += rewrite_s * sum(len(c.item.kv_page_ids) for c in batch.commands)
         if self._on_batch is not None:
             self._on_batch(batch.call_type, len(batch.commands), batch.num_tokens, seconds)
         self._last_settled_at = now

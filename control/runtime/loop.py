@@ -184,7 +184,8 @@ class ControlLoop:
                             self.interceptions.num_swapped_in, self.interceptions.num_discarded,
                             self.config.interception_policy, self.profiler.profile(), self.profiler.measured,
                             self.calls.device_s, self.calls.rewrite_s, self.interceptions.intercepted_page_s,
-                            self.interceptions.contended_page_s, self.allocator.num_preempted)
+                            self.interceptions.contended_page_s, self.allocator.num_preempted,
+                            self.calls.rewrite_page_s)
 
     def record(self, instance_id: str) -> InstanceRecord | None:
         """The running instance ``instance_id``, or None."""

@@ -31,3 +31,4 @@ class LoopSnapshot:
     intercepted_page_s: float = 0.0  # Interceptions.intercepted_page_s / contended_page_s
     contended_page_s: float = 0.0
     num_preempted: int = 0  # Allocator.num_preempted
+    rewrite_page_s: float = 0.0  # InferenceCalls.rewrite_page_s
