@@ -41,13 +41,15 @@ TIMELINE = 1 << 16
 PROMPT = "Once upon a time"
 PROGRAMS = {"text-completion": lambda tokens: [PROMPT, str(tokens)],
             "text-completion --stepwise": lambda tokens: [PROMPT, str(tokens), "--stepwise"],
-            "hello-python --fused": lambda tokens: [PROMPT, str(tokens), "--fused"]}
+            "hello-python --fused": lambda tokens: [PROMPT, str(tokens), "--fused"],
+            "text-completion-rust": lambda tokens: [PROMPT, str(tokens)]}
 GOAL_US = 200
 
 
-def decode_gaps(timeline: p.TimelineReply, instances: int) -> tuple[list[float], float, float]:
-    """Gaps (µs) before each decode batch after the first, the mean items per decode batch, and the
-    device's busy share over the decode phase."""
+def decode_gaps(timeline: p.TimelineReply, instances: int) -> tuple[list[float], float, float, float]:
+    """Gaps (µs) before each decode batch after the first, the mean items per decode batch, the
+    device's busy share over the decode phase, and its time per output token (ms): the phase's span
+    per decode batch, each instance's token per batch."""
     batches = list(zip(timeline.call_types, timeline.num_items, timeline.starts_ns, timeline.ends_ns))
     decode = [i for i, (kind, items, _, _) in enumerate(batches) if kind == "forward_text" and items <= instances]
     first, last = decode[len(decode) // 10], decode[-1]  # skip the ramp: launches and prefills overlap it
@@ -55,7 +57,7 @@ def decode_gaps(timeline: p.TimelineReply, instances: int) -> tuple[list[float],
     gaps = [(start - prev_end) / 1e3 for (_, _, _, prev_end), (_, _, start, _) in zip(span, span[1:])]
     busy = sum(end - start for _, _, start, end in span) / (span[-1][3] - span[0][2])
     items = statistics.mean(batches[i][1] for i in decode[len(decode) // 10:])
-    return gaps, items, busy
+    return gaps, items, busy, (span[-1][3] - span[0][2]) / len(span) / 1e6
 
 
 def measure(client: InferenceClient, program_dir: str, program: str, instances: int, tokens: int) -> dict:
@@ -69,11 +71,12 @@ def measure(client: InferenceClient, program_dir: str, program: str, instances: 
             raise TimeoutError(f"{program} x {instances} did not finish")
         if any(i.exit_code != 0 for i in launched):
             raise RuntimeError(f"{program}: an instance failed: {next(i for i in launched if i.exit_code)}")
-        gaps, items, busy = decode_gaps(loop.client.call(p.TimelineRequest(clear=True)), instances)
+        gaps, items, busy, tpot_ms = decode_gaps(loop.client.call(p.TimelineRequest(clear=True)), instances)
     finally:
         loop.close()
     return {"program": program, "instances": instances, "median": statistics.median(gaps),
-            "p90": sorted(gaps)[int(0.9 * len(gaps))], "items": items, "busy": busy, "n": len(gaps)}
+            "p90": sorted(gaps)[int(0.9 * len(gaps))], "items": items, "busy": busy, "n": len(gaps),
+            "tpot_ms": tpot_ms}
 
 
 def main() -> int:
@@ -102,14 +105,18 @@ def main() -> int:
                 for instances in args.instances:
                     r = measure(client(), args.program_dir, program, instances, args.tokens)
                     print(f"{label:30} {program:22} x{instances:<3} gap median {r['median']:8.0f} us  p90 "
-                          f"{r['p90']:8.0f} us  {r['items']:5.1f} items/batch  device busy {r['busy']:.0%}",
+                          f"{r['p90']:8.0f} us  {r['items']:5.1f} items/batch  device busy {r['busy']:.0%}  "
+                          f"TPOT {r['tpot_ms']:.2f} ms ({1 / r['busy']:.3f}x the step)",
                           flush=True)
                     rows.append([label, f"`{program}`", instances, f"{r['median']:.0f}", f"{r['p90']:.0f}",
-                                 f"{r['items']:.1f}", f"{r['busy']:.0%}", r["n"]])
+                                 f"{r['items']:.1f}", f"{r['busy']:.0%}", f"{r['tpot_ms']:.2f}",
+                                 f"{1 / r['busy']:.3f}x", r["n"]])
     sections += [f"{args.tokens} greedy tokens per instance; gap = the device idle between two decode batches, "
-                 f"from the inference process's timeline (µs). Goal: median ≤ {GOAL_US} µs.", "",
+                 f"from the inference process's timeline (µs). Goal: median ≤ {GOAL_US} µs. TPOT = the decode "
+                 "phase's span per decode batch (ms), ÷ step = TPOT over the mean batch time (issue 15: ≤ 1.04x "
+                 "at one instance).", "",
                  markdown_table(["device", "inferlet", "instances", "gap median µs", "gap p90 µs", "items/batch",
-                                 "device busy", "gaps"], rows)]
+                                 "device busy", "TPOT ms", "÷ step", "gaps"], rows)]
     print(f"\nwrote {write_results('step_gap', 'Device idle between decode steps', sections)}")
     return 0
 

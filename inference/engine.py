@@ -191,7 +191,10 @@ class Engine:
                 dists[i] = dist
         return p.NextDistReply(errors, dists)
 
-    def forward_text(self, req: p.ForwardTextRequest, futures: TokenFutures) -> p.ForwardTextReply:
+    def forward_text(self, req: p.ForwardTextRequest, futures: TokenFutures | None = None) -> p.ForwardTextReply:
+        """One batch of forward-text items; ``futures``: the sender's token future slots (default: this
+        engine's own, for callers in process such as the benches)."""
+        futures = self.token_futures if futures is None else futures
         sampled_here = {it.sample.future_id for it in req.items if it.sample is not None}
 
         def check(item: p.ForwardTextItem):
