@@ -227,7 +227,8 @@ def ratio_lines(outcomes: list[Outcome]) -> list[str]:
 
 
 def p90(o: Outcome) -> float:
-    return percentile(sorted(o.latency_s.values()), 90)
+    """The run's p90 latency, seconds (nan when it completed nothing)."""
+    return percentile(sorted(o.latency_s.values()), 90) if o.latency_s else float("nan")
 
 
 def best_within(runs: dict[float, list[Outcome]], target_s: float, num_requests: int) -> dict[str, Outcome]:
@@ -283,7 +284,7 @@ def main() -> None:
                 o = run_policy(args, policy, requests, Path(tmp) / f"{rate:g}")
                 o.rate = rate
                 print(f"{policy} at {rate:g}/min: {len(o.latency_s)} completed, {len(o.errors)} failed in "
-                      f"{o.span_s:.0f} s, p90 {p90(o) if o.latency_s else float('nan'):.1f} s; {o.profile}", flush=True)
+                      f"{o.span_s:.0f} s, p90 {p90(o):.1f} s; {o.profile}", flush=True)
                 for index, error in list(o.errors.items())[:3]:
                     print(f"  request {index}: {error[:160]}", flush=True)
                 runs[rate].append(o)
@@ -309,7 +310,7 @@ def main() -> None:
     if len(runs) > 1:
         first = next((o for o in runs[rates[0]] if o.policy == "discard"), None)
         target_s = args.p90_target or (p90(first) if first and first.latency_s else max(
-            p90(o) for o in runs[rates[0]] if o.latency_s))
+            (p90(o) for o in runs[rates[0]] if o.latency_s), default=float("inf")))
         sweep = sweep_sections(runs, target_s, len(requests))
         print(*sweep, sep="\n\n")
         sections = sweep + sections
