@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -42,6 +41,7 @@ from benchlib import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 from oven.client.asynclm.training.check import Outcome, bfcl_calls_right, ground_truth, run_task  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
 from oven.client.asynclm.training.segments import Encoder  # noqa: E402
+from oven.client.asynclm.training.train import file_sha256  # noqa: E402
 
 SETS = ("parallel", "live_parallel", "multi_step_parallel", "demo")
 MODELS = ("FT", "base")
@@ -82,8 +82,7 @@ def main() -> int:
     if "FT" in models and not (args.adapter / "adapter_config.json").is_file():
         parser.error(f"--adapter {args.adapter}: no adapter_config.json there")
 
-    adapter_sha = (hashlib.sha256((args.adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
-                   if "FT" in models else None)
+    adapter_sha = file_sha256(args.adapter / "adapter_model.safetensors") if "FT" in models else None
     earlier = {}
     if args.reuse:
         try:

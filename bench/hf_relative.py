@@ -60,6 +60,12 @@ def hf_run(model, prompt_ids: list[int], tokens: int, stop_ids: list[int]) -> tu
     return wall, out[0, len(prompt_ids):].tolist()
 
 
+def through_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
+    """The tokens up to and including the first stop token (HF pads after it; oven sends it last)."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in stop_ids), len(tokens))
+    return tokens[:end]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -93,7 +99,7 @@ def main() -> int:
                         else:
                             flags = ("--stepwise",) if name == "oven, stepwise" else ()
                             wall, out = oven_run(client, program, args.tokens, *flags)
-                        generated = [t for t in out if t not in stop_ids] + [t for t in out if t in stop_ids][:1]
+                        generated = through_stop(out, stop_ids)
                         times[name].append(wall / len(generated))
                         outputs.setdefault(name, generated)
                     print(f"round {r + 1}/{args.rounds}: " + ", ".join(

@@ -310,7 +310,7 @@ class ControlServer(AdapterRequests):
         return c.StatsReply(s.num_batches, s.num_commands, s.num_horizontal_batches, s.num_vertical_batches,
                             s.mean_batch_size, snapshot.num_free_kv_pages, snapshot.num_free_embeds,
                             snapshot.num_free_host_slots, snapshot.num_swapped_out, snapshot.num_swapped_in,
-                            snapshot.num_discarded, snapshot.interception_policy, _profile(snapshot),
+                            snapshot.num_discarded, snapshot.interception_policy, snapshot.profile,
                             snapshot.device_s, snapshot.rewrite_s, snapshot.intercepted_page_s,
                             snapshot.contended_page_s, snapshot.num_preempted, snapshot.rewrite_page_s)
 
@@ -363,11 +363,3 @@ class ControlServer(AdapterRequests):
         self.outbox.forget(route)  # after the line above, no exit event below is queued for it again
         for instance_id in owned:
             self.loop.terminate(instance_id, reason, exit_code=143)
-
-
-def _profile(snapshot) -> c.InterceptionProfile | None:
-    """The interception policy's cost profile as the stats reply carries it."""
-    if snapshot.profile is None:
-        return None
-    p, (recompute, swap, budget) = snapshot.profile, snapshot.profile_measured
-    return c.InterceptionProfile(p.recompute_b_s, p.swap_s_per_page, p.swap_budget_pages, recompute, swap, budget)

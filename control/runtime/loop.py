@@ -43,6 +43,7 @@ from oven.control.scheduling import BatchScheduler
 from oven.control.scheduling.profiler import CostProfiler
 from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
+from oven.proto import control as c
 from oven.proto import inference as p
 from oven.proto.auth import OPERATOR
 
@@ -182,7 +183,7 @@ class ControlLoop:
                             tuple(self.exports.exports()), self.scheduler.stats(), self.kv_pool.num_free,
                             self.embed_pool.num_free, self.host_pool.num_free, self.interceptions.num_swapped_out,
                             self.interceptions.num_swapped_in, self.interceptions.num_discarded,
-                            self.config.interception_policy, self.profiler.profile(), self.profiler.measured,
+                            self.config.interception_policy, self.interception_profile(),
                             self.calls.device_s, self.calls.rewrite_s, self.interceptions.intercepted_page_s,
                             self.interceptions.contended_page_s, self.allocator.num_preempted,
                             self.calls.rewrite_page_s)
@@ -377,15 +378,17 @@ class ControlLoop:
             return
         self.supervisor.kill(f"the new inference process does not match the old one: {reply}")
 
+    def interception_profile(self) -> c.InterceptionProfile:
+        """The interception policy's costs now, each marked learnt or default (what `oven stats` shows)."""
+        profile = self.profiler.profile()
+        return c.InterceptionProfile(profile.recompute_b_s, profile.swap_s_per_page, profile.swap_budget_pages,
+                                     *self.profiler.measured)
+
     def _log_profile(self) -> None:
         """Log the interception policy's costs each time one more of them is learnt (a few times a run)."""
-        self._profile_logged = measured = self.profiler.measured
-        profile = self.profiler.profile()
-        tag = ["measured" if m else "default" for m in measured]
-        log.info("interception profile (%s policy): recompute %.3f ms/token (%s), swap %.3f ms/page (%s), "
-                 "swap budget %d pages per iteration (%s)", self.config.interception_policy,
-                 profile.recompute_b_s * 1e3, tag[0], profile.swap_s_per_page * 1e3, tag[1],
-                 profile.swap_budget_pages, tag[2])
+        self._profile_logged = self.profiler.measured
+        log.info("interception profile (%s policy): %s", self.config.interception_policy,
+                 self.interception_profile().describe())
 
     def _tick_epochs(self) -> None:
         while not self._stopping:
@@ -395,7 +398,8 @@ class ControlLoop:
     def close(self) -> None:
         self._stopping = True
         log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
-                 "ahead of their return, %d discarded; %d instances swapped out for the pool", self.profiler.profile(),
+                 "ahead of their return, %d discarded; %d instances swapped out for the pool",
+                 self.interception_profile().describe(),
                  self.interceptions.num_swapped_out, self.interceptions.num_swapped_in,
                  self.interceptions.num_discarded, self.allocator.num_preempted)
         for inst in list(self.instances.values()):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from oven.control.resources import Export
 from oven.control.scheduling import SchedulerStats
-from oven.control.scheduling.interception import CostProfile
+from oven.proto.control import InterceptionProfile
 
 from .instance import InstanceRecord
 
@@ -24,8 +24,7 @@ class LoopSnapshot:
     num_swapped_in: int = 0
     num_discarded: int = 0
     interception_policy: str = ""
-    profile: CostProfile | None = None  # the interception policy's costs now (scheduling/profiler.py)
-    profile_measured: tuple[bool, bool, bool] = (False, False, False)  # recompute, swap, budget measured
+    profile: InterceptionProfile | None = None  # the interception policy's costs now (ControlLoop.interception_profile)
     device_s: float = 0.0  # InferenceCalls.device_s / rewrite_s
     rewrite_s: float = 0.0
     intercepted_page_s: float = 0.0  # Interceptions.intercepted_page_s / contended_page_s
