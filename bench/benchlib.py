@@ -5,6 +5,7 @@ Imported by the scripts beside it (``python bench/<script>.py`` puts this folder
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -19,6 +20,14 @@ import torch
 from oven.proto import inference as p
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def doc_parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser whose description is a script's docstring's first paragraph and whose help
+    ends with the rest, as written."""
+    first, _, rest = doc.partition("\n\n")
+    return argparse.ArgumentParser(description=first, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog=rest)
 
 
 def machine_lines() -> list[str]:

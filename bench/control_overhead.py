@@ -46,7 +46,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
 from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer  # noqa: E402
 
 from oven.client.paths import inferlets_dir  # noqa: E402
@@ -64,9 +64,7 @@ PROMPT = "Write a short story about a paged KV cache."
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = doc_parser(__doc__)
     add = parser.add_argument
     add("--parts", nargs="+", default=list("abcd"), choices=list("abcd"), help="which parts to run (default: all)")
     add("--base-ms", type=float, default=5.0, help="fake device ms per batch (default %(default)s)")

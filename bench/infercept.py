@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_lines, markdown_table, percentile, write_results  # noqa: E402
+from benchlib import doc_parser, machine_lines, markdown_table, percentile, write_results  # noqa: E402
 from served import Server, wasm  # noqa: E402
 
 from oven.control.config import default_program_dir  # noqa: E402
@@ -108,9 +108,7 @@ class Outcome:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = doc_parser(__doc__)
     add = parser.add_argument
     add("--requests", type=int, default=24, help="requests per policy (default %(default)s)")
     add("--rates", type=float, nargs="+", default=[40],

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
 
 from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
@@ -42,9 +42,7 @@ TOPICS = ("a paged KV cache", "a lighthouse keeper", "the first snow", "a lost r
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = doc_parser(__doc__)
     add = parser.add_argument
     add("--instances", type=int, default=512, help="instances launched at once (default %(default)s)")
     add("--tokens", type=int, default=32, help="new tokens per instance (default %(default)s)")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_lines, markdown_table, write_results
+from benchlib import doc_parser, machine_lines, markdown_table, write_results
 from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
@@ -75,9 +75,7 @@ CASES = (
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = doc_parser(__doc__)
     add = parser.add_argument
     add("--instances", type=int, nargs="+", default=[1, 32], help="concurrent instances (default 1 32)")
     add("--tokens", type=int, default=128, help="tokens per instance (default %(default)s)")
