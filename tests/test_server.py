@@ -197,3 +197,55 @@ def test_the_timeline_keeps_the_last_batches_in_order_and_is_off_by_default(clie
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))  # one at a time
         timed.call(p.ForwardTextRequest([good_item()]))
         assert timed.call(p.TimelineRequest()).call_types == ["forward_text"]  # cleared before it
+
+
+class GatedEngine:
+    """An engine whose health checks wait for a gate: the server's threads are observed without a model."""
+
+    def __init__(self):
+        import threading
+        self.gate, self.started, self.num_batches = threading.Event(), threading.Event(), 0
+        self.handlers = {p.HealthRequest: None}
+
+    def check_batch_size(self, num_items: int, request=None) -> None:
+        pass
+
+    def handle(self, request, futures=None):
+        self.started.set()
+        assert self.gate.wait(60)
+        self.num_batches += 1
+        return p.HealthReply(True, 0.0, self.num_batches, 0, 0)
+
+
+def test_the_wire_thread_answers_and_decodes_while_a_batch_runs():
+    """The device thread runs requests in arrival order; the wire thread meanwhile refuses a malformed
+    message at once and queues the next request, and the idle notice comes after the last reply."""
+    import threading
+
+    from oven.inference.server import InferenceServer
+
+    server, engine = InferenceServer(private_endpoint()), GatedEngine()
+    device = threading.Thread(target=server.serve_forever, args=(engine, 20), daemon=True)
+    device.start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(server.endpoint)
+
+    def receive():
+        assert sock.poll(30000)
+        envelope = p.CODEC.decode(sock.recv())
+        return "idle" if isinstance(envelope.message, p.IdleNotice) else (envelope.request_id, envelope.message)
+    try:
+        sock.send(p.CODEC.encode(p.HealthRequest(), 1))
+        assert engine.started.wait(30)  # request 1 holds the device thread
+        sock.send(p.CODEC.encode(p.HealthRequest(), 2))
+        sock.send(b"\xc1 not msgpack")
+        assert receive() == (0, p.ErrorReply("malformed", ANY))  # answered while request 1 runs
+        engine.gate.set()
+        assert [receive(), receive(), receive()] == [(1, p.HealthReply(True, 0.0, 1, 0, 0)),
+                                                     (2, p.HealthReply(True, 0.0, 2, 0, 0)), "idle"]
+    finally:
+        server.stop()
+        device.join(10)
+        sock.close()
+    assert not device.is_alive()
