@@ -65,8 +65,10 @@ def test_async_writes_longest_first_and_traps_when_every_ready_call_waits(encode
                             'symbol="AAPL") [END]\n[CALL] t3 [HEAD] get_time(timezone="UTC") [END]\n[TRAP][END]')
     intr_order = [t.split()[1] for role, t in got if role == "interrupt"]
     assert intr_order == ["t3", "t2", "t1"]  # back at 265+150, 180+300, 85+600 ms
-    # one wait, for t3; the sentences for t3 and t2 are written while the others run, and they land in them
+    # one wait, for t3; the sentences for t3 and t2 are written while the others run, and their
+    # interrupts wait for the sentence's end: every interrupt starts a line
     assert [role for role, _ in got] == ["model", "interrupt"] * 3 + ["model"]
+    assert all(text.endswith("\n") for role, text in got[:-1] if role == "model")
     assert transcript.num_traps == 1 and model.endswith("<|im_end|>")
 
 
@@ -75,22 +77,23 @@ def test_dependent_chain_traps_then_calls_with_the_result(encoder):
     got = texts(encoder, transcript)
     price = json.loads(got[1][1].split("[HEAD]")[1].split("[END]")[0])["price_usd"]
     assert [role for role, _ in got] == ["model", "interrupt", "model", "interrupt", "model"]
-    assert got[0][1] == '[CALL] t1 [HEAD] get_stock_price(symbol="AAPL") [END]\n[TRAP][END]'
+    assert got[0][1] == '[CALL] t1 [HEAD] get_stock_price(symbol="AAPL") [END]\n[TRAP][END]\n'
     assert got[2][1] == (f'[CALL] t2 [HEAD] convert_currency(amount={price}, from_currency="USD", to_currency="EUR")'
-                         ' [END]\n[TRAP][END]')
+                         ' [END]\n[TRAP][END]\n')
     assert got[4][1].startswith("AAPL is ") and transcript.num_traps == 2
 
 
-def test_interrupts_land_only_outside_cml_blocks_and_end_the_line(encoder):
-    # t1 is back (at ~510 + 100 ms) while t2 is being written (until ~1080 ms): it waits for t2's [END]
+def test_interrupts_land_only_outside_cml_blocks_at_the_start_of_a_line(encoder):
+    # t1 is back (at ~510 + 100 ms) while t2 is being written (until ~1080 ms): it waits for the end
+    # of t2's line
     first = single("calculate(expression=\"1 + 1\")")
     second = single('search_web(query="python asyncio tutorial")')
     estimates = {**ESTIMATES, "calculate": 100, "search_web": 50}
     transcript = CmlSimulation(demo_task(second, first), encoder, Timing(estimates, 30.0), "async").run()
     got = texts(encoder, transcript)
     assert got[0] == ("model", '[CALL] t1 [HEAD] calculate(expression="1 + 1") [END]\n'
-                               '[CALL] t2 [HEAD] search_web(query="python asyncio tutorial") [END]')
-    assert got[1] == ("interrupt", "[INTR] t1 [HEAD] 2 [END]\n")  # in t2's place of the "\n" it ends its line
+                               '[CALL] t2 [HEAD] search_web(query="python asyncio tutorial") [END]\n')
+    assert got[1] == ("interrupt", "[INTR] t1 [HEAD] 2 [END]\n")
     for role, text in got:
         if role == "model":
             assert text.count("[CALL]") == text.count("[END]") - text.count("[TRAP]")
@@ -101,7 +104,7 @@ def test_sync_cml_waits_after_every_call_in_task_order(encoder):
     transcript = CmlSimulation(demo_task(*subtasks), encoder, Timing(ESTIMATES, 20.0), "sync-cml").run()
     got = texts(encoder, transcript)
     assert [role for role, _ in got] == ["model", "interrupt", "model", "interrupt", "model"]
-    assert got[0][1] == '[CALL] t1 [HEAD] get_time(timezone="UTC") [END]'
+    assert got[0][1] == '[CALL] t1 [HEAD] get_time(timezone="UTC") [END]\n'
     assert transcript.num_traps == 0
 
 

@@ -232,7 +232,9 @@ def test_misplaced_delimiters_when_forced():
 def test_forced_interrupt_is_consumed_silently():
     monitor = TokenMonitor(lambda i: "")
     assert monitor.feed_text("[CALL] a [HEAD] f(1) [END]") == [Call("a", "f(1)")]
-    assert not monitor.in_critical_section  # an interrupt may go in now
+    assert not monitor.in_critical_section and not monitor.interruptible  # out of the block, mid-line
+    monitor.feed_text("\n")
+    assert monitor.interruptible  # an interrupt may go in now
     assert monitor.feed_text("[INTR] a [HEAD] [CAT] 21") == []
     assert monitor.in_critical_section
     assert monitor.feed_text(" [END]") == [] and not monitor.in_critical_section
@@ -336,3 +338,15 @@ def test_smollm2_head_refused_for_used_or_bad_ids(smollm2):
         for token_id in ids[:-1]:
             monitor.feed(token_id)
         assert token_text(ids[-1]) == "]" and monitor.allowed(ids[-1]) is fresh, head
+
+
+def test_an_interrupt_waits_for_the_end_of_the_line():
+    monitor = TokenMonitor(lambda i: "")
+    assert monitor.interruptible  # nothing written yet
+    for text, interruptible in [("KHI trades", False), (" at 18", False), ("8.87 USD.", False), ("\n", True),
+                                ("Next", False), (".\nAnd", False), (" more.\n", True), ("[CALL] f(1) [END]\n", True),
+                                ("[TRAP][END]", False), ("\n", True), ("[INTR] a [HEAD] 1 [END]\n", True)]:
+        monitor.feed_text(text)
+        assert monitor.interruptible is interruptible, text
+    monitor.feed_text("[CALL] g(\n")
+    assert not monitor.interruptible  # a newline inside a block does not open the way

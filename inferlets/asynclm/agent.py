@@ -71,8 +71,9 @@ class Agent:
         inferlet.spawn(self._listen())
         answering = 0
         while self.stats["tokens"] - self.stats["forced"] < self.max_tokens:  # pinned tokens are not the model's
-            if not self.monitor.in_critical_section:
+            if self.monitor.interruptible:
                 self._inject()
+            if not self.monitor.in_critical_section:
                 if self.plan and not self.forced:
                     text = self.plan.next_text()
                     self.forced = inferlet.encode(text) if text else []
@@ -195,8 +196,6 @@ class Agent:
                 self.plan.answered(call_id)
             self.stats["interrupts"] += 1
             report({"type": "intr", "id": call_id, "value": value})
-        if self.forced and not inferlet.decode(self.forced).strip():
-            self.forced = []  # an interrupt ends its line: pinned text that only ended the line goes
 
     async def _listen(self) -> None:
         """Client messages: call results, and user messages, which become interrupts too (§6.6).

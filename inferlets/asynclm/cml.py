@@ -10,7 +10,8 @@ CML marks function calls and interrupts in the token stream with five delimiters
 :class:`TokenMonitor` reads the stream one token at a time and reports what it
 finds as events (:class:`Text`, :class:`Call`, :class:`Trap`, :class:`Malformed`).
 ``allowed`` says whether a token may be sampled so the output stays valid CML,
-and ``in_critical_section`` says whether an interrupt may be injected now.
+``in_critical_section`` says whether a block is open, and ``interruptible`` whether an interrupt may
+be injected now: outside every block and at the start of a line.
 
 Delimiters are matched on characters, not tokens, because a BPE vocabulary
 spells ``[CALL]`` as ``" [", "C", "ALL", "]"`` and merges brackets with their
@@ -159,6 +160,7 @@ class TokenMonitor:
         self._block_parts: list[str] = []  # the open block's text since its last delimiter
         self._call_id: str | None = None
         self._used_ids = set(used_ids)  # ids must stay unique for the whole session
+        self._line_open = False  # the context's last line has text: an interrupt would split it
 
     @property
     def in_critical_section(self) -> bool:
@@ -168,6 +170,17 @@ class TokenMonitor:
         break a ``[CALL]`` the model is about to finish.
         """
         return self._mode is not Mode.TEXT or bool(self._held)
+
+    @property
+    def interruptible(self) -> bool:
+        """True where an interrupt may be injected: outside every block, at the start of a line.
+
+        An interrupt that lands mid-sentence waits for the line's end: a model that must go on with
+        "KHI trades" after sixty tokens of someone else's result tends to finish it with the wrong
+        number, and one line of text costs a few tokens' latency. The wait is bounded: a trap, sampled
+        or forced, ends its line.
+        """
+        return not self.in_critical_section and not self._line_open
 
     def allowed(self, token_id: int) -> bool:
         """May ``token_id`` be sampled now? ``[INTR]`` never may; other delimiters per CML."""
@@ -202,6 +215,8 @@ class TokenMonitor:
     def feed_text(self, text: str) -> list[Event]:
         """Advance past ``text`` (forced text such as an interrupt); the events it completes."""
         events: list[Event] = []
+        if text:
+            self._line_open = bool(text.rsplit("\n", 1)[-1]) if "\n" in text else True
         pieces, self._held = _split(self._held + text)
         for piece, delimiter in pieces:
             self._absorb(piece, events)

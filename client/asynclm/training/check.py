@@ -144,7 +144,7 @@ class Loop:
                 self.now_ms += self.record["tpot_ms"]
                 for event in self.monitor.feed(token):
                     self._on(event)
-                if not self.monitor.in_critical_section:
+                if self.monitor.interruptible:
                     pending += self._inject()
         for event in self.monitor.flush():
             self._on(event)
@@ -191,8 +191,6 @@ class Loop:
             text = protocol.prompt().interrupt_text(event[2], event[3])
             self.monitor.feed_text(text)
             ids += self.encoder.encode(text)
-        if ids and self.forced and not self.encoder.decode(self.forced).strip():
-            self.forced = []
         return ids
 
 

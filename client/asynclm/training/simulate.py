@@ -5,7 +5,8 @@ Time is counted in generated tokens: each token the model writes costs ``tpot_ms
 text costs nothing (it is prefilled with the next step). A call starts when the token that closes
 its ``[END]`` is written and finishes its estimated execution time later. Its interrupt goes in at
 the first token boundary after that at which the inferlet's token monitor is outside every CML
-block, which is where ``Agent._inject`` puts it; the monitor here is the inferlet's own.
+block and at the start of a line (``TokenMonitor.interruptible``), which is where ``Agent._inject``
+puts it; the monitor here is the inferlet's own.
 
 The ideal model, at each point where it chooses what to write next:
 
@@ -15,8 +16,6 @@ The ideal model, at each point where it chooses what to write next:
 3. else, with calls still running, writes ``[TRAP][END]``; the wait ends at the next interrupt;
 4. else ends its turn.
 
-An interrupt that lands where the rest of the model's current text only ends the line (the
-newline after ``[END]``) takes that rest's place: interrupts end their own line.
 ``sync-cml`` is the inferlet's ``sync`` mode: every call waits for its result (no traps).
 """
 
@@ -117,9 +116,8 @@ class CmlSimulation:
             self.now_ms += self.timing.tpot_ms
             for event in self.monitor.feed(token):
                 self._on(event)
-            if not self.monitor.in_critical_section and self._inject() and pending \
-                    and not self.encoder.decode(pending).strip():
-                pending = []
+            if self.monitor.interruptible:
+                self._inject()
         facts = [f for subtask, chain in zip(self.subtasks, self.chains) for f in subtask.facts(chain.results)]
         system_tokens = self.encoder.system_length(system, self.segments[0].token_ids)
         return Transcript(self.segments, self.calls, facts, self.now_ms, system_tokens, self.num_traps)
@@ -176,7 +174,7 @@ class CmlSimulation:
         elif isinstance(event, cml.Malformed):
             raise ValueError(f"{self.task.task_id}: the simulated model wrote malformed CML: {event}")
 
-    def _inject(self) -> bool:
+    def _inject(self) -> None:
         due = sorted((e for e in self.queue if e.arrival_ms <= self.now_ms), key=lambda e: (e.arrival_ms, e.seq))
         for event in due:
             self.queue.remove(event)
@@ -190,4 +188,3 @@ class CmlSimulation:
             chain.results.append(parse_value(event.value))
             if chain.complete:
                 self.completed.append(event.chain)
-        return bool(due)
