@@ -177,8 +177,9 @@ class TokenMonitor:
 
         An interrupt that lands mid-sentence waits for the line's end: a model that must go on with
         "KHI trades" after sixty tokens of someone else's result tends to finish it with the wrong
-        number, and one line of text costs a few tokens' latency. The wait is bounded: a trap, sampled
-        or forced, ends its line.
+        number, and one line of text costs a few tokens' latency. The wait is bounded: the model ends
+        its line or its turn, and a turn that ends while results are owed becomes a forced
+        ``[TRAP][END]`` and a newline.
         """
         return not self.in_critical_section and not self._line_open
 
