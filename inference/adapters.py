@@ -96,6 +96,7 @@ class LoraAdapter:
     lora_alpha: float
     scale: float
     groups: dict[tuple[int, int], LoraGroup]
+    path: str = ""  # the folder it was loaded from, as the control process named it
 
     def weights(self, layer: int, proj: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(A [rank, in], B [out, rank] scaled) of one projection, or None when it is not targeted."""
@@ -145,7 +146,8 @@ def load_adapter(folder: Path, cfg: ModelConfig, limits: AdapterLimits, dtype: t
             raise AdapterError(f"{folder}: {where} holds NaN or infinite weights")
         weights[(layer, proj)] = (a, b)
     _check_coverage(folder, config, cfg, targets, weights)
-    return LoraAdapter(adapter_id, name, rank, alpha, scale, _grouped(weights, rank, scale, dtype, device))
+    return LoraAdapter(adapter_id, name, rank, alpha, scale, _grouped(weights, rank, scale, dtype, device),
+                       str(folder))
 
 
 def _grouped(weights: dict, rank: int, scale: float, dtype: torch.dtype,
@@ -300,6 +302,8 @@ class AdapterRegistry:
         if type(adapter_id) is not int or not 1 <= adapter_id < 1 << 31:
             raise AdapterError(f"adapter id {adapter_id!r} must be an integer in [1, 2**31)")
         taken = self.by_name(name)
+        if taken is not None and (taken.adapter_id, taken.path) == (adapter_id, str(Path(path).expanduser())):
+            return taken  # the same load again (a second control loop on this process): already done
         if taken is not None:
             raise AdapterError(f"an adapter named {name!r} is already loaded (id {taken.adapter_id}); unload it first")
         if adapter_id in self.by_id:

@@ -218,6 +218,8 @@ def test_info_lists_adapters_and_names_are_unique(tiny_engine, tmp_path, unload_
     num_params = mc.num_layers * 4 * (mc.hidden_size + mc.num_q_heads * mc.head_dim
                                       + mc.hidden_size + mc.intermediate_size)
     assert info.adapters == [p.AdapterInfo(adapter_id, "cml", 4, 12.0, 3.0, ["q_proj", "up_proj"], num_params)]
+    # the same load again is the same adapter; the name under another id is refused
+    assert engine.handle(p.LoadAdapterRequest(adapter_id, "cml", str(tmp_path))) == p.AdapterReply(info.adapters[0])
     again = engine.handle(p.LoadAdapterRequest(adapter_id + 1, "cml", str(tmp_path)))
     assert again == p.ErrorReply(p.ERR_BAD_ADAPTER,
                                  f"an adapter named 'cml' is already loaded (id {adapter_id}); unload it first")
