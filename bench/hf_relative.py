@@ -19,7 +19,6 @@ greedy on the same weights gives the same tokens, which the bench checks). Issue
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
 from served import Server, run_to_exit, wasm  # noqa: E402
 
 from oven.control.tokenizer import Tokenizer  # noqa: E402
@@ -67,7 +66,7 @@ def through_stop(tokens: list[int], stop_ids: list[int]) -> list[int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = doc_parser(__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens at most (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default %(default)s)")

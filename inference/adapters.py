@@ -301,8 +301,9 @@ class AdapterRegistry:
             raise AdapterError(f"adapter name {name[:128]!r} must be 1-128 printable characters")
         if type(adapter_id) is not int or not 1 <= adapter_id < 1 << 31:
             raise AdapterError(f"adapter id {adapter_id!r} must be an integer in [1, 2**31)")
+        folder = Path(path).expanduser()
         taken = self.by_name(name)
-        if taken is not None and (taken.adapter_id, taken.path) == (adapter_id, str(Path(path).expanduser())):
+        if taken is not None and (taken.adapter_id, taken.path) == (adapter_id, str(folder)):
             return taken  # the same load again (a second control loop on this process): already done
         if taken is not None:
             raise AdapterError(f"an adapter named {name!r} is already loaded (id {taken.adapter_id}); unload it first")
@@ -310,7 +311,7 @@ class AdapterRegistry:
             raise AdapterError(f"adapter id {adapter_id} is taken by {self.by_id[adapter_id].name!r}")
         if len(self.by_id) >= self.limits.max_adapters:
             raise AdapterError(f"{len(self.by_id)} adapters are loaded, the most allowed (max_adapters); unload one")
-        adapter = load_adapter(Path(path).expanduser(), self.cfg, self.limits, self.dtype, self.device,
+        adapter = load_adapter(folder, self.cfg, self.limits, self.dtype, self.device,
                                adapter_id, name)
         self.by_id[adapter.adapter_id] = adapter
         return adapter

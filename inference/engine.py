@@ -291,11 +291,14 @@ class Engine:
     # -- adapters -------------------------------------------------------------
 
     def load_adapter(self, req: p.LoadAdapterRequest) -> p.AdapterReply | p.ErrorReply:
+        loaded = self.adapters.by_id.get(req.adapter_id)
         try:
             adapter = self.adapters.load(req.adapter_id, req.name, req.path)
         except AdapterError as exc:
             log.warning("adapter %r refused: %s", req.name, exc)
             return p.ErrorReply(p.ERR_BAD_ADAPTER, str(exc))
+        if adapter is loaded:  # the same load again: the executor's weights stand as they are
+            return p.AdapterReply(adapter.info())
         self.lora.adapters_changed(list(self.adapters.by_id.values()))
         info = adapter.info()
         log.info("adapter %r loaded as id %d (rank %d, %s)", info.name, info.adapter_id, info.rank,

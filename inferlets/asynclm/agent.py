@@ -73,10 +73,9 @@ class Agent:
         while self.stats["tokens"] - self.stats["forced"] < self.max_tokens:  # pinned tokens are not the model's
             if self.monitor.interruptible:
                 self._inject()
-            if not self.monitor.in_critical_section:
-                if self.plan and not self.forced:
-                    text = self.plan.next_text()
-                    self.forced = inferlet.encode(text) if text else []
+            if self.plan and not self.forced and not self.monitor.in_critical_section:
+                text = self.plan.next_text()
+                self.forced = inferlet.encode(text) if text else []
             if self.plan and not self.forced and self.plan.done():
                 answering += 1
                 if answering > self.answer_tokens:

@@ -217,7 +217,7 @@ class TokenMonitor:
         """Advance past ``text`` (forced text such as an interrupt); the events it completes."""
         events: list[Event] = []
         if text:
-            self._line_open = bool(text.rsplit("\n", 1)[-1]) if "\n" in text else True
+            self._line_open = not text.endswith("\n")
         pieces, self._held = _split(self._held + text)
         for piece, delimiter in pieces:
             self._absorb(piece, events)
