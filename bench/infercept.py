@@ -17,8 +17,9 @@ figure is 0 wherever nothing was discarded), device pages of intercepted instanc
 time (page-seconds), in all ("paused") and while memory was short (instances waited for pages, or
 under 10% of the pool was free): the memory *idle* while others waited; the pages of the batches that
 recomputed discarded K/V times their recompute seconds (memory held while the recompute lengthened
-their steps); their sum, InferCept's *waste* (a swap's waste is 0 here: copies overlap the batches);
-swaps, discards and preemptions, and the cost profile it learnt.
+their steps); the pages of the contexts not intercepted times the seconds of the batches that copied
+pages to or from the host (a copy runs between two steps: on a CPU the copy itself, on CUDA only its
+launch); their sum, InferCept's *waste*; swaps, discards and preemptions, and the cost profile it learnt.
 Every request's tokens must be the same under every policy (greedy): the policy changes cost, never
 results.
 
@@ -194,19 +195,21 @@ def report_rows(outcomes: list[Outcome], reference: dict[int, str], num_requests
                      f"{percentile(latencies, 50):.1f}", f"{percentile(latencies, 90):.1f}",
                      f"{s.device_s:.0f}", f"{100 * s.rewrite_s / max(s.device_s, 1e-9):.1f}%",
                      f"{s.intercepted_page_s:.0f}", f"{s.contended_page_s:.0f}", f"{s.rewrite_page_s:.0f}",
-                     f"{waste(s):.0f}", s.num_swapped_out, s.num_swapped_in,
+                     f"{s.copy_page_s:.0f}", f"{waste(s):.0f}", s.num_swapped_out, s.num_swapped_in,
                      s.num_discarded, s.num_preempted, f"{same}/{len(o.latency_s)}"])
     return rows
 
 
 HEADERS = ["policy", "completed", "requests/min", "p50 s", "p90 s", "device s", "recompute share",
-           "paused page-s", "idle page-s", "recompute page-s", "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
+           "paused page-s", "idle page-s", "recompute page-s", "copy page-s",
+           "waste page-s", "swapped out", "swapped in ahead", "discarded", "preempted", "same tokens"]
 
 
 def waste(s: c.StatsReply) -> float:
-    """InferCept's memory waste, page-seconds: paused pages while memory was short, and the pages of
-    the batches that recomputed, for as long as the recompute took."""
-    return s.contended_page_s + s.rewrite_page_s
+    """InferCept's memory waste, page-seconds: paused pages while memory was short, the pages of the
+    batches that recomputed for as long as the recompute took, and the running contexts' pages for as
+    long as copies to and from the host held their next step up."""
+    return s.contended_page_s + s.rewrite_page_s + s.copy_page_s
 
 
 def ratio_lines(outcomes: list[Outcome]) -> list[str]:

@@ -225,7 +225,8 @@ def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
           f"{s.free_kv_pages} KvPages, {s.free_embeds} embeds, {s.free_host_slots} host slots")
     print(f"device {s.device_s:.1f} s, of it recomputing discarded K/V {s.rewrite_s:.1f} s (its batches held "
           f"{s.rewrite_page_s:.0f} page-s meanwhile); intercepted instances kept {s.intercepted_page_s:.0f} page-s "
-          f"on the device, {s.contended_page_s:.0f} of them while memory was short")
+          f"on the device, {s.contended_page_s:.0f} of them while memory was short; copying pages to and from "
+          f"the host took {s.copy_s:.1f} s ({s.copy_page_s:.0f} page-s of running contexts waited)")
     print(f"interception policy {s.interception_policy}: {s.num_swapped_out} swapped out, {s.num_swapped_in} "
           f"back in ahead of their return, {s.num_discarded} discarded; {s.num_preempted} preempted for the pool")
     if s.profile is not None:

@@ -312,7 +312,8 @@ class ControlServer(AdapterRequests):
                             snapshot.num_free_host_slots, snapshot.num_swapped_out, snapshot.num_swapped_in,
                             snapshot.num_discarded, snapshot.interception_policy, snapshot.profile,
                             snapshot.device_s, snapshot.rewrite_s, snapshot.intercepted_page_s,
-                            snapshot.contended_page_s, snapshot.num_preempted, snapshot.rewrite_page_s)
+                            snapshot.contended_page_s, snapshot.num_preempted, snapshot.rewrite_page_s,
+                            snapshot.copy_s, snapshot.copy_page_s)
 
     # -- clients -------------------------------------------------------------------------------
 

@@ -230,6 +230,10 @@ class StatsReply:
     # Recomputing's memory waste: each batch's recompute seconds x the KvPages of every item in it,
     # held by their instances while the recompute lengthens the step (page-seconds).
     rewrite_page_s: float = 0.0
+    # Copying's: seconds of the batches that offloaded or restored pages (which run between two steps),
+    # and those seconds x the device pages of the contexts that were not intercepted, kept waiting.
+    copy_s: float = 0.0
+    copy_page_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

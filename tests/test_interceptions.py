@@ -78,6 +78,9 @@ def test_infercept_swaps_paused_instances_out_of_a_full_pool_and_back_with_the_s
     assert loop.run_until(lambda: all(r.record().shown_state == "swapped" for r in runs), 30)
     assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES - NUM_PAGES)
     assert loop.interceptions.num_swapped_out == 2
+    # The copies took time, which counts against the pages of whoever was not paused (at most the pool).
+    copy_s, copy_page_s = loop.snapshot().copy_s, loop.snapshot().copy_page_s
+    assert copy_s > 0 and 0 <= copy_page_s <= NUM_PAGES * copy_s
     finish(loop, runs, events, expected)
 
 
@@ -88,6 +91,7 @@ def test_preserve_keeps_paused_instances_on_the_device(inference, expected, tmp_
     assert [r.record().shown_state for r in runs] == ["preserved", "preserved"]
     assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.interceptions.num_swapped_out) == (
         0, NUM_HOST_PAGES, 0)
+    assert (loop.interceptions.copy_s, loop.interceptions.copy_page_s) == (0.0, 0.0)
     finish(loop, runs, events, expected)
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 
 from oven.control.resources import PhysicalPool, PoolExhausted, ResourceError
 from oven.control.scheduling.interception import Action, InterceptedContext, InterceptionPolicy, Location, decide
-from oven.control.scheduling.profiler import CostProfiler
+from oven.control.scheduling.profiler import COPY_CALL_TYPES, CostProfiler
 
 from .allocator import Allocator
 from .instance import Instance
@@ -70,7 +70,12 @@ class Interceptions:
         # InferCept's preserve waste as it happened: device pages of intercepted instances x seconds, in
         # all and while memory was short (instances waited for pages, or the pool was under LOW_WATER).
         self.intercepted_page_s = self.contended_page_s = 0.0
+        # Copies' memory waste: the inference process runs a copy batch between two steps (on a CPU the
+        # copy itself; on CUDA its launch, the copy hides on a side stream), so the running contexts'
+        # pages wait for its seconds. copy_page_s sums those seconds x the pages not intercepted.
+        self.copy_s = self.copy_page_s = 0.0
         self._sampled_at: float | None = None
+        self._num_intercepted_pages = 0  # at the last sample
 
     def step(self, instances: Iterable[Instance], now: float) -> None:
         """One iteration: decide for every intercepted instance whose pages can move, and move them."""
@@ -120,6 +125,14 @@ class Interceptions:
         if self.num_discarded > num_discarded:  # once every choice is carried out: a retry may move pages too
             self._allocator.retry_parked()
 
+    def observe_batch(self, call_type: str, num_items: int, num_tokens: int, seconds: float) -> None:
+        """One answered batch (InferenceCalls' ``on_batch``): the cost profiler learns from it, and a
+        copy's seconds count against the pages of the contexts it kept waiting."""
+        self.profiler.observe(call_type, num_items, num_tokens, seconds)
+        if call_type in COPY_CALL_TYPES and seconds > 0:
+            self.copy_s += seconds
+            self.copy_page_s += seconds * max(0, self._kv_pool.num_used - self._num_intercepted_pages)
+
     def _sample_waste(self, instances: Iterable[Instance], now: float, pressure: bool) -> None:
         """Add the device pages intercepted instances hold now x the time since the last sample (at
         most every WASTE_SAMPLE_S: counting pages walks every instance's table)."""
@@ -127,6 +140,7 @@ class Interceptions:
             return
         if self._sampled_at is not None:
             num_pages = sum(len(inst.resources.exclusive_device_handles()) for inst in instances if inst.io_idle)
+            self._num_intercepted_pages = num_pages
             self.intercepted_page_s += num_pages * (now - self._sampled_at)
             if pressure:
                 self.contended_page_s += num_pages * (now - self._sampled_at)

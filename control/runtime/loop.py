@@ -99,7 +99,9 @@ class ControlLoop:
         self.scheduler = BatchScheduler()
         self.profiler = CostProfiler()
         self._profile_logged = self.profiler.measured  # what _log_profile last reported
-        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill, on_batch=self.profiler.observe)
+        # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
+        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill,
+                                    on_batch=lambda *batch: self.interceptions.observe_batch(*batch))
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
         self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
@@ -186,7 +188,7 @@ class ControlLoop:
                             self.config.interception_policy, self.interception_profile(),
                             self.calls.device_s, self.calls.rewrite_s, self.interceptions.intercepted_page_s,
                             self.interceptions.contended_page_s, self.allocator.num_preempted,
-                            self.calls.rewrite_page_s)
+                            self.calls.rewrite_page_s, self.interceptions.copy_s, self.interceptions.copy_page_s)
 
     def record(self, instance_id: str) -> InstanceRecord | None:
         """The running instance ``instance_id``, or None."""

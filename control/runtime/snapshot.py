@@ -31,3 +31,5 @@ class LoopSnapshot:
     contended_page_s: float = 0.0
     num_preempted: int = 0  # Allocator.num_preempted
     rewrite_page_s: float = 0.0  # InferenceCalls.rewrite_page_s
+    copy_s: float = 0.0  # Interceptions.copy_s / copy_page_s
+    copy_page_s: float = 0.0
