@@ -192,13 +192,15 @@ class InterceptionProfile:
     recompute_measured: bool
     swap_measured: bool
     budget_measured: bool
+    copies_overlap: bool = True  # the device copies beside its steps (CUDA); else a copy holds the step up
 
     def describe(self) -> str:
         """One line for people (``oven stats``, the benches)."""
         tag = ["measured" if m else "default" for m in (self.recompute_measured, self.swap_measured,
                                                          self.budget_measured)]
         return (f"recompute {self.recompute_s_per_token * 1e3:.3f} ms/token ({tag[0]}), swap "
-                f"{self.swap_s_per_page * 1e3:.3f} ms/page ({tag[1]}), swap budget {self.swap_budget_pages} "
+                f"{self.swap_s_per_page * 1e3:.3f} ms/page ({tag[1]}, "
+                f"{'beside' if self.copies_overlap else 'between'} steps), swap budget {self.swap_budget_pages} "
                 f"pages ({tag[2]})")
 
 

@@ -30,6 +30,18 @@ def test_wastes_follow_infercepts_definitions():
     assert wastes(c, PROFILE, now=20.0, running_pages=0)[0] == 0.0  # overdue: nothing left to waste
 
 
+def test_where_copies_run_between_steps_a_swap_holds_the_running_pages_up_too():
+    between = CostProfile(1e-6, 1e-3, 0.01, swap_budget_pages=4, copies_overlap=False)
+    c = ctx("a", 0.0, 2, 100, returns_at=10.5)
+    assert wastes(c, between, now=10.0, running_pages=8)[2] == pytest.approx(2 * 2 * 0.01 * (2 + 8))
+    # back in 0.5 s: preserving wastes 1 page-s, discarding 0.11 s x 50 pages; swapping 0.04 s of copies
+    # x 2 pages = 0.08 where they hide behind the step, but x 50 = 2.0 where the 48 running pages wait too
+    assert actions(decide(InterceptionPolicy("infercept"), [c], PROFILE, 10.0, running_pages=48)) == [
+        ("a", Action.SWAP_OUT)]
+    assert actions(decide(InterceptionPolicy("infercept"), [c], between, 10.0, running_pages=48)) == [
+        ("a", Action.PRESERVE)]
+
+
 def test_infercept_swaps_the_biggest_wasters_within_the_budget_then_picks_the_smaller_waste():
     pool = [
         ctx("long-tool", 0.0, 3, 40, returns_at=60.0),  # preserve 150, discard 0.1248: min 0.12
@@ -104,6 +116,7 @@ def test_the_profiler_learns_costs_from_answered_batches():
     profiler.observe("forward_text", num_items=16, num_tokens=16, seconds=0.05)  # a decode step
     profiler.observe("mask_kvpage", num_items=8, num_tokens=8, seconds=9.0)  # neither: ignored
     profile = profiler.profile()
+    assert profile.copies_overlap and not CostProfiler(copies_overlap=False).profile().copies_overlap
     # the step is the running mean 0.9 * 64 ms + 0.1 * 50 ms; the budget is the pages copied in one step
     assert (profile.recompute_a_s, profile.recompute_b_s, profile.swap_s_per_page, profile.swap_budget_pages) == (
         0.0, pytest.approx(1e-3), pytest.approx(5e-4), 125)

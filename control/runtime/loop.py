@@ -97,7 +97,8 @@ class ControlLoop:
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self.scheduler = BatchScheduler()
-        self.profiler = CostProfiler()
+        # The host tier copies on a side stream on CUDA only (inference/memory.py); elsewhere between steps.
+        self.profiler = CostProfiler(copies_overlap=self.info.device.startswith("cuda"))
         self._profile_logged = self.profiler.measured  # what _log_profile last reported
         # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
         self.calls = InferenceCalls(self.scheduler, on_broken=self.kill,
@@ -384,7 +385,7 @@ class ControlLoop:
         """The interception policy's costs now, each marked learnt or default (what `oven stats` shows)."""
         profile = self.profiler.profile()
         return c.InterceptionProfile(profile.recompute_b_s, profile.swap_s_per_page, profile.swap_budget_pages,
-                                     *self.profiler.measured)
+                                     *self.profiler.measured, profile.copies_overlap)
 
     def _log_profile(self) -> None:
         """Log the interception policy's costs each time one more of them is learnt (a few times a run)."""

@@ -14,7 +14,9 @@ Waste is memory x time, in page-seconds (InferCept §3):
 * preserve = pages x expected remaining time of the interception;
 * discard = recompute time x (its pages + the pages of the running contexts it delays),
   recompute time from the profiled model ``a * n**2 + b * n`` seconds for ``n`` tokens;
-* swap = pages x transfer time out and back in (``2 * pages * swap_s_per_page``).
+* swap = pages x transfer time out and back in (``2 * pages * swap_s_per_page``) where the copies
+  overlap the device step (CUDA: a side stream); where they cannot (a CPU runs them between two
+  steps), the running contexts wait for them too: transfer time x (its pages + the running pages).
 
 Every iteration :func:`decide` sorts the intercepted contexts on the device by
 ``min(preserve, discard)`` descending, swaps out in that order within the swap
@@ -72,13 +74,15 @@ class CostProfile:
 
     ``recompute_a_s`` / ``recompute_b_s``: prefill of ``n`` tokens takes ``a * n**2 + b * n``
     seconds; ``swap_s_per_page``: one page copied one way; ``swap_budget_pages``: pages that
-    may be copied (either way) per iteration without lengthening the device step.
+    may be copied (either way) per iteration without lengthening the device step;
+    ``copies_overlap``: whether copies run beside the device step (else they hold it up).
     """
 
     recompute_a_s: float
     recompute_b_s: float
     swap_s_per_page: float
     swap_budget_pages: int
+    copies_overlap: bool = True
 
     def __post_init__(self):
         if min(self.recompute_a_s, self.recompute_b_s, self.swap_s_per_page, self.swap_budget_pages) < 0:
@@ -120,7 +124,8 @@ def wastes(ctx: InterceptedContext, profile: CostProfile, now: float, running_pa
     preserve = ctx.num_pages * remaining_s
     discard = (float("inf") if not ctx.recomputable
                else profile.recompute_s(ctx.num_tokens) * (ctx.num_pages + running_pages))
-    swap = ctx.num_pages * 2 * ctx.num_pages * profile.swap_s_per_page
+    held_up = ctx.num_pages + (0 if profile.copies_overlap else running_pages)
+    swap = 2 * ctx.num_pages * profile.swap_s_per_page * held_up
     return preserve, discard, swap
 
 

@@ -22,8 +22,10 @@ DEFAULT = CostProfile(recompute_a_s=0.0, recompute_b_s=1e-3, swap_s_per_page=2e-
 
 
 class CostProfiler:
-    def __init__(self, default: CostProfile = DEFAULT):
-        self._default = default
+    """``copies_overlap``: whether the served device copies beside its steps (CUDA's side stream)."""
+
+    def __init__(self, default: CostProfile = DEFAULT, copies_overlap: bool = True):
+        self._default, self._copies_overlap = default, copies_overlap
         self._s_per_token: float | None = None
         self._s_per_page: float | None = None
         self._step_s: float | None = None
@@ -49,7 +51,7 @@ class CostProfiler:
         per_page = d.swap_s_per_page if self._s_per_page is None else self._s_per_page
         budget = d.swap_budget_pages if self._step_s is None else max(1, int(self._step_s / max(per_page, 1e-9)))
         return CostProfile(d.recompute_a_s, d.recompute_b_s if self._s_per_token is None else self._s_per_token,
-                           per_page, budget)
+                           per_page, budget, self._copies_overlap)
 
 
 def _mean(old: float | None, new: float) -> float:
