@@ -137,16 +137,16 @@ DEMO_TOOLS = [{"type": "function", "function": {
 def test_the_model_calls_tools_and_answers_from_their_results(smollm2_api):
     """Greedy, so exact (the committed adapter's outputs: a retrained one may need these updated): it
     writes both calls of the question at once (one reply, finish reason tool_calls); given their
-    results back, one per wait, it states the first one in its answer."""
+    results back, one per wait, it states Paris's weather in its answer."""
     question = [{"role": "user", "content": "What is the weather in Paris and the price of AAPL?"}]
     ask = lambda messages: smollm2_api.chat.completions.create(  # noqa: E731
         model="smollm2-135m-instruct", messages=messages, tools=DEMO_TOOLS, temperature=0, max_tokens=120)
     first = ask(question).choices[0]
     assert first.finish_reason == "tool_calls" and first.message.content is None
     assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in first.message.tool_calls] == [
-        ("t1", "get_weather", {"city": "Paris"}), ("t2", "get_stock_price", {"symbol": "AAPL"})]
-    results = {"t1": {"city": "Paris", "temperature_c": 18, "conditions": "sunny", "humidity_percent": 40},
-               "t2": {"symbol": "AAPL", "price_usd": 231.5}}
+        ("t1", "get_stock_price", {"symbol": "AAPL"}), ("t2", "get_weather", {"city": "Paris"})]
+    results = {"t1": {"symbol": "AAPL", "price_usd": 231.5},
+               "t2": {"city": "Paris", "temperature_c": 18, "conditions": "sunny", "humidity_percent": 40}}
     messages = [*question, first.message.model_dump(exclude_none=True),
                 *({"role": "tool", "tool_call_id": i, "content": json.dumps(v)} for i, v in results.items())]
     second = ask(messages).choices[0]
