@@ -79,8 +79,8 @@ def test_infercept_swaps_paused_instances_out_of_a_full_pool_and_back_with_the_s
     assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES - NUM_PAGES)
     assert loop.interceptions.num_swapped_out == 2
     # The copies took time, which counts against the pages of whoever was not paused (at most the pool).
-    copy_s, copy_page_s = loop.snapshot().copy_s, loop.snapshot().copy_page_s
-    assert copy_s > 0 and 0 <= copy_page_s <= NUM_PAGES * copy_s
+    snapshot = loop.snapshot()
+    assert snapshot.copy_s > 0 and 0 <= snapshot.copy_page_s <= NUM_PAGES * snapshot.copy_s
     finish(loop, runs, events, expected)
 
 

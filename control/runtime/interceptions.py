@@ -129,7 +129,7 @@ class Interceptions:
         """One answered batch (InferenceCalls' ``on_batch``): the cost profiler learns from it, and a
         copy's seconds count against the pages of the contexts it kept waiting."""
         self.profiler.observe(call_type, num_items, num_tokens, seconds)
-        if call_type in COPY_CALL_TYPES and seconds > 0:
+        if call_type in COPY_CALL_TYPES:
             self.copy_s += seconds
             self.copy_page_s += seconds * max(0, self._kv_pool.num_used - self._num_intercepted_pages)
 
