@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from oven.client.asynclm.training.batches import Batch, make_batches
+from oven.client.asynclm.training.batches import Batch, Weighing, make_batches
 from oven.client.asynclm.training.data import DataConfig, build, write
 from oven.client.asynclm.training.model import LoraSettings, batch_loss, load_base, with_lora
-from oven.client.asynclm.training.segments import Encoder
+from oven.client.asynclm.training.segments import Encoder, call_markers, call_spans
 from oven.client.asynclm.training.train import CHECKPOINT, TrainConfig, train
 from oven.control.tokenizer import Tokenizer
 from oven.inference.models import resolve_model
@@ -48,11 +48,34 @@ def test_a_shared_prefix_gives_the_loss_of_whole_samples(data_file):
     assert shared and len(shared[0].prefix_ids) > 300  # the demo group's system prompt
     for batch in shared[:2]:
         whole = Batch([], [batch.prefix_ids + s for s in batch.suffix_ids],
-                      [[False] * len(batch.prefix_ids) + m for m in batch.suffix_loss])
+                      [[0.0] * len(batch.prefix_ids) + w for w in batch.suffix_weight])
         with torch.no_grad():
             (a, n), (b, m) = batch_loss(model, batch), batch_loss(model, whole)
         assert n == m == batch.num_loss_tokens
         torch.testing.assert_close(a / n, b / m, rtol=1e-5, atol=1e-5)
+
+
+def test_call_tokens_weigh_call_weight_and_the_loss_is_their_weighted_mean(data_file):
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    markers = call_markers(encoder)
+    records = [r for r in records_of(data_file) if r["variant"] != "sync"]
+    for record in records:  # one span per call written, each reading as the call it is
+        spans = call_spans(record["ids"], record["loss_spans"], markers)
+        assert [encoder.decode(record["ids"][a:b]).split(" [HEAD] ")[1].removesuffix(" [END]\n")
+                for a, b in spans] == record["calls"]
+    weigh = Weighing(3.0, markers)
+    weights = weigh(records[0])
+    assert set(weights) == {0.0, 1.0, 3.0}
+    assert [w > 0 for w in weights] == [w > 0 for w in Weighing()(records[0])]
+    torch.manual_seed(0)
+    model = with_lora(load_base("tiny", 0)[0], LoraSettings(rank=4, alpha=8.0))
+    batch = make_batches(records[:2], 2, 100_000, weigh)[0]
+    with torch.no_grad():
+        loss, total = batch_loss(model, batch)
+        singles = [batch_loss(model, Batch(batch.prefix_ids, [ids], [w]))
+                   for ids, w in zip(batch.suffix_ids, batch.suffix_weight)]
+    assert total == pytest.approx(sum(sum(w) for w in batch.suffix_weight))
+    torch.testing.assert_close(loss, sum(s for s, _ in singles), rtol=1e-4, atol=1e-4)
 
 
 def test_training_lowers_the_loss_and_writes_a_peft_folder_that_loads(data_file, tmp_path):

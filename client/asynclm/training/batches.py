@@ -13,18 +13,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .segments import loss_mask
+from .segments import call_spans, loss_weights
 
 
 @dataclass(frozen=True)
 class Batch:
     prefix_ids: list[int]
     suffix_ids: list[list[int]]
-    suffix_loss: list[list[bool]]  # suffix_loss[b][j]: suffix_ids[b][j] carries loss
+    suffix_weight: list[list[float]]  # suffix_weight[b][j]: the weight of suffix_ids[b][j] in the loss (0: none)
 
     @property
     def num_loss_tokens(self) -> int:
-        return sum(sum(mask) for mask in self.suffix_loss)
+        return sum(w > 0 for weights in self.suffix_weight for w in weights)
 
     @property
     def num_tokens(self) -> int:
@@ -37,28 +37,44 @@ def _common_prefix_length(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _batch(records: list[dict]) -> Batch:
+@dataclass(frozen=True)
+class Weighing:
+    """How a record's loss tokens weigh: 1, or ``call_weight`` inside the calls the model wrote
+    (found by the ``call_markers`` tokens; see segments.py)."""
+    call_weight: float = 1.0
+    call_markers: tuple[list[int], list[int]] | None = None
+
+    def __call__(self, record: dict) -> list[float]:
+        spans = record["loss_spans"]
+        if self.call_weight == 1.0 or self.call_markers is None:
+            return loss_weights(len(record["ids"]), spans)
+        marked = call_spans(record["ids"], spans, self.call_markers)
+        return loss_weights(len(record["ids"]), spans, marked, self.call_weight)
+
+
+def _batch(records: list[dict], weigh: Weighing) -> Batch:
     ids = [r["ids"] for r in records]
     first_loss = min(r["loss_spans"][0][0] for r in records)
     cut = max(0, min(min(_common_prefix_length(ids[0], other) for other in ids), first_loss - 1))
-    loss = [loss_mask(len(r["ids"]), r["loss_spans"])[cut:] for r in records]
-    return Batch(ids[0][:cut], [i[cut:] for i in ids], loss)
+    return Batch(ids[0][:cut], [i[cut:] for i in ids], [weigh(r)[cut:] for r in records])
 
 
-def _chunks(records: list[dict], max_samples: int, max_tokens: int) -> tuple[list[Batch], list[dict]]:
+def _chunks(records: list[dict], max_samples: int, max_tokens: int, weigh: Weighing
+            ) -> tuple[list[Batch], list[dict]]:
     """Full batches of ``records`` in order, and the records of a last, partly filled one."""
     batches, run = [], []
     for record in records:
-        if run and (len(run) == max_samples or _batch(run + [record]).num_tokens > max_tokens):
-            batches.append(_batch(run))
+        if run and (len(run) == max_samples or _batch(run + [record], weigh).num_tokens > max_tokens):
+            batches.append(_batch(run, weigh))
             run = []
         run.append(record)
     if len(run) == max_samples:
-        return batches + [_batch(run)], []
+        return batches + [_batch(run, weigh)], []
     return batches, run
 
 
-def make_batches(records: list[dict], max_samples: int, max_tokens: int) -> list[Batch]:
+def make_batches(records: list[dict], max_samples: int, max_tokens: int, weigh: Weighing = Weighing()
+                 ) -> list[Batch]:
     """Batches of up to ``max_samples`` samples and ``max_tokens`` forwarded tokens."""
     if max_samples < 1:
         raise ValueError(f"max_samples must be >= 1, got {max_samples}")
@@ -68,11 +84,12 @@ def make_batches(records: list[dict], max_samples: int, max_tokens: int) -> list
             groups.setdefault(tuple(r["ids"][:r["system_tokens"]]), []).append(r)
     batches, rest = [], []
     for key in sorted(groups):
-        full, left = _chunks(sorted(groups[key], key=lambda r: (len(r["ids"]), r["ids"])), max_samples, max_tokens)
+        full, left = _chunks(sorted(groups[key], key=lambda r: (len(r["ids"]), r["ids"])), max_samples, max_tokens,
+                             weigh)
         batches += full
         rest += left
-    full, left = _chunks(sorted(rest, key=lambda r: (len(r["ids"]), r["ids"])), max_samples, max_tokens)
-    return batches + full + ([_batch(left)] if left else [])
+    full, left = _chunks(sorted(rest, key=lambda r: (len(r["ids"]), r["ids"])), max_samples, max_tokens, weigh)
+    return batches + full + ([_batch(left, weigh)] if left else [])
 
 
 def epoch_order(num_batches: int, seed: int, epoch: int) -> list[int]:

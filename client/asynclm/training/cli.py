@@ -89,6 +89,9 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--init", default=None, metavar="ADAPTER",
                        help="start from this adapter folder (an earlier run's OUT) instead of a fresh adapter: "
                             "a second stage on new samples; training.json keeps the earlier run's summary")
+    train.add_argument("--call-weight", type=float, default=1.0,
+                       help="loss weight of the tokens of the calls the model writes, against 1 for the rest of "
+                            "what it writes (default %(default)s)")
     train.set_defaults(func=cmd_train)
 
 
@@ -150,7 +153,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             precision=args.precision,
             variants=tuple(v for v in args.variants.split(",") if v), threads=args.threads or os.cpu_count() or 1,
             checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
-            init=Path(args.init) if args.init else None)
+            init=Path(args.init) if args.init else None, call_weight=args.call_weight)
         summary = train(config, resume=args.resume, command=shlex.join(["oven", *sys.argv[sys.argv.index(
             "asynclm-train"):]]) if "asynclm-train" in sys.argv else None)
     except (ValueError, FileNotFoundError, KeyError) as exc:

@@ -52,8 +52,8 @@ def with_lora(model, lora: LoraSettings):
     return get_peft_model(model, config)
 
 
-def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy over the batch's loss tokens, and their number.
+def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
+    """Weighted, summed cross-entropy over the batch's loss tokens, and the sum of their weights.
 
     The shared prefix is forwarded once (batch 1) and its KV cache repeated for the suffixes, which
     are right-padded; a pad comes after every real token of its row, so causal attention keeps it
@@ -71,15 +71,16 @@ def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, int]:
     position_ids = torch.arange(start, start + width).expand(num_rows, width)
     hidden = causal_lm.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
                              use_cache=cache is not None).last_hidden_state
-    rows, cols = [], []
-    for b, mask in enumerate(batch.suffix_loss):
-        for j, has_loss in enumerate(mask):
-            if has_loss:
+    rows, cols, weights = [], [], []
+    for b, row in enumerate(batch.suffix_weight):
+        for j, weight in enumerate(row):
+            if weight > 0:
                 if j == 0:
                     raise ValueError("a loss token at the start of a suffix: its prediction is in the prefix")
                 rows.append(b)
                 cols.append(j)
+                weights.append(weight)
     rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
     logits = causal_lm.lm_head(hidden[rows_t, cols_t - 1]).float()
-    loss = torch.nn.functional.cross_entropy(logits, input_ids[rows_t, cols_t], reduction="sum")
-    return loss, len(rows)
+    losses = torch.nn.functional.cross_entropy(logits, input_ids[rows_t, cols_t], reduction="none")
+    return (losses * torch.tensor(weights)).sum(), sum(weights)

@@ -5,7 +5,8 @@ with the model's chat template and tokenizes the result; every token the model w
 every interrupt is tokenized by ``ctx.fill(interrupt_text(...))`` alone. A sample therefore
 concatenates the ids of separately tokenized segments; tokenizing the whole transcript at once
 could merge tokens across a boundary and teach the model a context it never sees.
-Loss falls only on what the model writes.
+Loss falls only on what the model writes; the calls in it may weigh more (``call_weight``): a
+task fails on one wrong token of a call, while most of the answer's tokens are easy to predict.
 """
 
 from __future__ import annotations
@@ -44,11 +45,52 @@ def flatten(segments: list[Segment]) -> tuple[list[int], list[list[int]]]:
     return ids, spans
 
 
-def loss_mask(num_tokens: int, spans: list[list[int]]) -> list[bool]:
-    mask = [False] * num_tokens
+def loss_weights(num_tokens: int, spans: list[list[int]], marked: list[list[int]] = (), weight: float = 1.0
+                 ) -> list[float]:
+    """Each token's weight in the loss: 0 outside ``spans``, ``weight`` in the ``marked`` ones, else 1."""
+    weights = [0.0] * num_tokens
     for start, end in spans:
-        mask[start:end] = [True] * (end - start)
-    return mask
+        weights[start:end] = [1.0] * (end - start)
+    for start, end in marked:
+        weights[start:end] = [weight if w else 0.0 for w in weights[start:end]]
+    return weights
+
+
+def _find(ids: list[int], pattern: list[int], start: int, end: int) -> int:
+    """Where ``pattern`` first occurs in ``ids[start:end]``, or -1."""
+    for i in range(start, end - len(pattern) + 1):
+        if ids[i:i + len(pattern)] == pattern:
+            return i
+    return -1
+
+
+def call_spans(ids: list[int], spans: list[list[int]], markers: tuple[list[int], list[int]]) -> list[list[int]]:
+    """The [start, end) ranges of the calls the model wrote: from an opening marker to the next
+    closing one (:func:`call_markers`), inside the loss spans."""
+    opening, closing = markers
+    found = []
+    for start, end in spans:
+        at = _find(ids, opening, start, end)
+        while at >= 0:
+            close = _find(ids, closing, at + len(opening), end)
+            stop = end if close < 0 else close + len(closing)
+            found.append([at, stop])
+            at = _find(ids, opening, stop, end)
+    return found
+
+
+def call_markers(encoder: "Encoder") -> tuple[list[int], list[int]]:
+    """The tokens every call the model writes starts and ends with: the common head and tail of
+    two calls written by the inferlet's own ``call_text``."""
+    from .protocol import prompt
+
+    a = encoder.encode(prompt().call_text("t1", 'f(x="a")'))
+    b = encoder.encode(prompt().call_text("t22", "g(2)"))
+    head = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    tail = next((i for i, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y), min(len(a), len(b)))
+    if head == 0 or tail == 0:
+        raise ValueError("the inferlet's calls share no opening or closing tokens")
+    return a[:head], a[len(a) - tail:]
 
 
 class Encoder:

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .batches import epoch_order, make_batches
+from .batches import Weighing, epoch_order, make_batches
 from .data import read_records
 from .model import LoraSettings, batch_loss, load_base, with_lora
 
@@ -52,11 +52,14 @@ class TrainConfig:
     checkpoint_every: int = 25
     max_steps: int | None = None    # stop after this many steps (a checkpoint makes it resumable)
     init: Path | None = None        # an adapter folder to start from (same rank, alpha and targets)
+    call_weight: float = 1.0        # the loss weight of the tokens of the calls the model writes
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_samples", "batch_tokens", "threads", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.call_weight <= 0:
+            raise ValueError(f"call_weight must be > 0, got {self.call_weight}")
         if self.lr <= 0 or self.warmup_steps < 0:
             raise ValueError("lr must be > 0 and warmup_steps >= 0")
         if self.precision not in PRECISIONS:
@@ -99,9 +102,9 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
 
     torch.set_num_threads(config.threads)
     records = _load_records(config)
-    batches = make_batches(records, config.batch_samples, config.batch_tokens)
+    model, source = load_base(config.model, config.seed)
+    batches = make_batches(records, config.batch_samples, config.batch_tokens, _weighing(config, source))
     total = config.epochs * len(batches)
-    model, _ = load_base(config.model, config.seed)
     torch.manual_seed(config.seed)
     model = with_lora(model, config.lora)
     init = _load_init(model, config) if config.init is not None else None
@@ -126,11 +129,11 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step, total)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-            loss_sum, num_loss_tokens = batch_loss(model, batch)
-        (loss_sum / num_loss_tokens).backward()
+            loss_sum, loss_weight = batch_loss(model, batch)
+        (loss_sum / loss_weight).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        state["losses"].append(round(loss_sum.item() / num_loss_tokens, 5))
+        state["losses"].append(round(loss_sum.item() / loss_weight, 5))
         state["tokens"] += batch.num_tokens
         state["step"] = step + 1
         state["elapsed_s"] = time.monotonic() - started
@@ -144,6 +147,16 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
     if summary["complete"]:
         checkpoint.unlink(missing_ok=True)
     return summary
+
+
+def _weighing(config: TrainConfig, source) -> Weighing:
+    if config.call_weight == 1.0:
+        return Weighing()
+    from oven.control.tokenizer import Tokenizer
+
+    from .segments import Encoder, call_markers
+
+    return Weighing(config.call_weight, call_markers(Encoder(Tokenizer(source.tokenizer))))
 
 
 def _load_init(model, config: TrainConfig) -> dict:
@@ -260,7 +273,7 @@ def _plot(losses: list[float], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(range(1, len(losses) + 1), losses, linewidth=1)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean per loss token)")
+    ax.set_ylabel("loss (weighted mean per loss token)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
