@@ -13,7 +13,7 @@ from oven.client.asynclm.tools import demo_registry
 from oven.client.asynclm.training import protocol
 from oven.client.asynclm.training.data import DataConfig, build, parse_weights, write
 from oven.client.asynclm.training.plain import plain_sync
-from oven.client.asynclm.training.segments import Encoder, flatten, loss_mask
+from oven.client.asynclm.training.segments import Encoder, flatten, loss_weights
 from oven.client.asynclm.training.simulate import CmlSimulation, Timing
 from oven.client.asynclm.training.split import bfcl_ids, demo_pools
 from oven.client.asynclm.training.tasks import FollowUp, Subtask, Task, fixed_call
@@ -113,7 +113,7 @@ def test_masks_cover_what_the_model_writes_and_nothing_else(encoder):
                   follow_up=FollowUp("Also, the time in UTC?", single('get_time(timezone="UTC")')))
     transcript = CmlSimulation(follow, encoder, Timing(ESTIMATES, 10.0, follow_up_ms=20.0), "async").run()
     ids, spans = flatten(transcript.segments)
-    mask = loss_mask(len(ids), spans)
+    mask = [w > 0 for w in loss_weights(len(ids), spans)]
     position = 0
     roles = set()
     for segment in transcript.segments:
