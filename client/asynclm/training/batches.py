@@ -52,11 +52,22 @@ class Weighing:
         return loss_weights(len(record["ids"]), spans, marked, self.call_weight)
 
 
-def _batch(records: list[dict], weigh: Weighing) -> Batch:
+def _cut(records: list[dict]) -> int:
+    """The length of the prefix ``records`` share, cut before the first token that carries loss."""
     ids = [r["ids"] for r in records]
     first_loss = min(r["loss_spans"][0][0] for r in records)
-    cut = max(0, min(min(_common_prefix_length(ids[0], other) for other in ids), first_loss - 1))
-    return Batch(ids[0][:cut], [i[cut:] for i in ids], [weigh(r)[cut:] for r in records])
+    return max(0, min(min(_common_prefix_length(ids[0], other) for other in ids), first_loss - 1))
+
+
+def _num_tokens(records: list[dict]) -> int:
+    """:attr:`Batch.num_tokens` of the batch of ``records``, without building it."""
+    cut = _cut(records)
+    return cut + len(records) * (max(len(r["ids"]) for r in records) - cut)
+
+
+def _batch(records: list[dict], weigh: Weighing) -> Batch:
+    cut = _cut(records)
+    return Batch(records[0]["ids"][:cut], [r["ids"][cut:] for r in records], [weigh(r)[cut:] for r in records])
 
 
 def _chunks(records: list[dict], max_samples: int, max_tokens: int, weigh: Weighing
@@ -64,7 +75,7 @@ def _chunks(records: list[dict], max_samples: int, max_tokens: int, weigh: Weigh
     """Full batches of ``records`` in order, and the records of a last, partly filled one."""
     batches, run = [], []
     for record in records:
-        if run and (len(run) == max_samples or _batch(run + [record], weigh).num_tokens > max_tokens):
+        if run and (len(run) == max_samples or _num_tokens(run + [record]) > max_tokens):
             batches.append(_batch(run, weigh))
             run = []
         run.append(record)

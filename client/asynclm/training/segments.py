@@ -79,7 +79,7 @@ def call_spans(ids: list[int], spans: list[list[int]], markers: tuple[list[int],
     return found
 
 
-def call_markers(encoder: "Encoder") -> tuple[list[int], list[int]]:
+def call_markers(encoder: Encoder) -> tuple[list[int], list[int]]:
     """The tokens every call the model writes starts and ends with: the common head and tail of
     two calls written by the inferlet's own ``call_text``."""
     from .protocol import prompt
