@@ -40,16 +40,14 @@ def _common_prefix_length(a: list[int], b: list[int]) -> int:
 @dataclass(frozen=True)
 class Weighing:
     """How a record's loss tokens weigh: 1, or ``call_weight`` inside the calls the model wrote
-    (found by the ``call_markers`` tokens; see segments.py)."""
+    (found by the ``call_markers`` tokens; see segments.py). Without markers every one weighs 1."""
     call_weight: float = 1.0
     call_markers: tuple[list[int], list[int]] | None = None
 
     def __call__(self, record: dict) -> list[float]:
-        spans = record["loss_spans"]
-        if self.call_weight == 1.0 or self.call_markers is None:
-            return loss_weights(len(record["ids"]), spans)
-        marked = call_spans(record["ids"], spans, self.call_markers)
-        return loss_weights(len(record["ids"]), spans, marked, self.call_weight)
+        ids, spans = record["ids"], record["loss_spans"]
+        marked = call_spans(ids, spans, self.call_markers) if self.call_markers else []
+        return loss_weights(len(ids), spans, marked, self.call_weight)
 
 
 def _cut(records: list[dict]) -> int:

@@ -67,20 +67,15 @@ def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
         cache.batch_repeat_interleave(num_rows)
     width = max(len(s) for s in batch.suffix_ids)
     input_ids = torch.tensor([s + [0] * (width - len(s)) for s in batch.suffix_ids])
+    weights = torch.tensor([w + [0.0] * (width - len(w)) for w in batch.suffix_weight])
+    if (weights[:, 0] > 0).any():
+        raise ValueError("a loss token at the start of a suffix: its prediction is in the prefix")
     start = len(batch.prefix_ids)
     position_ids = torch.arange(start, start + width).expand(num_rows, width)
     hidden = causal_lm.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
                              use_cache=cache is not None).last_hidden_state
-    rows, cols, weights = [], [], []
-    for b, row in enumerate(batch.suffix_weight):
-        for j, weight in enumerate(row):
-            if weight > 0:
-                if j == 0:
-                    raise ValueError("a loss token at the start of a suffix: its prediction is in the prefix")
-                rows.append(b)
-                cols.append(j)
-                weights.append(weight)
-    rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+    rows_t, cols_t = (weights > 0).nonzero(as_tuple=True)
     logits = causal_lm.lm_head(hidden[rows_t, cols_t - 1]).float()
     losses = torch.nn.functional.cross_entropy(logits, input_ids[rows_t, cols_t], reduction="none")
-    return (losses * torch.tensor(weights)).sum(), sum(weights)
+    token_weights = weights[rows_t, cols_t]
+    return (losses * token_weights).sum(), token_weights.sum().item()

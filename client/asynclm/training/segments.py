@@ -45,13 +45,13 @@ def flatten(segments: list[Segment]) -> tuple[list[int], list[list[int]]]:
     return ids, spans
 
 
-def loss_weights(num_tokens: int, spans: list[list[int]], marked: list[list[int]] = (), weight: float = 1.0
-                 ) -> list[float]:
+def loss_weights(num_tokens: int, spans: list[list[int]], marked: list[list[int]] | None = None,
+                 weight: float = 1.0) -> list[float]:
     """Each token's weight in the loss: 0 outside ``spans``, ``weight`` in the ``marked`` ones, else 1."""
     weights = [0.0] * num_tokens
     for start, end in spans:
         weights[start:end] = [1.0] * (end - start)
-    for start, end in marked:
+    for start, end in marked or []:
         weights[start:end] = [weight if w else 0.0 for w in weights[start:end]]
     return weights
 
