@@ -3,8 +3,9 @@
 Builds an in-process :class:`~oven.inference.engine.Engine` on the CPU (SmolLM2-135M,
 float32) and loads four PEFT LoRA adapters (random weights, saved by PEFT itself)
 of each ``--shapes`` entry: by default rank 16 on all seven projections (the
-largest shape issue 14 allows the AsyncLM adapter) and rank 8 on the attention
-projections (the smallest). It prefills 32 distinct prompts of ``--context``
+largest shape issue 14 allows the AsyncLM adapter), rank 8 on the attention
+projections (the smallest) and rank 8 on q/k/v/o + up/down (the committed
+AsyncLM adapter's shape). It prefills 32 distinct prompts of ``--context``
 tokens (64), then times one ``forward_text`` decode step at batch 1, 8 and 32:
 every item on the base model, and per shape every item on one adapter and the
 items split round-robin over two and over four adapters (one forward each; rows
@@ -41,14 +42,16 @@ log = logging.getLogger("adapter_forward")
 GOAL_RATIO = 1.15
 SPLITS = {"1 adapter": 1, "2 adapters": 2, "4 adapters": 4}  # case -> adapters the items use
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-DEFAULT_SHAPES = [(16, list(PROJECTIONS)), (8, ATTENTION)]
+ASYNCLM = ATTENTION + ["up_proj", "down_proj"]  # the committed AsyncLM adapter's targets
+DEFAULT_SHAPES = [(16, list(PROJECTIONS)), (8, ATTENTION), (8, ASYNCLM)]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help="model spec (default: %(default)s)")
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, type=parse_shape, metavar="RANK:PROJ,...",
-                        help="adapter shapes (default: 16:<all seven projections> 8:q_proj,k_proj,v_proj,o_proj)")
+                        help="adapter shapes (default: 16:<all seven projections> 8:q_proj,k_proj,v_proj,o_proj "
+                             "8:q_proj,k_proj,v_proj,o_proj,up_proj,down_proj)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     parser.add_argument("--context", type=int, default=64, help="prompt tokens per sequence (default: %(default)s)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32], help="decode batch sizes")
@@ -70,7 +73,8 @@ def parse_shape(text: str) -> tuple[int, list[str]]:
 
 def shape_name(shape: tuple[int, list[str]]) -> str:
     rank, targets = shape
-    what = "all" if targets == list(PROJECTIONS) else "attn" if targets == ATTENTION else "+".join(targets)
+    what = {tuple(PROJECTIONS): "all", tuple(ATTENTION): "attn", tuple(ASYNCLM): "attn+up/down"}.get(
+        tuple(targets), "+".join(targets))
     return f"r{rank} {what}"
 
 
@@ -123,7 +127,7 @@ def main() -> int:
     num_seqs, page_size = max(args.batch_sizes), 16
     cfg = InferenceConfig(model=args.model, device="cpu", dtype="float32", page_size=page_size,
                           num_kv_pages=num_seqs * -(-(args.context + 1) // page_size), num_host_pages=1,
-                          torch_threads=args.threads)
+                          torch_threads=args.threads, max_adapters=max(SPLITS.values()) * len(args.shapes))
     engine = Engine(cfg, progress=False)
     ids_by_shape = {}
     with tempfile.TemporaryDirectory() as tmp:
