@@ -84,8 +84,9 @@ def call_markers(encoder: Encoder) -> tuple[list[int], list[int]]:
     two calls written by the inferlet's own ``call_text``."""
     from .protocol import prompt
 
+    # ids that differ from their first letter, so that no part of an id is taken for a marker
     a = encoder.encode(prompt().call_text("t1", 'f(x="a")'))
-    b = encoder.encode(prompt().call_text("t22", "g(2)"))
+    b = encoder.encode(prompt().call_text("job22", "g(2)"))
     head = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     tail = next((i for i, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y), min(len(a), len(b)))
     if head == 0 or tail == 0:
