@@ -4,7 +4,6 @@ determinism, the split, and token-exactness against the inferlet's own context."
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from harness import messages
@@ -15,7 +14,7 @@ from oven.client.asynclm.training import protocol
 from oven.client.asynclm.training.data import DataConfig, build, parse_weights, write
 from oven.client.asynclm.training.plain import plain_sync
 from oven.client.asynclm.training.segments import Encoder, flatten, loss_weights
-from oven.client.asynclm.training.simulate import CmlSimulation, Timing, named_call_id
+from oven.client.asynclm.training.simulate import CmlSimulation, Timing
 from oven.client.asynclm.training.split import bfcl_ids, demo_pools
 from oven.client.asynclm.training.tasks import FollowUp, Subtask, Task, fixed_call
 from oven.control.tokenizer import Tokenizer
@@ -82,25 +81,6 @@ def test_dependent_chain_traps_then_calls_with_the_result(encoder):
     assert got[2][1] == (f'[CALL] t2 [HEAD] convert_currency(amount={price}, from_currency="USD", to_currency="EUR")'
                          ' [END]\n[TRAP][END]\n')
     assert got[4][1].startswith("AAPL is ") and transcript.num_traps == 2
-
-
-def test_named_call_ids_say_what_each_call_is_for(encoder):
-    task = demo_task(PRICE_IN_EUR, single('calculate(expression="1 + 1")'), single('calculate(expression="2 + 2")'))
-    transcript = CmlSimulation(task, encoder, Timing(ESTIMATES, 5.0), "async", call_ids="named").run()
-    got = texts(encoder, transcript)
-    model = "".join(text for role, text in got if role == "model")
-    named = dict(re.findall(r"\[CALL\] (\w+) \[HEAD\] (\w+)\(", model))
-    # the inferlet's own token monitor read every call (a repeated id is malformed CML, which fails the run)
-    assert named == {"aapl_stock_price": "get_stock_price", "aapl_convert_currency": "convert_currency",
-                     "calculate": "calculate", "calculate_2": "calculate"}
-    assert sorted(text.split()[1] for role, text in got if role == "interrupt") == sorted(named)
-    # the subject is one or two words of the chain's first string argument; else the function alone
-    assert [named_call_id(call, call, {"user"}) for call in (
-        'get_time(timezone="America/Los_Angeles")', 'get_weather(city="São Paulo")', "math.factorial(5)",
-        'search_web(query="learn to play guitar")', 'user(x="")')] == \
-        ["los_angeles_time", "sao_paulo_weather", "factorial", "search_web", "user_2"]
-    with pytest.raises(ValueError, match="call ids must be one of numbered, named"):
-        DataConfig(call_ids="random")
 
 
 def test_interrupts_land_only_outside_cml_blocks_at_the_start_of_a_line(encoder):

@@ -17,7 +17,6 @@ def _fail(verb: str, exc: Exception) -> int:
 
 def add_parsers(sub, default_model: str) -> None:
     from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
-    from .simulate import CALL_IDS
     from .demo_tasks import TRAINING_MIX
 
     defaults = DataConfig()
@@ -54,9 +53,6 @@ def add_parsers(sub, default_model: str) -> None:
                            "default %(default)s)")
     data.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
                       help="chance that a training demo task's entity is made up or rare (default %(default)s)")
-    data.add_argument("--call-ids", choices=CALL_IDS, default=defaults.call_ids,
-                      help="how the simulated model names its calls: t1, t2... (numbered) or by what each is "
-                           "for, such as dow_stock_price (named) (default %(default)s)")
     data.add_argument("--sources", default=",".join(SOURCES), help="which tasks (default %(default)s)")
     data.add_argument("--model", default=default_model, help="whose tokenizer (default %(default)s)")
     data.set_defaults(func=cmd_data)
@@ -116,8 +112,7 @@ def cmd_data(args: argparse.Namespace) -> int:
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
                             sources=tuple(s for s in args.sources.split(",") if s),
-                            mix=replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up),
-                            call_ids=args.call_ids)
+                            mix=replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up))
         encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
         evaluation, eval_dropped = build("eval", config, encoder)
         train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))

@@ -31,7 +31,7 @@ from .demo_tasks import FOLLOW_UP_PROBABILITY, TRAINING_MIX, DemoTaskMaker, Trai
 from .names import Words, vocabulary_words
 from .plain import plain_sync
 from .segments import Encoder, flatten
-from .simulate import CALL_IDS, CmlSimulation, Timing, Transcript
+from .simulate import CmlSimulation, Timing, Transcript
 from .tasks import Task, random_estimates
 
 VARIANTS = ("async", "sync-cml", "sync")
@@ -54,7 +54,6 @@ class DataConfig:
     group: int = 24                 # training demo tasks that share one table of estimated times
     sources: tuple[str, ...] = SOURCES
     mix: TrainingMix = TRAINING_MIX  # how training demo tasks differ from evaluation ones
-    call_ids: str = "numbered"      # how the simulated model names its calls (simulate.CALL_IDS)
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
@@ -66,8 +65,6 @@ class DataConfig:
         unknown = [v for v, _ in self.weights if v not in VARIANTS]
         if unknown or not self.weights or any(w < 0 for _, w in self.weights) or not sum(w for _, w in self.weights):
             raise ValueError(f"variant weights must name {', '.join(VARIANTS)} with weights >= 0, not all 0")
-        if self.call_ids not in CALL_IDS:
-            raise ValueError(f"call ids must be one of {', '.join(CALL_IDS)}, got {self.call_ids!r}")
 
 
 def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
@@ -83,7 +80,7 @@ def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
 
 
 def simulate(task: Task, variant: str, encoder: Encoder, rng: random.Random,
-             estimate_ms_by_name: dict[str, int] | None = None, call_ids: str = "numbered") -> tuple[Transcript, Timing]:
+             estimate_ms_by_name: dict[str, int] | None = None) -> tuple[Transcript, Timing]:
     """One simulated interaction of ``task`` in ``variant``: random times per function (unless given)
     and per output token."""
     estimates = estimate_ms_by_name or random_estimates(rng, task.registry())
@@ -92,9 +89,9 @@ def simulate(task: Task, variant: str, encoder: Encoder, rng: random.Random,
         return plain_sync(task, encoder, timing), timing
     if task.follow_up is not None:
         # The follow-up arrives while the model is still at work on the rest: time it on a run without it.
-        end_ms = CmlSimulation(replace(task, follow_up=None), encoder, timing, variant, call_ids).run().end_ms
+        end_ms = CmlSimulation(replace(task, follow_up=None), encoder, timing, variant).run().end_ms
         timing = replace(timing, follow_up_ms=round(rng.uniform(0.1, 0.7) * end_ms, 1))
-    return CmlSimulation(task, encoder, timing, variant, call_ids).run(), timing
+    return CmlSimulation(task, encoder, timing, variant).run(), timing
 
 
 def record(task: Task, split: str, variant: str, transcript: Transcript, timing: Timing) -> dict:
@@ -156,8 +153,7 @@ def build(split: str, config: DataConfig, encoder: Encoder, exclude_questions: f
             for variant in variants:
                 rng = random.Random(f"{config.seed}:{task_id}:{variant}")
                 try:
-                    transcript, timing = simulate(task, variant, encoder, rng, shared_estimates(n, task),
-                                                  config.call_ids)
+                    transcript, timing = simulate(task, variant, encoder, rng, shared_estimates(n, task))
                 except ToolError:
                     dropped["tool error"] += 1
                     continue

@@ -17,49 +17,17 @@ The ideal model, at each point where it chooses what to write next:
 4. else ends its turn.
 
 ``sync-cml`` is the inferlet's ``sync`` mode: every call waits for its result (no traps).
-
-Call ids (``call_ids``): ``numbered`` writes ``t1``, ``t2``… in the order of the calls; ``named``
-writes what the call is for (:func:`named_call_id`), so that an interrupt such as
-``[INTR] dow_calculate [HEAD] 29518.21 [END]`` says whose result it is without the model having to
-remember which ``t`` number went with which request (AsyncLM §3.1 lets the model choose any
-fresh Python name).
 """
 
 from __future__ import annotations
 
-import keyword
-import re
-import unicodedata
 from dataclasses import dataclass, field
 
 from . import protocol
 from .segments import Encoder, Segment
-from ..tools import parse_call
 from .tasks import Task, function_name, parse_value
 
 CML_MODES = ("async", "sync-cml")
-CALL_IDS = ("numbered", "named")
-
-
-def named_call_id(call: str, chain_first_call: str, taken: set[str]) -> str:
-    """A fresh Python name for ``call``, the next step of a chain that began with ``chain_first_call``:
-    the chain's subject (the first string argument of its first call, if it is one or two words
-    without digits: a city, a ticker, a time zone's city) and the function's short name, as in
-    ``luanda_weather``, ``dow_stock_price`` and ``dow_calculate``; the function's name alone where
-    the chain has no such subject; ``_2``, ``_3``… where the name is taken."""
-    first = parse_call(chain_first_call)
-    subject = next((v for v in (*first.args, *first.kwargs.values()) if isinstance(v, str)), "")
-    subject = unicodedata.normalize("NFKD", subject.split("/")[-1]).encode("ascii", "ignore").decode()
-    words = re.findall(r"[A-Za-z]+", subject)
-    function = parse_call(call).name.split(".")[-1].removeprefix("get_")
-    stem = function
-    if words and len(words) <= 2 and not re.search(r"\d", subject):
-        stem = "_".join(w.lower() for w in words) + "_" + function
-    name, n = stem, 1
-    while name in taken or keyword.iskeyword(name) or not name.isidentifier():
-        n += 1
-        name = f"{stem}_{n}"
-    return name
 
 
 @dataclass(frozen=True)
@@ -111,14 +79,12 @@ class _Chain:
 class CmlSimulation:
     """One run of ``task`` in a CML mode; :meth:`run` gives its transcript."""
 
-    def __init__(self, task: Task, encoder: Encoder, timing: Timing, mode: str, call_ids: str = "numbered"):
+    def __init__(self, task: Task, encoder: Encoder, timing: Timing, mode: str):
         if mode not in CML_MODES:
             raise ValueError(f"mode {mode!r} is not one of {CML_MODES}")
-        if call_ids not in CALL_IDS:
-            raise ValueError(f"call ids {call_ids!r} are not one of {CALL_IDS}")
         if task.follow_up is not None and (mode != "async" or timing.follow_up_ms is None):
             raise ValueError(f"{task.task_id}: a follow-up needs async mode and an arrival time")
-        self.task, self.encoder, self.timing, self.mode, self.call_ids = task, encoder, timing, mode, call_ids
+        self.task, self.encoder, self.timing, self.mode = task, encoder, timing, mode
         self.prompt = protocol.prompt()
         self.registry = task.registry(timing.estimate_ms_by_name)
         self.monitor = protocol.cml().TokenMonitor(lambda token: encoder.decode([token]))
@@ -126,7 +92,6 @@ class CmlSimulation:
         self.chains = [_Chain(s.steps) for s in self.subtasks]
         self.queue: list[_Event] = []
         self.chain_by_call_id: dict[str, int] = {}
-        self.first_call_by_chain: dict[int, str] = {}
         # chains in the order their last result came in (one that needs no call is done at once)
         self.completed: list[int] = [i for i, subtask in enumerate(self.subtasks) if not subtask.steps]
         self.now_ms = 0.0
@@ -179,9 +144,7 @@ class CmlSimulation:
 
     def _write_call(self, i: int) -> str:
         call = self._next_call(i)
-        first = self.first_call_by_chain.setdefault(i, call)
-        call_id = f"t{len(self.calls) + 1}" if self.call_ids == "numbered" else \
-            named_call_id(call, first, {*self.chain_by_call_id, "user"})  # "user" names the user's interrupts
+        call_id = f"t{len(self.calls) + 1}"
         self.calls.append(call)
         self.chains[i].num_called += 1
         self.chain_by_call_id[call_id] = i
