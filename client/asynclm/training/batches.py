@@ -28,8 +28,12 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens forwarded: the prefix once, the suffixes padded to the longest."""
-        return len(self.prefix_ids) + len(self.suffix_ids) * max(len(s) for s in self.suffix_ids)
+        return _forwarded(len(self.prefix_ids), len(self.suffix_ids), max(len(s) for s in self.suffix_ids))
+
+
+def _forwarded(prefix_length: int, num_rows: int, longest_suffix: int) -> int:
+    """Tokens a batch forwards: the prefix once, the suffixes padded to the longest."""
+    return prefix_length + num_rows * longest_suffix
 
 
 def _common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -60,7 +64,7 @@ def _cut(records: list[dict]) -> int:
 def _num_tokens(records: list[dict]) -> int:
     """:attr:`Batch.num_tokens` of the batch of ``records``, without building it."""
     cut = _cut(records)
-    return cut + len(records) * (max(len(r["ids"]) for r in records) - cut)
+    return _forwarded(cut, len(records), max(len(r["ids"]) for r in records) - cut)
 
 
 def _batch(records: list[dict], weigh: Weighing) -> Batch:
