@@ -94,6 +94,31 @@ def add_parsers(sub, default_model: str) -> None:
                             "what it writes (default %(default)s)")
     train.set_defaults(func=cmd_train)
 
+    onpolicy = sub.add_parser(
+        "asynclm-onpolicy", help="on-policy AsyncLM samples: a fine-tuned model writes, the ideal model corrects",
+        description="Run an adapter greedily on new training demo tasks inside the simulation; wherever it "
+                    "writes a unit (a call, a line, a trap, the end of its turn) the ideal model would not, "
+                    "the ideal model's unit replaces it and the adapter goes on (DAgger). Writes OUT/train.jsonl "
+                    "(the corrected tasks' samples, --repeat times, plus --replay-samples drawn from --replay) "
+                    "and OUT/data.json, for `oven asynclm-train`.")
+    onpolicy.add_argument("--adapter", required=True, help="the adapter folder that writes")
+    onpolicy.add_argument("--out", required=True, help="output folder")
+    onpolicy.add_argument("--seed", type=int, required=True, help="of the tasks; use one that no data set used")
+    onpolicy.add_argument("--tasks", type=int, default=200, help="training demo tasks (default %(default)s)")
+    onpolicy.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
+                          help="chance that a task's entity is made up or rare (default %(default)s)")
+    onpolicy.add_argument("--dependent-weight", type=float, default=TRAINING_MIX.dependent_weight,
+                          help="weight of each dependent chain kind (default %(default)s)")
+    onpolicy.add_argument("--exclude", metavar="EVAL_JSONL", help="leave out tasks with these samples' questions")
+    onpolicy.add_argument("--repeat", type=int, default=1, help="copies of each corrected sample (default %(default)s)")
+    onpolicy.add_argument("--replay", metavar="TRAIN_JSONL", help="ideal samples to mix in (DAgger keeps "
+                          "training on the earlier data too)")
+    onpolicy.add_argument("--replay-samples", type=int, default=0, help="how many, drawn at random with --seed "
+                          "(default %(default)s)")
+    onpolicy.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    onpolicy.add_argument("--model", default=default_model, help="base model spec (default %(default)s)")
+    onpolicy.set_defaults(func=cmd_onpolicy)
+
 
 def cmd_data(args: argparse.Namespace) -> int:
     from dataclasses import replace
@@ -163,4 +188,45 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"{summary['train_seconds']:.0f} s, final loss {summary['final_loss']:.4f}")
     if not summary["complete"]:
         print(f"stopped early: --resume goes on from {args.out}/checkpoint.pt")
+    return 0
+
+
+def cmd_onpolicy(args: argparse.Namespace) -> int:
+    import os
+    import random
+    import time
+    from dataclasses import replace
+
+    from .data import read_records, write
+    from .demo_tasks import TRAINING_MIX
+    from .onpolicy import OnPolicyConfig, collect
+
+    started = time.monotonic()
+
+    def progress(done: int, total: int, task_id: str, corrections: list[dict]) -> None:
+        eta = (time.monotonic() - started) / done * (total - done)
+        print(f"\r[{done}/{total}, ETA {eta / 60:.0f} min] {task_id}: {len(corrections)} corrections   ",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+    try:
+        if args.repeat < 1 or args.replay_samples < 0 or (args.replay_samples and not args.replay):
+            raise ValueError("--repeat must be >= 1, --replay-samples >= 0, and --replay-samples needs --replay")
+        config = OnPolicyConfig(
+            adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model,
+            mix=replace(TRAINING_MIX, made_up=args.made_up, dependent_weight=args.dependent_weight),
+            workers=args.workers or os.cpu_count() or 1,
+            exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude else frozenset())
+        replay = read_records(Path(args.replay)) if args.replay else []
+        if args.replay_samples > len(replay):
+            raise ValueError(f"--replay-samples {args.replay_samples}: {args.replay} holds {len(replay)} samples")
+        corrected, num_tasks = collect(config, progress)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as exc:
+        return _fail("asynclm-onpolicy", exc)
+    drawn = random.Random(f"{args.seed}:replay").sample(replay, args.replay_samples)
+    samples = [s for s in corrected for _ in range(args.repeat)] + drawn
+    counts = {"tasks": num_tasks, "corrected": len(corrected),
+              "corrections": sum(len(s["corrections"]) for s in corrected), "replayed": len(drawn)}
+    meta = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "counts": counts}
+    sha = write({"train": samples}, Path(args.out), meta)
+    print(f"{counts['corrected']} of {num_tasks} tasks corrected ({counts['corrections']} units); wrote "
+          f"{len(samples)} samples to {args.out}/train.jsonl ({counts['replayed']} replayed); sha256 {sha}")
     return 0

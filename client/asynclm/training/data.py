@@ -79,18 +79,25 @@ def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(weights)
 
 
-def simulate(task: Task, variant: str, encoder: Encoder, rng: random.Random,
-             estimate_ms_by_name: dict[str, int] | None = None) -> tuple[Transcript, Timing]:
-    """One simulated interaction of ``task`` in ``variant``: random times per function (unless given)
-    and per output token."""
-    estimates = estimate_ms_by_name or random_estimates(rng, task.registry())
-    timing = Timing(estimates, round(rng.uniform(MIN_TPOT_MS, MAX_TPOT_MS), 1))
-    if variant == "sync":
-        return plain_sync(task, encoder, timing), timing
-    if task.follow_up is not None:
+def random_timing(task: Task, variant: str, encoder: Encoder, rng: random.Random,
+                  estimate_ms_by_name: dict[str, int] | None = None) -> Timing:
+    """A simulation's clock: random times per function (unless given) and per output token, and
+    when the user's follow-up comes, if the task has one."""
+    timing = Timing(estimate_ms_by_name or random_estimates(rng, task.registry()),
+                    round(rng.uniform(MIN_TPOT_MS, MAX_TPOT_MS), 1))
+    if task.follow_up is not None and variant != "sync":
         # The follow-up arrives while the model is still at work on the rest: time it on a run without it.
         end_ms = CmlSimulation(replace(task, follow_up=None), encoder, timing, variant).run().end_ms
         timing = replace(timing, follow_up_ms=round(rng.uniform(0.1, 0.7) * end_ms, 1))
+    return timing
+
+
+def simulate(task: Task, variant: str, encoder: Encoder, rng: random.Random,
+             estimate_ms_by_name: dict[str, int] | None = None) -> tuple[Transcript, Timing]:
+    """One simulated interaction of ``task`` in ``variant`` on a :func:`random_timing` clock."""
+    timing = random_timing(task, variant, encoder, rng, estimate_ms_by_name)
+    if variant == "sync":
+        return plain_sync(task, encoder, timing), timing
     return CmlSimulation(task, encoder, timing, variant).run(), timing
 
 

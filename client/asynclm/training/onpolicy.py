@@ -1,0 +1,183 @@
+"""On-policy samples (DAgger): the fine-tuned model drives a simulation, the ideal model corrects it.
+
+Training samples written by the ideal model (simulate.py) only ever show contexts the ideal model
+reaches. A fine-tuned model that once writes something else (a sentence before a call, a call
+nobody asked for, a misspelt name) is in a context it never saw, and its errors compound there.
+Here the model writes each unit (one call, one line of text, a trap, or the end of its turn)
+greedily from the simulation's context, as the check does; where the unit is one the ideal model
+could write now, it is kept, with the model's own tokens; where it is not, the ideal model's unit
+replaces it (a correction) and the model goes on from there. A sample with at least one
+correction teaches the fix in the model's own contexts; its loss falls on all it writes.
+
+A unit the ideal model could write: any ready call (the next call of a chain whose results are
+in, with the next id), else the sentence of any chain whose results are all in, else what the
+ideal model writes (a trap while calls run, else the end of the turn).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from .check import TOP_K
+from .data import DataConfig, random_timing, record, tasks_for
+from .demo_tasks import TRAINING_MIX, TrainingMix
+from .model import load_base
+from .names import vocabulary_words
+from .segments import Encoder, flatten
+from .simulate import CmlSimulation, Timing
+from .tasks import Task
+
+MAX_UNIT_TOKENS = 160  # a unit longer than any call or sentence the ideal model writes
+
+
+class OnPolicySimulation(CmlSimulation):
+    """``task`` in async mode with ``model`` writing and the ideal model correcting it."""
+
+    def __init__(self, task: Task, encoder: Encoder, timing: Timing, model):
+        super().__init__(task, encoder, timing, "async")
+        self.model = model
+        self.stop_ids = set(encoder.tokenizer.stop_token_ids)
+        self.cache, self.cached = None, 0  # the model's KV cache covers the context's first `cached` ids
+        self.corrections: list[dict] = []  # where the model was corrected: what it wrote, what instead
+
+    def _next_text(self) -> list[int] | None:
+        ids, text = self._propose()
+        options = self._options()
+        if text in options:
+            options[text]()
+            if text == "":  # the end of the turn
+                return None
+            return ids
+        ids = super()._next_text()
+        self.corrections.append({"wrote": text, "instead": "" if ids is None else self.encoder.decode(ids)})
+        return ids
+
+    def _options(self) -> dict[str, callable]:
+        """Each unit the ideal model could write now (``""``: end the turn) and what writing it does."""
+        ready = [i for i, chain in enumerate(self.chains) if chain.ready]
+        if ready:
+            call_id = f"t{len(self.calls) + 1}"
+            return {self.prompt.call_text(call_id, self._next_call(i)): (lambda i=i: self._write_call(i))
+                    for i in ready}
+        unstated = [i for i in self.completed if not self.chains[i].stated]
+        if unstated:
+            return {self.subtasks[i].sentence(self.chains[i].results) + "\n":
+                    (lambda i=i: setattr(self.chains[i], "stated", True)) for i in unstated}
+        if any(e.call_id != "user" for e in self.queue):
+            return {self.prompt.TRAP_TEXT: lambda: None}
+        return {"": lambda: None}
+
+    def _propose(self) -> tuple[list[int], str]:
+        """The unit the model writes greedily from here: its ids and text (``""``: it ends its turn;
+        an end while results are owed is a trap, as in the inferlet)."""
+        import copy
+
+        import torch
+
+        context, _ = flatten(self.segments)
+        monitor = copy.deepcopy(self.monitor)
+        pending, written = context[self.cached:], []
+        with torch.no_grad():
+            while len(written) < MAX_UNIT_TOKENS:
+                out = self.model(input_ids=torch.tensor([pending]), past_key_values=self.cache, use_cache=True)
+                self.cache, self.cached = out.past_key_values, self.cached + len(pending)
+                token = self._choose(monitor, out.logits[0, -1].topk(TOP_K).indices.tolist())
+                if token is None:
+                    break
+                written.append(token)
+                monitor.feed(token)
+                if monitor.interruptible:  # a line ended outside every block
+                    break
+                pending = [token]
+        # the unit's ids go in with the next unit's context, whether they are kept or not
+        extra = self.cache.get_seq_length() - len(context)
+        if extra:
+            self.cache.crop(-extra)
+        self.cached = len(context)
+        if not written:
+            owed = any(e.call_id != "user" for e in self.queue)
+            return (self.encoder.encode(self.prompt.TRAP_TEXT), self.prompt.TRAP_TEXT) if owed else ([], "")
+        return written, self.encoder.decode(written)
+
+    def _choose(self, monitor, ranked: list[int]) -> int | None:
+        for token in ranked:
+            if token in self.stop_ids:
+                if monitor.in_critical_section:
+                    continue
+                return None
+            if monitor.allowed(token):
+                return token
+        return None
+
+
+@dataclass(frozen=True)
+class OnPolicyConfig:
+    adapter: Path                   # the PEFT adapter folder of the model that writes
+    seed: int                       # of the training demo tasks (use one no data set was made with)
+    tasks: int = 200
+    mix: TrainingMix = TRAINING_MIX
+    model: str = "smollm2-135m-instruct"
+    workers: int = 1                # processes, one torch thread each
+    exclude: frozenset[str] = frozenset()  # questions no task may have (the evaluation's)
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1 or self.workers < 1:
+            raise ValueError(f"tasks and workers must be >= 1, got {self.tasks} and {self.workers}")
+        if not (self.adapter / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"{self.adapter}: not an adapter folder (no adapter_config.json)")
+
+
+def collect(config: OnPolicyConfig, progress=lambda done, total, task_id, corrections: None) -> tuple[list[dict], int]:
+    """The samples of the tasks where the model was corrected (with their ``corrections``), in task
+    order, and how many tasks ran."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    num_tasks = len(_tasks(config))
+    # each worker builds the tasks and loads the model itself: tasks hold closures, which do not pickle
+    with ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_start_worker, initargs=(config,)) as pool:
+        samples = []
+        for done, (task_id, sample, corrections) in enumerate(pool.map(_run, range(num_tasks)), 1):
+            progress(done, num_tasks, task_id, corrections)
+            if sample is not None:
+                samples.append(sample)
+    return samples, num_tasks
+
+
+def _tasks(config: OnPolicyConfig) -> list[Task]:
+    from oven.control.tokenizer import Tokenizer
+    from oven.inference.models import resolve_model
+
+    words = vocabulary_words(Tokenizer(resolve_model(config.model).tokenizer))
+    data_config = DataConfig(seed=config.seed, demo_train=config.tasks, sources=("demo",), mix=config.mix)
+    return [task for task in tasks_for("train", data_config, words) if task.question not in config.exclude]
+
+
+_worker: dict = {}  # this worker process's model, encoder, tasks and seed
+
+
+def _start_worker(config: OnPolicyConfig) -> None:
+    import torch
+    from peft import PeftModel
+
+    from oven.control.tokenizer import Tokenizer
+
+    torch.set_num_threads(1)
+    model, source = load_base(config.model, 0)
+    _worker.update(model=PeftModel.from_pretrained(model, str(config.adapter)).eval(), tasks=_tasks(config),
+                   encoder=Encoder(Tokenizer(source.tokenizer)), seed=config.seed)
+
+
+def _run(index: int) -> tuple[str, dict | None, list[dict]]:
+    """Task ``index`` on this worker's model: its id, its sample if it was corrected, the corrections."""
+    task, encoder = _worker["tasks"][index], _worker["encoder"]
+    timing = random_timing(task, "async", encoder, random.Random(f"{_worker['seed']}:{task.task_id}:on-policy"))
+    simulation = OnPolicySimulation(task, encoder, timing, _worker["model"])
+    transcript = simulation.run()
+    if not simulation.corrections:
+        return task.task_id, None, []
+    sample = {**record(task, "train", "async", transcript, timing), "corrections": simulation.corrections}
+    return task.task_id, sample, simulation.corrections

@@ -1,0 +1,118 @@
+"""On-policy samples (training/onpolicy.py): the ideal model corrects each unit the writing model
+gets wrong, and only those; a model that writes the ideal sample is never corrected; the
+transcript stays one the ideal model would finish."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import torch
+
+from oven.client.asynclm.training.data import DataConfig, random_timing, tasks_for
+from oven.client.asynclm.training.model import load_base
+from oven.client.asynclm.training.onpolicy import OnPolicySimulation
+from oven.client.asynclm.training.segments import Encoder, flatten
+from oven.client.asynclm.training.simulate import CmlSimulation
+from oven.control.tokenizer import Tokenizer
+from oven.inference.models import resolve_model
+
+
+class Cache:
+    """The two things the simulation asks of a KV cache: its length, and dropping its last tokens."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+
+    def get_seq_length(self) -> int:
+        return len(self.ids)
+
+    def crop(self, tokens: int) -> None:
+        assert tokens < 0
+        del self.ids[tokens:]
+
+
+class Replay:
+    """A stand-in causal LM whose best next token is ``ids`` at that position."""
+
+    def __init__(self, ids: list[int], vocab_size: int):
+        self.ids, self.vocab_size = ids, vocab_size
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True):
+        cache = past_key_values or Cache()
+        cache.ids += input_ids[0].tolist()
+        logits = torch.zeros(1, input_ids.shape[1], self.vocab_size)
+        if len(cache.ids) < len(self.ids):
+            logits[0, -1, self.ids[len(cache.ids)]] = 1.0
+        return SimpleNamespace(logits=logits, past_key_values=cache)
+
+
+def _runs(n: int = 4):
+    """``n`` held-out demo tasks, each with a clock and its ideal transcript's ids."""
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    for task in tasks_for("eval", DataConfig(demo_eval=n, sources=("demo",))):
+        timing = random_timing(task, "async", encoder, random.Random(task.task_id))
+        ideal = CmlSimulation(task, encoder, timing, "async").run()
+        yield encoder, task, timing, ideal, flatten(ideal.segments)[0]
+
+
+def test_a_model_that_writes_the_ideal_sample_is_never_corrected():
+    for encoder, task, timing, ideal, ids in _runs():
+        run = OnPolicySimulation(task, encoder, timing, Replay(ids, encoder.tokenizer.vocab_size))
+        transcript = run.run()
+        assert run.corrections == []
+        assert flatten(transcript.segments) == flatten(ideal.segments) and transcript.calls == ideal.calls
+
+
+def test_one_wrong_token_is_one_correction_and_the_ideal_unit_replaces_it():
+    for encoder, task, timing, ideal, ids in _runs():
+        if not ideal.calls:
+            continue
+        spans = flatten(ideal.segments)[1]
+        wrong = list(ids)
+        at = spans[0][0] + 4  # inside the first call: its id or function's name
+        wrong[at] = encoder.encode(" zzz")[0]
+        run = OnPolicySimulation(task, encoder, timing, Replay(wrong, encoder.tokenizer.vocab_size))
+        transcript = run.run()
+        assert len(run.corrections) == 1
+        assert run.corrections[0]["instead"] == encoder.decode(ids[spans[0][0]:]).split("\n")[0] + "\n"
+        assert run.corrections[0]["wrote"] != run.corrections[0]["instead"]
+        assert flatten(transcript.segments) == flatten(ideal.segments)
+
+
+def test_a_random_model_leaves_a_transcript_with_the_ideal_calls_and_facts():
+    model, _ = load_base("tiny", 0)
+    model.eval()
+    for encoder, task, timing, ideal, _ in list(_runs(2)):
+        run = OnPolicySimulation(task, encoder, timing, model)
+        transcript = run.run()
+        assert run.corrections
+        assert sorted(transcript.calls) == sorted(ideal.calls) and transcript.facts == ideal.facts
+
+
+def test_the_verb_writes_corrected_samples_repeated_and_replayed_ones(tmp_path):
+    from harness import oven
+
+    from oven.client.asynclm.training.data import build, read_records, write
+    from oven.client.asynclm.training.model import LoraSettings, with_lora
+
+    model, _ = load_base("tiny", 0)
+    with_lora(model, LoraSettings(rank=4)).save_pretrained(tmp_path / "adapter")
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    ideal, _ = build("train", DataConfig(demo_train=4, sources=("demo",)), encoder)
+    write({"train": ideal}, tmp_path / "ideal", {})
+    common = ["asynclm-onpolicy", "--adapter", str(tmp_path / "adapter"), "--seed", "3", "--tasks", "2",
+              "--workers", "1", "--model", "tiny"]
+    done = oven(*common, "--out", str(tmp_path / "out"), "--repeat", "2", "--replay",
+                str(tmp_path / "ideal" / "train.jsonl"), "--replay-samples", "3")
+    assert done.returncode == 0, done.stderr
+    samples = read_records(tmp_path / "out" / "train.jsonl")
+    corrected = [s for s in samples if "corrections" in s]
+    assert len(corrected) == 4 and corrected[0] == corrected[1] and corrected[2] == corrected[3]  # random weights
+    assert all(s["corrections"] and s["loss_spans"] for s in corrected)
+    assert len(samples) == 7 and all(s in ideal for s in samples[4:])
+    assert "2 of 2 tasks corrected" in done.stdout
+
+    refused = oven(*common, "--out", str(tmp_path / "bad"), "--replay-samples", "3")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().startswith("oven asynclm-onpolicy: error: --repeat must be")
