@@ -16,9 +16,13 @@ ideal model writes (a trap while calls run, else the end of the turn).
 
 from __future__ import annotations
 
+import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from .check import TOP_K
 from .data import DataConfig, random_timing, record, tasks_for
@@ -54,7 +58,7 @@ class OnPolicySimulation(CmlSimulation):
         self.corrections.append({"wrote": text, "instead": "" if ids is None else self.encoder.decode(ids)})
         return ids
 
-    def _options(self) -> dict[str, callable]:
+    def _options(self) -> dict[str, Callable[[], None]]:
         """Each unit the ideal model could write now (``""``: end the turn) and what writing it does."""
         ready = [i for i, chain in enumerate(self.chains) if chain.ready]
         if ready:
@@ -72,10 +76,6 @@ class OnPolicySimulation(CmlSimulation):
     def _propose(self) -> tuple[list[int], str]:
         """The unit the model writes greedily from here: its ids and text (``""``: it ends its turn;
         an end while results are owed is a trap, as in the inferlet)."""
-        import copy
-
-        import torch
-
         context, _ = flatten(self.segments)
         monitor = copy.deepcopy(self.monitor)
         pending, written = context[self.cached:], []
@@ -160,7 +160,6 @@ _worker: dict = {}  # this worker process's model, encoder, tasks and seed
 
 
 def _start_worker(config: OnPolicyConfig) -> None:
-    import torch
     from peft import PeftModel
 
     from oven.control.tokenizer import Tokenizer
