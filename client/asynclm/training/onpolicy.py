@@ -69,7 +69,7 @@ class OnPolicySimulation(CmlSimulation):
         if unstated:
             return {self.subtasks[i].sentence(self.chains[i].results) + "\n":
                     (lambda i=i: setattr(self.chains[i], "stated", True)) for i in unstated}
-        if any(e.call_id != "user" for e in self.queue):
+        if self._results_owed:
             return {self.prompt.TRAP_TEXT: lambda: None}
         return {"": lambda: None}
 
@@ -97,8 +97,8 @@ class OnPolicySimulation(CmlSimulation):
             self.cache.crop(-extra)
         self.cached = len(context)
         if not written:
-            owed = any(e.call_id != "user" for e in self.queue)
-            return (self.encoder.encode(self.prompt.TRAP_TEXT), self.prompt.TRAP_TEXT) if owed else ([], "")
+            trap = self.prompt.TRAP_TEXT
+            return (self.encoder.encode(trap), trap) if self._results_owed else ([], "")
         return written, self.encoder.decode(written)
 
     def _choose(self, monitor, ranked: list[int]) -> int | None:

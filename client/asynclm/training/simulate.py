@@ -134,9 +134,14 @@ class CmlSimulation:
             chain = self.chains[unstated[0]]
             chain.stated = True
             return self.encoder.encode(self.subtasks[unstated[0]].sentence(chain.results) + "\n")
-        if any(e.call_id != "user" for e in self.queue):
+        if self._results_owed:
             return self.encoder.encode(self.prompt.TRAP_TEXT)
         return None
+
+    @property
+    def _results_owed(self) -> bool:
+        """Calls are running whose results are not in (the user's follow-up is no result)."""
+        return any(e.call_id != "user" for e in self.queue)
 
     def _next_call(self, i: int) -> str:
         chain = self.chains[i]
