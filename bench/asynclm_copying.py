@@ -8,14 +8,14 @@ argument greedily. A name counts as copied if the argument is exactly that name.
 
 * **held-out**: the evaluation entities (``split.json``), which no training sample names.
 * **training**: the training pool's real names.
-* **made-up**: fresh names from the training samples' generator (``names.py``; random syllables and
-  letters). No training sample has these exact names, but they are built the same way.
+* **made-up**: names drawn fresh (``--seed``) from the training samples' generator (``names.py``;
+  random syllables and letters), so almost surely none a training sample used, built the same way.
 
 A real city such as " Zurich" is one token in the question. The call has to spell it as ``Z``,
 ``ur``, ``ich``. Made-up names are several tokens in both places. So a model that copies made-up
 names but not held-out ones has learned to copy, but not to spell the tokens it never spelled in training.
 
-    .venv/bin/python bench/asynclm_copying.py                 # base and the shipped adapter, ~10 min on 2 cores
+    .venv/bin/python bench/asynclm_copying.py                 # base and the shipped adapter, ~8 min on 2 cores
 """
 
 from __future__ import annotations
