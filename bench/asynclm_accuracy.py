@@ -33,11 +33,10 @@ import json
 import os
 import sys
 import time
-from importlib.resources import files
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from benchlib import RESULTS_DIR, SHIPPED_ADAPTER, markdown_table, shown_path, write_results  # noqa: E402
 from oven.client.asynclm.training.check import Outcome, bfcl_calls_right, ground_truth, run_task  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
 from oven.client.asynclm.training.segments import Encoder  # noqa: E402
@@ -60,7 +59,7 @@ def correct(record: dict, outcome: Outcome) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--adapter", type=Path, default=Path(str(files("oven.client.asynclm") / "adapter")),
+    parser.add_argument("--adapter", type=Path, default=SHIPPED_ADAPTER,
                         help="the fine-tuned PEFT adapter folder (default: the one oven ships)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="default %(default)s")
     parser.add_argument("--sets", default=",".join(SETS), help="default %(default)s")
@@ -154,8 +153,7 @@ def main() -> int:
                          f"({'within' if abs(gap) <= 2 else '**outside**'} 2)")
         if s == "demo" and ("FT", s, "async") in share:
             goals.append(f"- demo: FT async {100 * share['FT', s, 'async']:.0f} % (goal ≥ 90 %)")
-    shown = os.path.relpath(args.adapter) if args.adapter.resolve().is_relative_to(Path.cwd()) else args.adapter.name
-    adapter_line = f"Adapter: `{shown}`" + (f" (`{json.loads((args.adapter / 'training.json').read_text())['command']}`)"
+    adapter_line = f"Adapter: `{shown_path(args.adapter)}`" + (f" (`{json.loads((args.adapter / 'training.json').read_text())['command']}`)"
                                                    if (args.adapter / "training.json").is_file() else "")
     sections = [
         f"{adapter_line}; model `{args.model}`; data seed {args.seed}; greedy; {time.monotonic() - start:.0f} s.",

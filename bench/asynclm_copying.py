@@ -24,11 +24,10 @@ import contextlib
 import os
 import random
 import sys
-from importlib.resources import files
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import doc_parser, markdown_table, write_results  # noqa: E402
+from benchlib import SHIPPED_ADAPTER, doc_parser, markdown_table, shown_path, write_results  # noqa: E402
 
 from oven.client.asynclm.training.check import greedy  # noqa: E402
 from oven.client.asynclm.training.data import DataConfig, build  # noqa: E402
@@ -50,7 +49,7 @@ def context(encoder: Encoder, records: list[dict], call: str) -> tuple[str, str]
 
 def main() -> int:
     parser = doc_parser(__doc__)
-    parser.add_argument("--adapter", type=Path, default=Path(str(files("oven.client.asynclm") / "adapter")),
+    parser.add_argument("--adapter", type=Path, default=SHIPPED_ADAPTER,
                         help="PEFT adapter folder (default: the one that ships with oven)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="default %(default)s")
     parser.add_argument("--made-up", type=int, default=45, help="made-up names of each kind (default %(default)s)")
@@ -98,7 +97,7 @@ def main() -> int:
             rows.append([model_name, f"{kind} {arg}", f"{copied}/{len(pool)}", f"{100 * copied / len(pool):.0f} %"])
             print(" ".join(rows[-1]), file=sys.stderr, flush=True)
     sections = [
-        f"Adapter `{os.path.relpath(args.adapter) if args.adapter.resolve().is_relative_to(Path.cwd()) else args.adapter.name}`; "
+        f"Adapter `{shown_path(args.adapter)}`; "
         f"model `{args.model}`; greedy; contexts: the first held-out async demo samples with one call.",
         "## Names copied exactly into the call\n\n" + markdown_table(["model", "names", "copied", "share"], rows),
         "## Misses\n\n" + ("\n".join(f"- {m}" for m in misses) or "none"),

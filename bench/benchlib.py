@@ -12,6 +12,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,13 @@ import torch
 from oven.proto import inference as p
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SHIPPED_ADAPTER = Path(str(files("oven.client.asynclm") / "adapter"))  # the AsyncLM adapter oven ships
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as a results file names it: relative to the working folder if it lies under it, else
+    its last part, so that no machine's absolute path is written."""
+    return os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else path.name
 
 
 def doc_parser(doc: str) -> argparse.ArgumentParser:
