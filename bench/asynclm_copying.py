@@ -4,16 +4,19 @@ The held-out demo tasks fail most often on a misspelt name (``get_weather(city="
 "Zurich"). This bench asks why. It takes the first held-out async demo sample with one
 ``get_weather`` call (and one with one ``get_stock_price`` call). It swaps each name below into the
 question, forwards the context up to ``city="`` (``symbol="``), and lets the model finish the
-argument greedily. A name counts as copied if the argument is exactly that name.
+argument greedily. A name counts as copied if the argument, read as ``parse_call`` reads it (one
+opening space dropped), is exactly that name.
 
 * **held-out**: the evaluation entities (``split.json``), which no training sample names.
 * **training**: the training pool's real names.
 * **made-up**: names drawn fresh (``--seed``) from the training samples' generator (``names.py``;
   random syllables and letters), so almost surely none a training sample used, built the same way.
 
-A real city such as " Zurich" is one token in the question. The call has to spell it as ``Z``,
-``ur``, ``ich``. Made-up names are several tokens in both places. So a model that copies made-up
-names but not held-out ones has learned to copy, but not to spell the tokens it never spelled in training.
+A real city such as " Zurich" is one token in the question. Right after a quote the call has to
+spell it as ``Z``, ``ur``, ``ich``; made-up names are several tokens in both places. An adapter
+trained on ``city="Zurich"`` copied made-up names but misspelt held-out ones: it had learned to
+copy, not to spell tokens it never spelled in training. So the trained form opens each string
+argument with a space (``city=" Zurich"``, ``tools/call.py``), and the name is the question's token.
 
     .venv/bin/python bench/asynclm_copying.py                 # base and the shipped adapter, ~8 min on 2 cores
 """
@@ -29,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import SHIPPED_ADAPTER, doc_parser, markdown_table, shown_path, write_results  # noqa: E402
 
+from oven.client.asynclm.tools import ToolError, parse_call  # noqa: E402
 from oven.client.asynclm.training.check import greedy  # noqa: E402
 from oven.client.asynclm.training.data import DataConfig, build  # noqa: E402
 from oven.client.asynclm.training.names import NameMaker, Words  # noqa: E402
@@ -38,12 +42,12 @@ from oven.client.asynclm.training.split import demo_pools  # noqa: E402
 CALLS = {"city": 'get_weather(city="', "symbol": 'get_stock_price(symbol="'}
 
 
-def context(encoder: Encoder, records: list[dict], call: str) -> tuple[str, str]:
+def context(encoder: Encoder, records: list[dict], arg: str, call: str) -> tuple[str, str]:
     """The text of the first async one-call sample that makes ``call``, up to its argument, and its name."""
     for record in records:
         if record["variant"] == "async" and len(record["calls"]) == 1 and record["calls"][0].startswith(call):
             text = encoder.decode(record["ids"])
-            return text[:text.index(call) + len(call)], record["calls"][0][len(call):].split('"')[0]
+            return text[:text.index(call) + len(call)], parse_call(record["calls"][0]).kwargs[arg]
     raise SystemExit(f"no held-out sample with one {call}...) call")
 
 
@@ -77,7 +81,7 @@ def main() -> int:
         ("symbol", "held-out"): held.symbols, ("symbol", "training"): training.symbols,
         ("symbol", "made-up"): tuple(maker.symbol() for _ in range(args.made_up)),
     }
-    contexts = {arg: context(encoder, records, call) for arg, call in CALLS.items()}
+    contexts = {arg: context(encoder, records, arg, call) for arg, call in CALLS.items()}
     quote = set(encoder.encode('"') + encoder.encode('")'))
 
     model = PeftModel.from_pretrained(base, str(args.adapter))
@@ -91,6 +95,8 @@ def main() -> int:
                 ids = encoder.encode(text.replace(original, name))
                 with model.disable_adapter() if model_name == "base" else contextlib.nullcontext():
                     written = encoder.decode(greedy(model, ids, 8, quote)).split('"')[0]
+                with contextlib.suppress(ToolError):
+                    written = parse_call(f'{CALLS[arg]}{written}")').kwargs[arg]
                 copied += written == name
                 if written != name:
                     misses.append(f"{model_name}, {kind} {arg}: {name} → {written}")

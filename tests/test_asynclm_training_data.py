@@ -56,15 +56,15 @@ def test_async_writes_longest_first_and_traps_when_every_ready_call_waits(encode
                             single('get_time(timezone="UTC")'))
     estimates = {**ESTIMATES, "get_weather": 600, "get_stock_price": 300, "get_time": 150}
     transcript = CmlSimulation(demo_task(time, weather, stock), encoder, Timing(estimates, 5.0), "async").run()
-    assert transcript.calls == ['get_weather(city="Oslo")', 'get_stock_price(symbol="AAPL")',
-                                'get_time(timezone="UTC")']
+    assert transcript.calls == ['get_weather(city=" Oslo")', 'get_stock_price(symbol=" AAPL")',
+                                'get_time(timezone=" UTC")']
     got = texts(encoder, transcript)
     model = "".join(t for role, t in got if role == "model")
-    # calls of 17-19 tokens at 5 ms: written by 85, 180 and 265 ms, so none is back before the trap
-    assert model.startswith('[CALL] t1 [HEAD] get_weather(city="Oslo") [END]\n[CALL] t2 [HEAD] get_stock_price('
-                            'symbol="AAPL") [END]\n[CALL] t3 [HEAD] get_time(timezone="UTC") [END]\n[TRAP][END]')
+    # calls of 21, 24 and 21 tokens at 5 ms: written by 105, 225 and 330 ms, so none is back before the trap
+    assert model.startswith('[CALL] t1 [HEAD] get_weather(city=" Oslo") [END]\n[CALL] t2 [HEAD] get_stock_price('
+                            'symbol=" AAPL") [END]\n[CALL] t3 [HEAD] get_time(timezone=" UTC") [END]\n[TRAP][END]')
     intr_order = [t.split()[1] for role, t in got if role == "interrupt"]
-    assert intr_order == ["t3", "t2", "t1"]  # back at 265+150, 180+300, 85+600 ms
+    assert intr_order == ["t3", "t2", "t1"]  # back at 330+150, 225+300, 105+600 ms
     # one wait, for t3; the sentences for t3 and t2 are written while the others run, and their
     # interrupts wait for the sentence's end: every interrupt starts a line
     assert [role for role, _ in got] == ["model", "interrupt"] * 3 + ["model"]
@@ -77,8 +77,8 @@ def test_dependent_chain_traps_then_calls_with_the_result(encoder):
     got = texts(encoder, transcript)
     price = json.loads(got[1][1].split("[HEAD]")[1].split("[END]")[0])["price_usd"]
     assert [role for role, _ in got] == ["model", "interrupt", "model", "interrupt", "model"]
-    assert got[0][1] == '[CALL] t1 [HEAD] get_stock_price(symbol="AAPL") [END]\n[TRAP][END]\n'
-    assert got[2][1] == (f'[CALL] t2 [HEAD] convert_currency(amount={price}, from_currency="USD", to_currency="EUR")'
+    assert got[0][1] == '[CALL] t1 [HEAD] get_stock_price(symbol=" AAPL") [END]\n[TRAP][END]\n'
+    assert got[2][1] == (f'[CALL] t2 [HEAD] convert_currency(amount={price}, from_currency=" USD", to_currency=" EUR")'
                          ' [END]\n[TRAP][END]\n')
     assert got[4][1].startswith("AAPL is ") and transcript.num_traps == 2
 
@@ -91,8 +91,8 @@ def test_interrupts_land_only_outside_cml_blocks_at_the_start_of_a_line(encoder)
     estimates = {**ESTIMATES, "calculate": 100, "search_web": 50}
     transcript = CmlSimulation(demo_task(second, first), encoder, Timing(estimates, 30.0), "async").run()
     got = texts(encoder, transcript)
-    assert got[0] == ("model", '[CALL] t1 [HEAD] calculate(expression="1 + 1") [END]\n'
-                               '[CALL] t2 [HEAD] search_web(query="python asyncio tutorial") [END]\n')
+    assert got[0] == ("model", '[CALL] t1 [HEAD] calculate(expression=" 1 + 1") [END]\n'
+                               '[CALL] t2 [HEAD] search_web(query=" python asyncio tutorial") [END]\n')
     assert got[1] == ("interrupt", "[INTR] t1 [HEAD] 2 [END]\n")
     for role, text in got:
         if role == "model":
@@ -104,7 +104,7 @@ def test_sync_cml_waits_after_every_call_in_task_order(encoder):
     transcript = CmlSimulation(demo_task(*subtasks), encoder, Timing(ESTIMATES, 20.0), "sync-cml").run()
     got = texts(encoder, transcript)
     assert [role for role, _ in got] == ["model", "interrupt", "model", "interrupt", "model"]
-    assert got[0][1] == '[CALL] t1 [HEAD] get_time(timezone="UTC") [END]\n'
+    assert got[0][1] == '[CALL] t1 [HEAD] get_time(timezone=" UTC") [END]\n'
     assert transcript.num_traps == 0
 
 
@@ -135,10 +135,10 @@ def test_plain_sync_turns_render_as_the_whole_conversation(encoder):
     ids, spans = flatten(transcript.segments)
     whole = encoder.decode(ids)
     assert encoder.encode(whole) == ids  # turn boundaries are special tokens: per-turn = whole tokenization
-    assert transcript.calls[:2] == ['get_stock_price(symbol="AAPL")', 'get_weather(city="Oslo")']
+    assert transcript.calls[:2] == ['get_stock_price(symbol=" AAPL")', 'get_weather(city=" Oslo")']
     assert "<|im_start|>tool\n" in whole and "[CALL]" not in whole
     model = [encoder.decode(ids[s:e]) for s, e in spans]
-    assert model[0] == 'get_stock_price(symbol="AAPL")\nget_weather(city="Oslo")<|im_end|>'
+    assert model[0] == 'get_stock_price(symbol=" AAPL")\nget_weather(city=" Oslo")<|im_end|>'
 
 
 def test_generation_is_deterministic_and_the_split_is_disjoint(encoder, tmp_path):

@@ -45,8 +45,8 @@ def test_calls_and_results_are_the_open_assistant_turn_and_later_results_wait_th
              {"role": "tool", "tool_call_id": "w1", "content": '{"temp_c": 4,\n "sky": "rain"}'},
              {"role": "tool", "tool_call_id": "w2", "content": "20 C"}])
     assert [m["role"] for m in j.messages] == ["system", "user"]
-    assert j.prefix == ('[CALL] w1 [HEAD] get_weather(city="Oslo") [END]\n'  # what the model wrote ...
-                        '[CALL] w2 [HEAD] get_weather(city="Rome") [END]\n[TRAP][END]',
+    assert j.prefix == ('[CALL] w1 [HEAD] get_weather(city=" Oslo") [END]\n'  # what the model wrote ...
+                        '[CALL] w2 [HEAD] get_weather(city=" Rome") [END]\n[TRAP][END]',
                         '[INTR] w1 [HEAD] {"temp_c": 4, "sky": "rain"} [END]\n')  # ... its first result alone
     assert j.results == ("[INTR] w2 [HEAD] 20 C [END]\n",)  # given at its next [TRAP][END]
 
@@ -59,7 +59,7 @@ def test_an_earlier_turn_with_calls_is_one_assistant_message():
              {"role": "user", "content": "Thanks!"}])
     assert j.messages[1:] == (
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": 'Let me look.\n[CALL] w1 [HEAD] get_weather(city="Oslo") [END]\n'
+        {"role": "assistant", "content": 'Let me look.\n[CALL] w1 [HEAD] get_weather(city=" Oslo") [END]\n'
                                          "[TRAP][END][INTR] w1 [HEAD] 4 C [END]\nIt is 4 C."},
         {"role": "user", "content": "Thanks!"})
     assert j.prefix == j.results == ()

@@ -13,6 +13,7 @@ import pytest
 
 from oven.client.asynclm.tools import (
     KINDS,
+    ParsedCall,
     Tool,
     ToolError,
     ToolExecutor,
@@ -22,6 +23,7 @@ from oven.client.asynclm.tools import (
     load_scenarios,
     paper_latency,
     parse_call,
+    spaced_call,
 )
 from oven.client.asynclm.tools.schema import SchemaStub, schema_tool_text
 
@@ -54,6 +56,19 @@ def test_parse_call_positional_keyword_and_dotted():
         "x": {"k": [1, None]},
         "y": True,
     }
+
+
+def test_spaced_string_arguments_read_as_the_written_values():
+    # the trained form: a name after a space tokenises as in the question; the space is not the value
+    assert spaced_call('get_weather(city="Zürich", days=2)') == 'get_weather(city=" Zürich", days=2)'
+    assert parse_call('get_weather(city=" Zürich", days=2)') == parse_call('get_weather(city="Zürich", days=2)')
+    written = "f('a', b=\"\", c=['x'], d=\"\"\"q\"\"\", e=\" kept\")"
+    spaced = spaced_call(written)
+    # plain literals gain one space, a list's strings and a triple-quoted string none
+    assert spaced == "f(' a', b=\" \", c=['x'], d=\"\"\"q\"\"\", e=\"  kept\")"
+    assert parse_call(spaced) == ParsedCall("f", ("a",), {"b": "", "c": ["x"], "d": "q", "e": " kept"})
+    with pytest.raises(ToolError, match="not a literal value"):
+        spaced_call("f(x=y)")
 
 
 def test_registry_executes_good_calls():

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..asynclm.tools.call import ToolError, parse_call
+from ..asynclm.tools.call import ToolError, parse_call, spaced_call
 from ..asynclm.tools.registry import describe_line
 from ..asynclm.tools.schema import schema_signature, schema_tool_text
 from ..asynclm.training.protocol import prompt as asynclm_prompt
@@ -92,12 +92,17 @@ def call_text(tool_call: dict, where: str) -> tuple[str, str]:
     if not isinstance(arguments, dict) or not all(isinstance(k, str) and _NAME.fullmatch(k) for k in arguments):
         raise bad_request(f"{where}.function.arguments must be a JSON object of Python names",
                           f"{where}.function.arguments")
-    return call_id, f"{function['name']}({', '.join(f'{k}={_literal(v)}' for k, v in arguments.items())})"
+    text = f"{function['name']}({', '.join(f'{k}={_literal(v)}' for k, v in arguments.items())})"
+    try:
+        return call_id, spaced_call(text)
+    except ToolError:  # a keyword as an argument name: not a call the model could have written; kept as sent
+        return call_id, text
 
 
 def _literal(value) -> str:
-    """A JSON value as the Python literal the model writes: strings in double quotes, as in its
-    training calls (``get_weather(city="Paris")``), ``True``/``None``, lists and dicts alike."""
+    """A JSON value as a Python literal in the model's style: strings in double quotes, as in its
+    training calls (``get_weather(city=" Paris")``, the space added by ``spaced_call``),
+    ``True``/``None``, lists and dicts alike."""
     if value is None or isinstance(value, bool):
         return repr(value)
     if isinstance(value, list):

@@ -9,7 +9,7 @@ is read only when scenarios are loaded.
 """
 
 from .bfcl import KINDS, Scenario, load_scenarios
-from .call import ParsedCall, ToolError, format_call, parse_call
+from .call import ParsedCall, ToolError, format_call, parse_call, spaced_call
 from .demo import demo_registry
 from .executor import CallTiming, OnDone, ToolExecutor
 from .latency import PaperLatency, paper_latency
@@ -23,6 +23,7 @@ __all__ = [
     "ToolError",
     "format_call",
     "parse_call",
+    "spaced_call",
     "demo_registry",
     "CallTiming",
     "OnDone",

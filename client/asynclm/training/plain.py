@@ -34,7 +34,7 @@ def plain_sync(task: Task, encoder: Encoder, timing: Timing) -> Transcript:
     while True:
         ready = [i for i, s in enumerate(task.subtasks) if len(results[i]) < len(s.steps)]
         if ready:
-            round_calls = [task.subtasks[i].steps[len(results[i])](results[i]) for i in ready]
+            round_calls = [task.subtasks[i].call(len(results[i]), results[i]) for i in ready]
             content = "\n".join(round_calls)
         else:
             content = "\n".join(s.sentence(r) for s, r in zip(task.subtasks, results))

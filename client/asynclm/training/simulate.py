@@ -145,7 +145,7 @@ class CmlSimulation:
 
     def _next_call(self, i: int) -> str:
         chain = self.chains[i]
-        return chain.steps[chain.num_called](chain.results)
+        return self.subtasks[i].call(chain.num_called, chain.results)
 
     def _write_call(self, i: int) -> str:
         call = self._next_call(i)

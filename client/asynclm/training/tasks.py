@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..tools import ToolRegistry, parse_call
+from ..tools import ToolRegistry, parse_call, spaced_call
 
 MIN_ESTIMATE_MS, MAX_ESTIMATE_MS = 1, 1000  # §4.2: random estimated execution times, 1 ms to 1 s
 
@@ -28,6 +28,10 @@ class Subtask:
     steps: tuple[Callable[[list[Any]], str], ...]
     sentence: Callable[[list[Any]], str]
     facts: Callable[[list[Any]], list[str]] = lambda results: []
+
+    def call(self, k: int, results: list[Any]) -> str:
+        """The k-th call as the model writes it: string arguments open with a space (``spaced_call``)."""
+        return spaced_call(self.steps[k](results))
 
 
 @dataclass(frozen=True)
