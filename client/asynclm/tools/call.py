@@ -52,12 +52,20 @@ def parse_call(call_text: str) -> ParsedCall:
     or an argument that is not a literal (names, calls, attribute access, ...).
     """
     text = call_text.strip()
+    return _parsed(text, _call_node(text))
+
+
+def _call_node(text: str) -> ast.Call:
     try:
         node = ast.parse(text, mode="eval").body
     except SyntaxError as e:
         raise ToolError(f"{text}: syntax error: {e.msg}") from None
     if not isinstance(node, ast.Call):
         raise ToolError(f"{text}: not a function call")
+    return node
+
+
+def _parsed(text: str, node: ast.Call) -> ParsedCall:
     name = _dotted_name(node.func)
     if name is None:
         raise ToolError(f"{text}: the called function must be a plain name")
@@ -83,11 +91,11 @@ def spaced_call(call_text: str) -> str:
     (``f(city="Oslo", n=2)`` -> ``f(city=" Oslo", n=2)``), the form the model is trained to write.
     ``call_text``'s literals are the values: :func:`parse_call` reads the result back as them
     (``f(x=" a")`` -> ``f(x="  a")``, ``x`` still ``" a"``). Raises :class:`ToolError` as it does."""
-    parse_call(call_text)
     text = call_text.strip()
+    node = _call_node(text)
+    _parsed(text, node)  # refused as parse_call refuses it
     if "\n" in text:  # a one-line call is all the training data holds; offsets below are line 1's
         return text
-    node = ast.parse(text, mode="eval").body
     raw = text.encode()  # ast offsets count UTF-8 bytes
     quotes = sorted(arg.col_offset for arg in (*node.args, *(k.value for k in node.keywords))
                     if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
