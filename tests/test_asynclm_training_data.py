@@ -208,6 +208,30 @@ def test_the_training_mix_sets_how_many_chains_depend_on_a_result():
         replace(TRAINING_MIX, made_up=1.5)
 
 
+def test_contrast_pairs_a_request_with_a_same_kind_one_that_needs_a_next_call():
+    from dataclasses import replace
+
+    from oven.client.asynclm.training.data import tasks_for
+    from oven.client.asynclm.training.demo_tasks import TRAINING_MIX
+    from oven.client.asynclm.training.tasks import function_name
+
+    def contrasted(task) -> bool:
+        chains = task.subtasks + ((task.follow_up.subtask,) if task.follow_up else ())
+        first = {(function_name(sub.call(0, [])), len(sub.steps)) for sub in chains if sub.steps}
+        return any((name, 1) in first and (name, 2) in first for name in ("get_weather", "get_stock_price"))
+
+    config = DataConfig(demo_train=60, sources=("demo",), mix=replace(TRAINING_MIX, contrast=1, small_talk=0))
+    tasks = tasks_for("train", config)
+    assert all(contrasted(task) for task in tasks)
+    plain = tasks_for("train", replace(config, mix=replace(config.mix, contrast=0)))
+    assert sum(map(contrasted, plain)) < len(plain) // 2
+    # the pair is not always first, and evaluation tasks do not follow the training mix
+    assert any(not contrasted(replace(task, subtasks=task.subtasks[:2])) for task in tasks)
+    evaluation = DataConfig(demo_eval=20, sources=("demo",))
+    assert [t.question for t in tasks_for("eval", evaluation)] == \
+        [t.question for t in tasks_for("eval", replace(evaluation, mix=config.mix))]
+
+
 def test_bad_variant_weights_are_refused():
     with pytest.raises(ValueError, match="bad variant weight 'async=x'"):
         parse_weights("async=x")

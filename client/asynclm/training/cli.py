@@ -53,6 +53,9 @@ def add_parsers(sub, default_model: str) -> None:
                            "default %(default)s)")
     data.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
                       help="chance that a training demo task's entity is made up or rare (default %(default)s)")
+    data.add_argument("--contrast", type=float, default=TRAINING_MIX.contrast,
+                      help="chance that a training demo task pairs a request with a same-kind one that needs a "
+                           "next call: the weather in A and the temperature in B in Fahrenheit (default %(default)s)")
     data.add_argument("--sources", default=",".join(SOURCES), help="which tasks (default %(default)s)")
     data.add_argument("--model", default=default_model, help="whose tokenizer (default %(default)s)")
     data.set_defaults(func=cmd_data)
@@ -137,7 +140,8 @@ def cmd_data(args: argparse.Namespace) -> int:
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
                             sources=tuple(s for s in args.sources.split(",") if s),
-                            mix=replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up))
+                            mix=replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up,
+                                        contrast=args.contrast))
         encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
         evaluation, eval_dropped = build("eval", config, encoder)
         train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))

@@ -37,11 +37,12 @@ class TrainingMix:
     dependent_weight: float = 2.0    # each dependent chain kind's weight (evaluation: 1-1.5)
     made_up: float = 0.5             # chance that an entity is made up or rare (names.py)
     small_talk: float = 0.03         # chance that a task needs no call
+    contrast: float = 0.0            # chance that a task holds a request and a same-kind one that needs a next call
 
     def __post_init__(self) -> None:
         if self.dependent_weight < 0:
             raise ValueError(f"the dependent chains' weight must be >= 0, got {self.dependent_weight}")
-        for name in ("made_up", "small_talk"):
+        for name in ("made_up", "small_talk", "contrast"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name.replace('_', '-')} is a chance, between 0 and 1; got {getattr(self, name)}")
 
@@ -107,11 +108,21 @@ class DemoTaskMaker:
             return Task(task_id, "demo", question, (Subtask((), lambda r: reply),), demo_registry)
         count = self.rng.choices(list(self._count_weights), weights=list(self._count_weights.values()))[0]
         parts: list[_Part] = []
+        contrast = self.training and self.mix.contrast > 0 and self.rng.random() < self.mix.contrast
+        if contrast:
+            # "the weather in A and the temperature in B in Fahrenheit": whether a result needs a next
+            # call is read from the request, not from what followed the result before it
+            pair = self.rng.choice(((self._weather, self._fahrenheit), (self._stock, self._shares),
+                                    (self._stock, self._stock_in_currency)))
+            parts = [maker() for maker in self.rng.sample(pair, 2)]
+            count = max(count, 2)
         while len(parts) < count:
             maker = self.rng.choices(list(self._makers), weights=list(self._makers.values()))[0]
             part = maker()
             if all(part.clause != p.clause for p in parts):
                 parts.append(part)
+        if contrast:  # the pair anywhere among the requests
+            self.rng.shuffle(parts)
         late = parts.pop() if follow_up and len(parts) > 1 else None
         return Task(task_id, "demo", self._question(parts), tuple(p.subtask for p in parts), demo_registry,
                     FollowUp(f"Also, {late.clause}?", late.subtask) if late else None)
