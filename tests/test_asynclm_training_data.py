@@ -226,7 +226,7 @@ def test_contrast_pairs_a_request_with_a_same_kind_one_that_needs_a_next_call():
     plain = tasks_for("train", replace(config, mix=replace(config.mix, contrast=0)))
     assert sum(map(contrasted, plain)) < len(plain) // 2
     # the pair is not always first, and evaluation tasks do not follow the training mix
-    assert any(not contrasted(replace(task, subtasks=task.subtasks[:2])) for task in tasks)
+    assert any(not contrasted(replace(task, subtasks=task.subtasks[:2], follow_up=None)) for task in tasks)
     evaluation = DataConfig(demo_eval=20, sources=("demo",))
     assert [t.question for t in tasks_for("eval", evaluation)] == \
         [t.question for t in tasks_for("eval", replace(evaluation, mix=config.mix))]
