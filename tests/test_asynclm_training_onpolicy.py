@@ -4,6 +4,7 @@ transcript stays one the ideal model would finish."""
 
 from __future__ import annotations
 
+import json
 import random
 from types import SimpleNamespace
 
@@ -104,7 +105,7 @@ def test_the_verb_writes_corrected_samples_repeated_and_replayed_ones(tmp_path):
     common = ["asynclm-onpolicy", "--adapter", str(tmp_path / "adapter"), "--seed", "3", "--tasks", "2",
               "--workers", "1", "--model", "tiny"]
     done = oven(*common, "--out", str(tmp_path / "out"), "--repeat", "2", "--replay",
-                str(tmp_path / "ideal" / "train.jsonl"), "--replay-samples", "3")
+                str(tmp_path / "ideal" / "train.jsonl"), "--replay-samples", "3", "--contrast", "1")
     assert done.returncode == 0, done.stderr
     samples = read_records(tmp_path / "out" / "train.jsonl")
     corrected = [s for s in samples if "corrections" in s]
@@ -112,6 +113,7 @@ def test_the_verb_writes_corrected_samples_repeated_and_replayed_ones(tmp_path):
     assert all(s["corrections"] and s["loss_spans"] for s in corrected)
     assert len(samples) == 7 and all(s in ideal for s in samples[4:])
     assert "2 of 2 tasks corrected" in done.stdout
+    assert json.loads((tmp_path / "out" / "data.json").read_text())["args"]["contrast"] == 1.0
 
     refused = oven(*common, "--out", str(tmp_path / "bad"), "--replay-samples", "3")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr

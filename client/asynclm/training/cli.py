@@ -112,6 +112,9 @@ def add_parsers(sub, default_model: str) -> None:
                           help="chance that a task's entity is made up or rare (default %(default)s)")
     onpolicy.add_argument("--dependent-weight", type=float, default=TRAINING_MIX.dependent_weight,
                           help="weight of each dependent chain kind (default %(default)s)")
+    onpolicy.add_argument("--contrast", type=float, default=TRAINING_MIX.contrast,
+                          help="chance that a task pairs a request with a same-kind one that needs a next call "
+                               "(default %(default)s)")
     onpolicy.add_argument("--exclude", metavar="EVAL_JSONL", help="leave out tasks with these samples' questions")
     onpolicy.add_argument("--repeat", type=int, default=1, help="copies of each corrected sample (default %(default)s)")
     onpolicy.add_argument("--replay", metavar="TRAIN_JSONL", help="ideal samples to mix in (DAgger keeps "
@@ -216,7 +219,8 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
             raise ValueError("--repeat must be >= 1, --replay-samples >= 0, and --replay-samples needs --replay")
         config = OnPolicyConfig(
             adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model,
-            mix=replace(TRAINING_MIX, made_up=args.made_up, dependent_weight=args.dependent_weight),
+            mix=replace(TRAINING_MIX, made_up=args.made_up, dependent_weight=args.dependent_weight,
+                        contrast=args.contrast),
             workers=args.workers or os.cpu_count() or 1,
             exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude else frozenset())
         replay = read_records(Path(args.replay)) if args.replay else []
