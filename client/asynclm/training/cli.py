@@ -15,9 +15,33 @@ def _fail(verb: str, exc: Exception) -> int:
     return 1
 
 
+def _add_mix_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the training demo tasks' mix (``demo_tasks.TrainingMix``), for every verb that makes them."""
+    from .demo_tasks import TRAINING_MIX
+
+    parser.add_argument("--dependent-weight", type=float, default=TRAINING_MIX.dependent_weight,
+                        help="weight of each dependent chain kind in training demo tasks (a price in another "
+                             "currency, a temperature in Fahrenheit, the cost of shares; evaluation: 1-1.5; "
+                             "default %(default)s)")
+    parser.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
+                        help="chance that a training demo task's entity is made up or rare (default %(default)s)")
+    parser.add_argument("--contrast", type=float, default=TRAINING_MIX.contrast,
+                        help="chance that a training demo task pairs a request with a same-kind one that needs a "
+                             "next call: the weather in A and the temperature in B in Fahrenheit (default %(default)s)")
+
+
+def _mix(args: argparse.Namespace):
+    """The ``TrainingMix`` that :func:`_add_mix_options`' options ask for (validated by it)."""
+    from dataclasses import replace
+
+    from .demo_tasks import TRAINING_MIX
+
+    return replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up,
+                   contrast=args.contrast)
+
+
 def add_parsers(sub, default_model: str) -> None:
     from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
-    from .demo_tasks import TRAINING_MIX
 
     defaults = DataConfig()
     data = sub.add_parser(
@@ -47,15 +71,7 @@ def add_parsers(sub, default_model: str) -> None:
                       "(default %(default)s)")
     data.add_argument("--group", type=int, default=defaults.group, help="training demo tasks sharing one table "
                       "of estimated times, so the trainer forwards their system prompt once (default %(default)s)")
-    data.add_argument("--dependent-weight", type=float, default=TRAINING_MIX.dependent_weight,
-                      help="weight of each dependent chain kind in training demo tasks (a price in another "
-                           "currency, a temperature in Fahrenheit, the cost of shares; evaluation: 1-1.5; "
-                           "default %(default)s)")
-    data.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
-                      help="chance that a training demo task's entity is made up or rare (default %(default)s)")
-    data.add_argument("--contrast", type=float, default=TRAINING_MIX.contrast,
-                      help="chance that a training demo task pairs a request with a same-kind one that needs a "
-                           "next call: the weather in A and the temperature in B in Fahrenheit (default %(default)s)")
+    _add_mix_options(data)
     data.add_argument("--sources", default=",".join(SOURCES), help="which tasks (default %(default)s)")
     data.add_argument("--model", default=default_model, help="whose tokenizer (default %(default)s)")
     data.set_defaults(func=cmd_data)
@@ -108,13 +124,7 @@ def add_parsers(sub, default_model: str) -> None:
     onpolicy.add_argument("--out", required=True, help="output folder")
     onpolicy.add_argument("--seed", type=int, required=True, help="of the tasks; use one that no data set used")
     onpolicy.add_argument("--tasks", type=int, default=200, help="training demo tasks (default %(default)s)")
-    onpolicy.add_argument("--made-up", type=float, default=TRAINING_MIX.made_up,
-                          help="chance that a task's entity is made up or rare (default %(default)s)")
-    onpolicy.add_argument("--dependent-weight", type=float, default=TRAINING_MIX.dependent_weight,
-                          help="weight of each dependent chain kind (default %(default)s)")
-    onpolicy.add_argument("--contrast", type=float, default=TRAINING_MIX.contrast,
-                          help="chance that a task pairs a request with a same-kind one that needs a next call "
-                               "(default %(default)s)")
+    _add_mix_options(onpolicy)
     onpolicy.add_argument("--exclude", metavar="EVAL_JSONL", help="leave out tasks with these samples' questions")
     onpolicy.add_argument("--repeat", type=int, default=1, help="copies of each corrected sample (default %(default)s)")
     onpolicy.add_argument("--replay", metavar="TRAIN_JSONL", help="ideal samples to mix in (DAgger keeps "
@@ -127,14 +137,12 @@ def add_parsers(sub, default_model: str) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from dataclasses import replace
 
     from oven.control.tokenizer import Tokenizer
     from oven.inference.models import resolve_model
 
     from ..tools import ToolError
     from .data import DataConfig, build, parse_weights, write
-    from .demo_tasks import TRAINING_MIX
     from .segments import Encoder
 
     try:
@@ -143,8 +151,7 @@ def cmd_data(args: argparse.Namespace) -> int:
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
                             sources=tuple(s for s in args.sources.split(",") if s),
-                            mix=replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up,
-                                        contrast=args.contrast))
+                            mix=_mix(args))
         encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
         evaluation, eval_dropped = build("eval", config, encoder)
         train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))
@@ -202,10 +209,8 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
     import os
     import random
     import time
-    from dataclasses import replace
 
     from .data import read_records, write
-    from .demo_tasks import TRAINING_MIX
     from .onpolicy import OnPolicyConfig, collect
 
     started = time.monotonic()
@@ -219,8 +224,7 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
             raise ValueError("--repeat must be >= 1, --replay-samples >= 0, and --replay-samples needs --replay")
         config = OnPolicyConfig(
             adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model,
-            mix=replace(TRAINING_MIX, made_up=args.made_up, dependent_weight=args.dependent_weight,
-                        contrast=args.contrast),
+            mix=_mix(args),
             workers=args.workers or os.cpu_count() or 1,
             exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude else frozenset())
         replay = read_records(Path(args.replay)) if args.replay else []

@@ -94,6 +94,9 @@ class DemoTaskMaker:
         self._makers = {self._weather: 3, self._stock: 2, self._convert: 2, self._time: 1.5, self._calculate: 1.5,
                         self._search: 1, self._stock_in_currency: 1.5, self._fahrenheit: 1, self._shares: 1}
         self._count_weights = dict(NUM_SUBTASKS_WEIGHTS)
+        # same-kind pairs, the second needing a next call (TrainingMix.contrast)
+        self._contrasts = ((self._weather, self._fahrenheit), (self._stock, self._shares),
+                           (self._stock, self._stock_in_currency))
         if self.training:
             for maker in (self._stock_in_currency, self._fahrenheit, self._shares):
                 self._makers[maker] = mix.dependent_weight
@@ -112,9 +115,7 @@ class DemoTaskMaker:
         if contrast:
             # "the weather in A and the temperature in B in Fahrenheit": whether a result needs a next
             # call is read from the request, not from what followed the result before it
-            pair = self.rng.choice(((self._weather, self._fahrenheit), (self._stock, self._shares),
-                                    (self._stock, self._stock_in_currency)))
-            parts = [maker() for maker in self.rng.sample(pair, 2)]
+            parts = [maker() for maker in self.rng.sample(self.rng.choice(self._contrasts), 2)]
             count = max(count, 2)
         while len(parts) < count:
             maker = self.rng.choices(list(self._makers), weights=list(self._makers.values()))[0]
