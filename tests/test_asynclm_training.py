@@ -78,6 +78,24 @@ def test_call_tokens_weigh_call_weight_and_the_loss_is_their_weighted_mean(data_
     torch.testing.assert_close(loss, sum(s for s, _ in singles), rtol=1e-4, atol=1e-4)
 
 
+def test_a_rejected_token_weighs_reject_weight_and_adds_its_unlikelihood(data_file):
+    record = next(r for r in records_of(data_file) if r["variant"] == "async")
+    position = record["loss_spans"][0][0] + 3
+    rejected = (record["ids"][position] + 1) % 100
+    corrected = {**record, "corrections": [{"wrote": "x", "instead": "y", "rejected": [position, rejected]}]}
+    weigh = Weighing(reject_weight=4.0)
+    assert weigh(corrected)[position] == 4.0 and Weighing()(corrected) == weigh(record)
+    torch.manual_seed(0)
+    model = with_lora(load_base("tiny", 0)[0], LoraSettings(rank=4, alpha=8.0))
+    with torch.no_grad():
+        plain, plain_weight = batch_loss(model, make_batches([record], 1, 100_000)[0])
+        loss, weight = batch_loss(model, make_batches([corrected], 1, 100_000, weigh)[0])
+        probs = model(input_ids=torch.tensor([record["ids"]])).logits[0, position - 1].softmax(-1)
+    choice = -probs[record["ids"][position]].log()
+    assert weight == plain_weight + 3.0
+    torch.testing.assert_close(loss, plain + 3.0 * choice - 4.0 * torch.log1p(-probs[rejected]), rtol=1e-4, atol=1e-4)
+
+
 def test_training_lowers_the_loss_and_writes_a_peft_folder_that_loads(data_file, tmp_path):
     summary = train(config(data_file, tmp_path), progress=False)
     losses = summary["loss_curve"]

@@ -78,7 +78,31 @@ def test_one_wrong_token_is_one_correction_and_the_ideal_unit_replaces_it():
         assert len(run.corrections) == 1
         assert run.corrections[0]["instead"] == encoder.decode(ids[spans[0][0]:]).split("\n")[0] + "\n"
         assert run.corrections[0]["wrote"] != run.corrections[0]["instead"]
+        assert run.corrections[0]["rejected"] == [at, wrong[at]]  # where the sample has the right token
         assert flatten(transcript.segments) == flatten(ideal.segments)
+
+
+def test_a_correction_keeps_the_models_tokens_up_to_its_error_when_another_unit_allows_them():
+    """The model starts a ready call that is not the ideal's first choice, then errs in it: the
+    correction is that call (the model's own choice), and the rejection is the wrong token."""
+    for encoder, task, timing, ideal, ids in _runs(12):
+        first = CmlSimulation(task, encoder, timing, "async")
+        first.segments = [encoder.prompt(first.prompt.system_prompt(first.registry.describe()), task.question)]
+        ready = [i for i, chain in enumerate(first.chains) if chain.ready]
+        if len(ready) < 2:
+            continue
+        ready.sort(key=lambda i: -first._estimate_ms(first._next_call(i)))
+        other = first.prompt.call_text("t1", first._next_call(ready[1]))
+        start = flatten(ideal.segments)[1][0][0]
+        other_ids = encoder.encode(other)
+        wrong = ids[:start] + other_ids[:-3] + [encoder.encode(" zzz")[0]] + other_ids[-2:] + ids[start + len(other_ids):]
+        run = OnPolicySimulation(task, encoder, timing, Replay(wrong, encoder.tokenizer.vocab_size))
+        run.run()
+        assert run.corrections[0]["instead"] == other
+        assert run.corrections[0]["rejected"] == [start + len(other_ids) - 3, encoder.encode(" zzz")[0]]
+        assert run.calls[0] == first._next_call(ready[1])
+        return
+    raise AssertionError("no held-out task with two calls ready at the start")
 
 
 def test_a_random_model_leaves_a_transcript_with_the_ideal_calls_and_facts():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .segments import call_spans, loss_weights
+from .segments import call_spans, common_prefix_length, loss_weights
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class Batch:
     prefix_ids: list[int]
     suffix_ids: list[list[int]]
     suffix_weight: list[list[float]]  # suffix_weight[b][j]: the weight of suffix_ids[b][j] in the loss (0: none)
+    # suffix_rejections[b]: (j, token): at suffix_ids[b][j] the model once wrote ``token`` instead (onpolicy.py)
+    suffix_rejections: list[list[tuple[int, int]]] | None = None
+    reject_weight: float = 0.0        # the weight of each rejection's unlikelihood term
 
     @property
     def num_loss_tokens(self) -> int:
@@ -36,29 +39,37 @@ def _forwarded(prefix_length: int, num_rows: int, longest_suffix: int) -> int:
     return prefix_length + num_rows * longest_suffix
 
 
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
 @dataclass(frozen=True)
 class Weighing:
     """How a record's loss tokens weigh: 1, or ``call_weight`` inside the calls the model wrote
-    (found by the ``call_markers`` tokens; see segments.py). Without markers every one weighs 1."""
+    (found by the ``call_markers`` tokens; see segments.py). Without markers every one weighs 1.
+    With ``reject_weight``, the tokens where an on-policy sample corrected the model (its
+    corrections' ``rejected`` positions) weigh at least that, and so does pushing down the token
+    the model wrote there."""
     call_weight: float = 1.0
     call_markers: tuple[list[int], list[int]] | None = None
+    reject_weight: float = 0.0
 
     def __call__(self, record: dict) -> list[float]:
         ids, spans = record["ids"], record["loss_spans"]
         marked = call_spans(ids, spans, self.call_markers) if self.call_markers else []
-        return loss_weights(len(ids), spans, marked, self.call_weight)
+        weights = loss_weights(len(ids), spans, marked, self.call_weight)
+        for position, _ in self.rejections(record):
+            weights[position] = max(weights[position], self.reject_weight)
+        return weights
+
+    def rejections(self, record: dict) -> list[tuple[int, int]]:
+        """``(position, token)`` of each token the model was corrected at (none without ``reject_weight``)."""
+        if not self.reject_weight:
+            return []
+        return [tuple(c["rejected"]) for c in record.get("corrections", ()) if "rejected" in c]
 
 
 def _cut(records: list[dict]) -> int:
     """The length of the prefix ``records`` share, cut before the first token that carries loss."""
     ids = [r["ids"] for r in records]
     first_loss = min(r["loss_spans"][0][0] for r in records)
-    return max(0, min(min(_common_prefix_length(ids[0], other) for other in ids), first_loss - 1))
+    return max(0, min(min(common_prefix_length(ids[0], other) for other in ids), first_loss - 1))
 
 
 def _num_tokens(records: list[dict]) -> int:
@@ -69,7 +80,9 @@ def _num_tokens(records: list[dict]) -> int:
 
 def _batch(records: list[dict], weigh: Weighing) -> Batch:
     cut = _cut(records)
-    return Batch(records[0]["ids"][:cut], [r["ids"][cut:] for r in records], [weigh(r)[cut:] for r in records])
+    rejections = [[(position - cut, token) for position, token in weigh.rejections(r)] for r in records]
+    return Batch(records[0]["ids"][:cut], [r["ids"][cut:] for r in records], [weigh(r)[cut:] for r in records],
+                 rejections if any(rejections) else None, weigh.reject_weight)
 
 
 def _chunks(records: list[dict], max_samples: int, max_tokens: int, weigh: Weighing

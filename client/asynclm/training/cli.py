@@ -111,6 +111,10 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--call-weight", type=float, default=1.0,
                        help="loss weight of the tokens of the calls the model writes, against 1 for the rest of "
                             "what it writes (default %(default)s)")
+    train.add_argument("--reject-weight", type=float, default=0.0,
+                       help="on-policy samples (oven asynclm-onpolicy): the loss weight of each token where the "
+                            "model was corrected, and of pushing down the token it wrote there instead "
+                            "(default %(default)s: corrected tokens weigh as any other)")
     train.set_defaults(func=cmd_train)
 
     onpolicy = sub.add_parser(
@@ -192,7 +196,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             precision=args.precision,
             variants=tuple(v for v in args.variants.split(",") if v), threads=args.threads or os.cpu_count() or 1,
             checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
-            init=Path(args.init) if args.init else None, call_weight=args.call_weight)
+            init=Path(args.init) if args.init else None, call_weight=args.call_weight,
+            reject_weight=args.reject_weight)
         summary = train(config, resume=args.resume, command=shlex.join(["oven", *sys.argv[sys.argv.index(
             "asynclm-train"):]]) if "asynclm-train" in sys.argv else None)
     except (ValueError, FileNotFoundError, KeyError) as exc:

@@ -53,7 +53,9 @@ def with_lora(model, lora: LoraSettings):
 
 
 def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
-    """Weighted, summed cross-entropy over the batch's loss tokens, and the sum of their weights.
+    """Weighted, summed cross-entropy over the batch's loss tokens, and the sum of their weights;
+    plus, for each rejection, ``reject_weight`` times the unlikelihood ``-log(1 - p(rejected token))``
+    (it pushes down the very token the model chose where it went wrong, not only raises the right one).
 
     The shared prefix is forwarded once (batch 1) and its KV cache repeated for the suffixes, which
     are right-padded; a pad comes after every real token of its row, so causal attention keeps it
@@ -78,4 +80,11 @@ def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
     logits = causal_lm.lm_head(hidden[rows_t, cols_t - 1]).float()
     losses = torch.nn.functional.cross_entropy(logits, input_ids[rows_t, cols_t], reduction="none")
     token_weights = weights[rows_t, cols_t]
-    return (losses * token_weights).sum(), token_weights.sum().item()
+    total = (losses * token_weights).sum()
+    if batch.suffix_rejections:
+        rows_r, cols_r, tokens_r = (torch.tensor(x) for x in zip(*(
+            (b, j, token) for b, rejections in enumerate(batch.suffix_rejections) for j, token in rejections)))
+        log_probs = causal_lm.lm_head(hidden[rows_r, cols_r - 1]).float().log_softmax(-1)
+        rejected = log_probs[torch.arange(len(tokens_r)), tokens_r].exp()
+        total = total + batch.reject_weight * -torch.log1p(-rejected.clamp(max=1 - 1e-6)).sum()
+    return total, token_weights.sum().item()

@@ -5,9 +5,13 @@ reaches. A fine-tuned model that once writes something else (a sentence before a
 nobody asked for, a misspelt name) is in a context it never saw, and its errors compound there.
 Here the model writes each unit (one call, one line of text, a trap, or the end of its turn)
 greedily from the simulation's context, as the check does; where the unit is one the ideal model
-could write now, it is kept, with the model's own tokens; where it is not, the ideal model's unit
-replaces it (a correction) and the model goes on from there. A sample with at least one
-correction teaches the fix in the model's own contexts; its loss falls on all it writes.
+could write now, it is kept, with the model's own tokens; where it is not, the unit the ideal
+model could write that agrees longest with the model's replaces it (a correction; the ideal
+model's own choice among equals) and the model goes on from there. A sample with at least one
+correction teaches the fix in the model's own contexts; its loss falls on all it writes. Each
+correction also names the *rejected* token: the first one the model wrote that no unit the ideal
+model could write goes on with, at its position in the sample (where the sample has the right
+token instead), so training can push that very choice down (``oven asynclm-train --reject-weight``).
 
 A unit the ideal model could write: any ready call (the next call of a chain whose results are
 in, with the next id), else the sentence of any chain whose results are all in, else what the
@@ -29,7 +33,7 @@ from .data import DataConfig, random_timing, record, tasks_for
 from .demo_tasks import TRAINING_MIX, TrainingMix
 from .model import load_base
 from .names import vocabulary_words
-from .segments import Encoder, flatten
+from .segments import Encoder, common_prefix_length, flatten
 from .simulate import CmlSimulation, Timing
 from .tasks import Task
 
@@ -47,21 +51,41 @@ class OnPolicySimulation(CmlSimulation):
         self.corrections: list[dict] = []  # where the model was corrected: what it wrote, what instead
 
     def _next_text(self) -> list[int] | None:
-        ids, text = self._propose()
+        start = sum(len(segment.token_ids) for segment in self.segments)  # where the unit's ids go
+        ids, text, wrote = self._propose()
         options = self._options()
         if text in options:
             options[text]()
             if text == "":  # the end of the turn
                 return None
             return ids
-        ids = super()._next_text()
-        self.corrections.append({"wrote": text, "instead": "" if ids is None else self.encoder.decode(ids)})
-        return ids
+        # the option that agrees longest with what the model wrote (the ideal model's first among equals):
+        # the sample keeps the model's own tokens up to where it went wrong, and that token is the rejection
+        written = {text: self.encoder.encode(text) + ([] if text else [self.encoder.end_of_turn_id])
+                   for text in options}
+        agree = {text: common_prefix_length(wrote, option_ids) for text, option_ids in written.items()}
+        chosen = max(options, key=lambda text: agree[text])  # max keeps the first of equals
+        options[chosen]()
+        correction = {"wrote": self.encoder.decode(wrote), "instead": chosen}
+        at = agree[chosen]
+        if at < len(wrote) and not self._spelled_otherwise(wrote[:at + 1], options):
+            correction["rejected"] = [start + at, wrote[at]]  # the token the model should not have written there
+        self.corrections.append(correction)
+        return None if chosen == "" else written[chosen]
+
+    def _spelled_otherwise(self, wrote: list[int], options) -> bool:
+        """Whether ``wrote`` is the start of an option's text in other tokens (then its last token is no error)."""
+        if wrote[-1] in self.stop_ids:
+            return False
+        text = self.encoder.decode(wrote)
+        return any(option.startswith(text) for option in options if option)
 
     def _options(self) -> dict[str, Callable[[], None]]:
-        """Each unit the ideal model could write now (``""``: end the turn) and what writing it does."""
+        """Each unit the ideal model could write now (``""``: end the turn) and what writing it does,
+        the ideal model's choice first."""
         ready = [i for i, chain in enumerate(self.chains) if chain.ready]
         if ready:
+            ready.sort(key=lambda i: -self._estimate_ms(self._next_call(i)))  # LPT, ties in task order
             call_id = f"t{len(self.calls) + 1}"
             return {self.prompt.call_text(call_id, self._next_call(i)): (lambda i=i: self._write_call(i))
                     for i in ready}
@@ -73,18 +97,20 @@ class OnPolicySimulation(CmlSimulation):
             return {self.prompt.TRAP_TEXT: lambda: None}
         return {"": lambda: None}
 
-    def _propose(self) -> tuple[list[int], str]:
+    def _propose(self) -> tuple[list[int], str, list[int]]:
         """The unit the model writes greedily from here: its ids and text (``""``: it ends its turn;
-        an end while results are owed is a trap, as in the inferlet)."""
+        an end while results are owed is a trap, as in the inferlet), and the tokens it chose (with
+        the end token where it stopped before the end of a line)."""
         context, _ = flatten(self.segments)
         monitor = copy.deepcopy(self.monitor)
-        pending, written = context[self.cached:], []
+        pending, written, stopped = context[self.cached:], [], False
         with torch.no_grad():
             while len(written) < MAX_UNIT_TOKENS:
                 out = self.model(input_ids=torch.tensor([pending]), past_key_values=self.cache, use_cache=True)
                 self.cache, self.cached = out.past_key_values, self.cached + len(pending)
                 token = self._choose(monitor, out.logits[0, -1].topk(TOP_K).indices.tolist())
                 if token is None:
+                    stopped = True
                     break
                 written.append(token)
                 monitor.feed(token)
@@ -96,10 +122,11 @@ class OnPolicySimulation(CmlSimulation):
         if extra:
             self.cache.crop(-extra)
         self.cached = len(context)
+        wrote = written + ([self.encoder.end_of_turn_id] if stopped else [])
         if not written:
             trap = self.prompt.TRAP_TEXT
-            return (self.encoder.encode(trap), trap) if self._results_owed else ([], "")
-        return written, self.encoder.decode(written)
+            return (self.encoder.encode(trap), trap, wrote) if self._results_owed else ([], "", wrote)
+        return written, self.encoder.decode(written), wrote
 
     def _choose(self, monitor, ranked: list[int]) -> int | None:
         for token in ranked:

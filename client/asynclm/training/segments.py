@@ -45,6 +45,12 @@ def flatten(segments: list[Segment]) -> tuple[list[int], list[list[int]]]:
     return ids, spans
 
 
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
 def loss_weights(num_tokens: int, spans: list[list[int]], marked: list[list[int]] | None = None,
                  weight: float = 1.0) -> list[float]:
     """Each token's weight in the loss: 0 outside ``spans``, ``weight`` in the ``marked`` ones, else 1."""

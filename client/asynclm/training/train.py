@@ -53,6 +53,7 @@ class TrainConfig:
     max_steps: int | None = None    # stop after this many steps (a checkpoint makes it resumable)
     init: Path | None = None        # an adapter folder to start from (same rank, alpha and targets)
     call_weight: float = 1.0        # the loss weight of the tokens of the calls the model writes
+    reject_weight: float = 0.0      # on-policy samples: the weight where the model was corrected (batches.Weighing)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_samples", "batch_tokens", "threads", "checkpoint_every"):
@@ -60,6 +61,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.call_weight <= 0:
             raise ValueError(f"call_weight must be > 0, got {self.call_weight}")
+        if self.reject_weight < 0:
+            raise ValueError(f"reject_weight must be >= 0, got {self.reject_weight}")
         if self.lr <= 0 or self.warmup_steps < 0:
             raise ValueError("lr must be > 0 and warmup_steps >= 0")
         if self.precision not in PRECISIONS:
@@ -151,12 +154,12 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
 
 def _weighing(config: TrainConfig, source) -> Weighing:
     if config.call_weight == 1.0:
-        return Weighing()
+        return Weighing(reject_weight=config.reject_weight)
     from oven.control.tokenizer import Tokenizer
 
     from .segments import Encoder, call_markers
 
-    return Weighing(config.call_weight, call_markers(Encoder(Tokenizer(source.tokenizer))))
+    return Weighing(config.call_weight, call_markers(Encoder(Tokenizer(source.tokenizer))), config.reject_weight)
 
 
 def _load_init(model, config: TrainConfig) -> dict:
