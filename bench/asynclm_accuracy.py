@@ -5,8 +5,9 @@ Held-out sets, built exactly as ``oven asynclm-data`` builds its evaluation spli
 so no task here was trained on): BFCL ``parallel`` and ``live_parallel`` (calls judged by BFCL's
 possible answers), ``multi_step_parallel`` (the ground truth's calls, any order) and ``demo`` (the
 demo tools on tasks with unseen entities: every call right and every returned value stated in
-the answer). Each sample runs greedily in process with transformers + PEFT, the loops of
-``oven.client.asynclm.training.check``:
+the answer). Each sample runs greedily in process, the loops of ``oven.client.asynclm.training.check``
+on oven's paged engine (a model's sessions batched; ``--decoder transformers``: transformers + PEFT,
+one at a time):
 
 * ``async``: the inferlet's async mode on a simulated clock (results come back after their
   estimated time, interrupts land outside CML blocks, ``[TRAP][END]`` waits);
@@ -28,7 +29,6 @@ ICL rows). Writes ``results/asynclm_accuracy.md`` (tables, the goals checked) an
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -37,10 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS_DIR, SHIPPED_ADAPTER, markdown_table, shown_path, write_results  # noqa: E402
-from oven.client.asynclm.training.check import Outcome, bfcl_calls_right, ground_truth, run_task  # noqa: E402
+from oven.client.asynclm.training.check import Outcome, bfcl_calls_right, check, ground_truth  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
+from oven.client.asynclm.training.decoder import DECODERS  # noqa: E402
 from oven.client.asynclm.training.segments import Encoder  # noqa: E402
 from oven.client.asynclm.training.train import file_sha256  # noqa: E402
+from oven.inference.models import resolve_model  # noqa: E402
 
 SETS = ("parallel", "live_parallel", "multi_step_parallel", "demo")
 MODELS = ("FT", "base")
@@ -69,6 +71,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the data seed (default %(default)s: the held-out "
                         "split the adapter was checked on)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
+    parser.add_argument("--decoder", choices=DECODERS, default="engine",
+                        help="oven's paged engine, a cell's sessions batched, or transformers + PEFT, one at a "
+                             "time (default %(default)s)")
     parser.add_argument("--reuse", type=Path, help="an earlier run's JSON: its sessions are not run again")
     args = parser.parse_args()
     sets = [s for s in args.sets.split(",") if s]
@@ -89,16 +94,11 @@ def main() -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             parser.error(f"--reuse {args.reuse}: not a JSON list of this bench's sessions ({exc})")
 
-    import torch
-    from peft import PeftModel
-
-    from oven.client.asynclm.training.model import load_base
+    from oven.client.asynclm.training.decoder import make_decoder
     from oven.control.tokenizer import Tokenizer
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    base, source = load_base(args.model, 0)
-    model = PeftModel.from_pretrained(base, str(args.adapter)) if "FT" in models else base
-    model.eval()
+    threads = args.threads or os.cpu_count() or 1
+    source = resolve_model(args.model)
     encoder = Encoder(Tokenizer(source.tokenizer))
     config = DataConfig(seed=args.seed, demo_train=0, sources=tuple(sets))  # the evaluation split of the data
     records, _ = build("eval", config, encoder)
@@ -107,32 +107,42 @@ def main() -> int:
               for s in sets for v in variants}
 
     results: dict[tuple[str, str, str], list[bool]] = {}
-    kept = dict(earlier)  # every session by key, written out as each one ends
+    kept = dict(earlier)  # every session by key, written out as each cell ends
     total = sum(len(rs) for rs in chosen.values()) * len(models)
     done, start = 0, time.monotonic()
     for model_name in models:
-        for (set_name, variant), recs in chosen.items():
-            ok = results.setdefault((model_name, set_name, variant), [])
-            for record in recs:
-                few_shot = model_name == "base"
-                session = {"model": model_name, "adapter_sha256": None if few_shot else adapter_sha,
-                           "set": set_name, "variant": variant, "task_id": record["task_id"]}
-                if _key(session) in earlier:
-                    session = earlier[_key(session)]
-                else:
-                    with model.disable_adapter() if few_shot and model is not base else contextlib.nullcontext():
-                        outcome = run_task(model, encoder, record, registry_by_id[record["task_id"]](),
-                                           example=few_shot)
-                    session.update(correct=correct(record, outcome), calls=outcome.calls, expected=record["calls"],
-                                   answer=outcome.text.strip())
-                ok.append(session["correct"])
-                kept[_key(session)] = session
+        few_shot = model_name == "base"
+        sessions = {cell: [{"model": model_name, "adapter_sha256": None if few_shot else adapter_sha, "set": cell[0],
+                            "variant": cell[1], "task_id": r["task_id"]} for r in recs]
+                    for cell, recs in chosen.items()}
+        todo = [(cell, r, s) for cell, recs in chosen.items() for r, s in zip(recs, sessions[cell])
+                if _key(s) not in earlier]
+        decoder = None
+        if todo:  # a cell's sessions at once, batched on the engine (decoder.py)
+            decoder, _ = make_decoder(args.decoder, args.model, None if few_shot else args.adapter, threads,
+                                      max(sum(c == cell for c, _, _ in todo) for cell in chosen))
+        try:
+            for cell, recs in chosen.items():
+                mine = [(r, s) for c, r, s in todo if c == cell]
+                outcomes = check(decoder, encoder, [r for r, _ in mine], lambda r: registry_by_id[r["task_id"]](),
+                                 example=few_shot, log=lambda line: None,
+                                 parallel=len(mine) if args.decoder == "engine" else 1) if mine else []
+                for (record, session), outcome in zip(mine, outcomes):
+                    session.update(correct=correct(record, outcome), calls=outcome.calls,
+                                   expected=record["calls"], answer=outcome.text.strip())
+                ok = results.setdefault((model_name, *cell), [])
+                for session in sessions[cell]:
+                    session = earlier.get(_key(session), session)
+                    ok.append(session["correct"])
+                    kept[_key(session)] = session
                 (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(list(kept.values()), indent=1) + "\n")
-                done += 1
+                done += len(recs)
                 elapsed = time.monotonic() - start
                 print(f"[{done}/{total}, {elapsed / 60:.1f} min, ETA {elapsed / done * (total - done) / 60:.1f} min] "
-                      f"{model_name} {set_name} {variant} {record['task_id']}: {'ok' if ok[-1] else 'wrong'}",
-                      file=sys.stderr, flush=True)
+                      f"{model_name} {cell[0]} {cell[1]}: {sum(ok)}/{len(ok)}", file=sys.stderr, flush=True)
+        finally:
+            if decoder is not None:
+                decoder.close()
 
     def cell(model_name: str, set_name: str, variant: str) -> str:
         ok = results.get((model_name, set_name, variant))

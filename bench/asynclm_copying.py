@@ -34,6 +34,7 @@ from benchlib import SHIPPED_ADAPTER, doc_parser, markdown_table, shown_path, wr
 
 from oven.client.asynclm.tools import ToolError, parse_call  # noqa: E402
 from oven.client.asynclm.training.check import greedy  # noqa: E402
+from oven.client.asynclm.training.decoder import TransformersDecoder  # noqa: E402
 from oven.client.asynclm.training.data import DataConfig, build  # noqa: E402
 from oven.client.asynclm.training.names import NameMaker, Words  # noqa: E402
 from oven.client.asynclm.training.segments import Encoder  # noqa: E402
@@ -85,7 +86,7 @@ def main() -> int:
     quote = set(encoder.encode('"') + encoder.encode('")'))
 
     model = PeftModel.from_pretrained(base, str(args.adapter))
-    model.eval()
+    decoder = TransformersDecoder(model)
     rows, misses = [], []
     for model_name in ("base", "adapter"):
         for (arg, kind), pool in names.items():
@@ -94,7 +95,7 @@ def main() -> int:
             for name in pool:
                 ids = encoder.encode(text.replace(original, name))
                 with model.disable_adapter() if model_name == "base" else contextlib.nullcontext():
-                    written = encoder.decode(greedy(model, ids, 8, quote)).split('"')[0]
+                    written = encoder.decode(greedy(decoder.session(), ids, 8, quote)).split('"')[0]
                 with contextlib.suppress(ToolError):
                     written = parse_call(f'{CALLS[arg]}{written}")').kwargs[arg]
                 copied += written == name

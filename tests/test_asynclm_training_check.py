@@ -5,9 +5,8 @@ example."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+
 import torch
 
 from oven.client.asynclm.tools import demo_registry
@@ -20,18 +19,21 @@ from oven.inference.models import resolve_model
 
 
 class Replay:
-    """A stand-in causal LM whose best next token is the sample's token at that position (a
-    forward without a cache starts over: the sync loop prefills each turn's whole chat)."""
+    """A stand-in decoder whose best next token after a context is the sample's token at that
+    position (the sync loop asks with each turn's whole chat)."""
 
-    def __init__(self, ids: list[int], vocab_size: int):
-        self.ids, self.vocab_size, self.seen = ids, vocab_size, []
+    def __init__(self, ids: list[int]):
+        self.ids, self.seen = ids, []
 
-    def __call__(self, input_ids, past_key_values=None, use_cache=True):
-        self.seen = (self.seen if past_key_values else []) + input_ids[0].tolist()
-        logits = torch.zeros(1, input_ids.shape[1], self.vocab_size)
-        if len(self.seen) < len(self.ids):
-            logits[0, -1, self.ids[len(self.seen)]] = 1.0
-        return SimpleNamespace(logits=logits, past_key_values="cache")
+    def session(self):
+        return self
+
+    def ranked(self, ids: list[int]) -> list[int]:
+        self.seen = list(ids)
+        return [self.ids[len(ids)]] if len(ids) < len(self.ids) else []
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize("variant", ["async", "sync-cml", "sync"])
@@ -41,7 +43,7 @@ def test_a_model_that_writes_the_sample_reproduces_it_and_passes(variant):
     demo = [r for r in records if r["source"] == "demo" and r["variant"] == variant]
     assert len(demo) == 6
     for record in demo:
-        model = Replay(record["ids"], encoder.tokenizer.vocab_size)
+        model = Replay(record["ids"])
         outcome = run_task(model, encoder, record, demo_registry())
         # everything but the end token, which stops the loop (and, in a sync sample, the chat
         # template's newline after it, the closing of the last turn)
@@ -84,3 +86,35 @@ def test_the_few_shot_prompt_adds_the_worked_example_to_the_sample_prompt():
     assert encoder.prompt(system_text(sync), sync["question"]).token_ids == sync["ids"][
         :sync["loss_spans"][0][0]]
     assert "Assistant: get_weather(city=\"Oslo\")\n" in system_text(sync, example=True)
+
+
+def test_the_engine_decoder_batching_many_tasks_decides_as_transformers_one_at_a_time(tmp_path):
+    """The same greedy sessions on oven's paged engine, four tasks batched, and on transformers +
+    PEFT one at a time, on the same weights: the tiny model with a random adapter (its B matrices
+    made non-zero)."""
+    from conftest import hf_reference
+    from peft import PeftModel
+
+    from oven.client.asynclm.training.check import check
+    from oven.client.asynclm.training.decoder import EngineDecoder, TransformersDecoder
+    from oven.client.asynclm.training.model import LoraSettings, load_base, with_lora
+
+    torch.manual_seed(1)
+    lora = with_lora(load_base("tiny", 0)[0], LoraSettings(rank=4, alpha=8.0, targets=("q_proj", "v_proj")))
+    with torch.no_grad():
+        for name, weight in lora.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0, 0.5)
+    lora.save_pretrained(tmp_path)
+    encoder = Encoder(Tokenizer(resolve_model("tiny").tokenizer))
+    records = [r for r in build("eval", DataConfig(demo_eval=4, sources=("demo",)), encoder)[0]
+               if r["variant"] in ("async", "sync")]
+    engine = EngineDecoder("tiny", tmp_path, max_sessions=4, threads=1)
+    try:
+        batched = check(engine, encoder, records, lambda r: demo_registry(), log=lambda line: None, parallel=4)
+        model = PeftModel.from_pretrained(hf_reference(engine.engine), str(tmp_path))
+    finally:
+        engine.close()
+    alone = check(TransformersDecoder(model), encoder, records, lambda r: demo_registry(), log=lambda line: None)
+    assert [(o.calls, o.text) for o in batched] == [(o.calls, o.text) for o in alone]
+    assert len({o.text for o in alone}) == len(records)  # each wrote its own text: not empty against empty

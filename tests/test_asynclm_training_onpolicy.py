@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
-
-import torch
 
 from oven.client.asynclm.training.data import DataConfig, random_timing, tasks_for
+from oven.client.asynclm.training.decoder import TransformersDecoder
 from oven.client.asynclm.training.model import load_base
 from oven.client.asynclm.training.onpolicy import OnPolicySimulation
 from oven.client.asynclm.training.segments import Encoder, flatten
@@ -19,33 +17,14 @@ from oven.control.tokenizer import Tokenizer
 from oven.inference.models import resolve_model
 
 
-class Cache:
-    """The two things the simulation asks of a KV cache: its length, and dropping its last tokens."""
-
-    def __init__(self):
-        self.ids: list[int] = []
-
-    def get_seq_length(self) -> int:
-        return len(self.ids)
-
-    def crop(self, tokens: int) -> None:
-        assert tokens < 0
-        del self.ids[tokens:]
-
-
 class Replay:
-    """A stand-in causal LM whose best next token is ``ids`` at that position."""
+    """A stand-in decoder session whose best next token after a context is ``ids`` at that position."""
 
-    def __init__(self, ids: list[int], vocab_size: int):
-        self.ids, self.vocab_size = ids, vocab_size
+    def __init__(self, ids: list[int]):
+        self.ids = ids
 
-    def __call__(self, input_ids, past_key_values=None, use_cache=True):
-        cache = past_key_values or Cache()
-        cache.ids += input_ids[0].tolist()
-        logits = torch.zeros(1, input_ids.shape[1], self.vocab_size)
-        if len(cache.ids) < len(self.ids):
-            logits[0, -1, self.ids[len(cache.ids)]] = 1.0
-        return SimpleNamespace(logits=logits, past_key_values=cache)
+    def ranked(self, context: list[int]) -> list[int]:
+        return [self.ids[len(context)]] if len(context) < len(self.ids) else []
 
 
 def _runs(n: int = 4):
@@ -59,7 +38,7 @@ def _runs(n: int = 4):
 
 def test_a_model_that_writes_the_ideal_sample_is_never_corrected():
     for encoder, task, timing, ideal, ids in _runs():
-        run = OnPolicySimulation(task, encoder, timing, Replay(ids, encoder.tokenizer.vocab_size))
+        run = OnPolicySimulation(task, encoder, timing, Replay(ids))
         transcript = run.run()
         assert run.corrections == []
         assert flatten(transcript.segments) == flatten(ideal.segments) and transcript.calls == ideal.calls
@@ -73,7 +52,7 @@ def test_one_wrong_token_is_one_correction_and_the_ideal_unit_replaces_it():
         wrong = list(ids)
         at = spans[0][0] + 4  # inside the first call: its id or function's name
         wrong[at] = encoder.encode(" zzz")[0]
-        run = OnPolicySimulation(task, encoder, timing, Replay(wrong, encoder.tokenizer.vocab_size))
+        run = OnPolicySimulation(task, encoder, timing, Replay(wrong))
         transcript = run.run()
         assert len(run.corrections) == 1
         assert run.corrections[0]["instead"] == encoder.decode(ids[spans[0][0]:]).split("\n")[0] + "\n"
@@ -96,7 +75,7 @@ def test_a_correction_keeps_the_models_tokens_up_to_its_error_when_another_unit_
         start = flatten(ideal.segments)[1][0][0]
         other_ids = encoder.encode(other)
         wrong = ids[:start] + other_ids[:-3] + [encoder.encode(" zzz")[0]] + other_ids[-2:] + ids[start + len(other_ids):]
-        run = OnPolicySimulation(task, encoder, timing, Replay(wrong, encoder.tokenizer.vocab_size))
+        run = OnPolicySimulation(task, encoder, timing, Replay(wrong))
         run.run()
         assert run.corrections[0]["instead"] == other
         assert run.corrections[0]["rejected"] == [start + len(other_ids) - 3, encoder.encode(" zzz")[0]]
@@ -106,10 +85,9 @@ def test_a_correction_keeps_the_models_tokens_up_to_its_error_when_another_unit_
 
 
 def test_a_random_model_leaves_a_transcript_with_the_ideal_calls_and_facts():
-    model, _ = load_base("tiny", 0)
-    model.eval()
+    session = TransformersDecoder(load_base("tiny", 0)[0]).session()
     for encoder, task, timing, ideal, _ in list(_runs(2)):
-        run = OnPolicySimulation(task, encoder, timing, model)
+        run = OnPolicySimulation(task, encoder, timing, session)
         transcript = run.run()
         assert run.corrections
         assert sorted(transcript.calls) == sorted(ideal.calls) and transcript.facts == ideal.facts
@@ -127,7 +105,7 @@ def test_the_verb_writes_corrected_samples_repeated_and_replayed_ones(tmp_path):
     ideal, _ = build("train", DataConfig(demo_train=4, sources=("demo",)), encoder)
     write({"train": ideal}, tmp_path / "ideal", {})
     common = ["asynclm-onpolicy", "--adapter", str(tmp_path / "adapter"), "--seed", "3", "--tasks", "2",
-              "--workers", "1", "--model", "tiny"]
+              "--parallel", "2", "--model", "tiny"]
     done = oven(*common, "--out", str(tmp_path / "out"), "--repeat", "2", "--replay",
                 str(tmp_path / "ideal" / "train.jsonl"), "--replay-samples", "3", "--contrast", "1")
     assert done.returncode == 0, done.stderr

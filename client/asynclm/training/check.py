@@ -1,4 +1,5 @@
-"""A check in process: the AsyncLM loop on held-out tasks with transformers (+ PEFT), greedy.
+"""A check in process: the AsyncLM loop on held-out tasks, greedy, on oven's paged engine (every
+task at once, batched) or on transformers + PEFT (decoder.py).
 
 It does what the inferlet does in ``async`` mode, on a simulated clock: the model's tokens are
 chosen greedily among those the inferlet's token monitor allows; a call goes to the task's real
@@ -35,10 +36,10 @@ from pathlib import Path
 from . import plain, protocol
 from ..tools import ToolError, ToolRegistry, parse_call
 from .data import VARIANTS, DataConfig, read_records, tasks_for
+from .decoder import DECODERS
 from .segments import Encoder
 from .tasks import function_name
 
-TOP_K = 64
 SOURCES = ("demo", "parallel", "live_parallel", "multi_step_parallel", "multi_turn")
 
 
@@ -114,13 +115,13 @@ def bfcl_calls_right(made: list[str], ground_truth: list[dict]) -> bool:
 
 
 class Loop:
-    """One session of one task on ``model`` (a causal LM, with or without an adapter); the model
-    starts after ``prompt_ids`` (default: the sample's own prompt)."""
+    """One session of one task on a decoder's session (decoder.py: the model, with or without an
+    adapter); the model starts after ``prompt_ids`` (default: the sample's own prompt)."""
 
-    def __init__(self, model, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
+    def __init__(self, session, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
                  prompt_ids: list[int] | None = None):
         cml = protocol.cml()
-        self.model, self.encoder, self.record = model, encoder, record
+        self.session, self.encoder, self.record = session, encoder, record
         self.max_new_tokens = max_new_tokens
         self.prompt_ids = prompt_ids or record["ids"][:record["loss_spans"][0][0]]
         self.monitor = cml.TokenMonitor(lambda token: encoder.decode([token]))
@@ -130,22 +131,17 @@ class Loop:
         self.outcome = Outcome(record["task_id"])
 
     def run(self) -> Outcome:
-        import torch
-
-        cache, pending = None, list(self.prompt_ids)
-        with torch.no_grad():
-            for _ in range(self.max_new_tokens):
-                out = self.model(input_ids=torch.tensor([pending]), past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
-                token = self._choose(out.logits[0, -1].topk(TOP_K).indices.tolist())
-                if token is None:
-                    break
-                pending = [token]
-                self.now_ms += self.record["tpot_ms"]
-                for event in self.monitor.feed(token):
-                    self._on(event)
-                if self.monitor.interruptible:
-                    pending += self._inject()
+        ids = list(self.prompt_ids)
+        for _ in range(self.max_new_tokens):
+            token = self._choose(self.session.ranked(ids))
+            if token is None:
+                break
+            ids.append(token)
+            self.now_ms += self.record["tpot_ms"]
+            for event in self.monitor.feed(token):
+                self._on(event)
+            if self.monitor.interruptible:
+                ids += self._inject()
         for event in self.monitor.flush():
             self._on(event)
         return _scored(self.outcome, self.record)
@@ -199,9 +195,9 @@ class PlainLoop:
     ``tool`` turn with their results (plain.py's format) and the model goes on; any other turn is
     the answer."""
 
-    def __init__(self, model, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
+    def __init__(self, session, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
                  system: str):
-        self.model, self.encoder, self.record, self.registry = model, encoder, record, registry
+        self.session, self.encoder, self.record, self.registry = session, encoder, record, registry
         self.max_new_tokens, self.system = max_new_tokens, system
         self.stop_ids = set(encoder.tokenizer.stop_token_ids)
         self.outcome = Outcome(record["task_id"])
@@ -210,7 +206,7 @@ class PlainLoop:
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": self.record["question"]}]
         budget = self.max_new_tokens
         while budget > 0:
-            written = greedy(self.model, self.encoder.encode(self.encoder.chat(messages)), budget, self.stop_ids)
+            written = greedy(self.session, self.encoder.encode(self.encoder.chat(messages)), budget, self.stop_ids)
             budget -= len(written) + 1
             content = self.encoder.decode(written).strip()
             calls = _plain_calls(content)
@@ -247,19 +243,14 @@ def _plain_calls(content: str) -> list[str]:
     return lines
 
 
-def greedy(model, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:
-    """The tokens ``model`` writes greedily after ``prompt_ids``, up to a stop token (not included)."""
-    import torch
-
-    cache, pending, written = None, list(prompt_ids), []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            out = model(input_ids=torch.tensor([pending]), past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, int(out.logits[0, -1].argmax())
-            if token in stop_ids:
-                break
-            written.append(token)
-            pending = [token]
+def greedy(session, prompt_ids: list[int], max_new_tokens: int, stop_ids: set[int]) -> list[int]:
+    """The tokens a decoder's ``session`` writes greedily after ``prompt_ids``, up to a stop token (not included)."""
+    written: list[int] = []
+    for _ in range(max_new_tokens):
+        token = session.ranked(list(prompt_ids) + written)[0]
+        if token in stop_ids:
+            break
+        written.append(token)
     return written
 
 
@@ -275,29 +266,42 @@ def system_text(record: dict, example: bool = False) -> str:
     return prompt.system_prompt(record["functions"], example=example, rules=rules)
 
 
-def run_task(model, encoder: Encoder, record: dict, registry: ToolRegistry, example: bool = False) -> Outcome:
-    """One greedy session of ``record``'s task in its variant; ``example``: the prompt's worked example."""
-    if record["variant"] == "sync":
-        return PlainLoop(model, encoder, record, token_budget(record), registry, system_text(record, example)).run()
-    prompt_ids = encoder.prompt(system_text(record, True), record["question"]).token_ids if example else None
-    return Loop(model, encoder, record, token_budget(record), registry, prompt_ids).run()
+def run_task(decoder, encoder: Encoder, record: dict, registry: ToolRegistry, example: bool = False) -> Outcome:
+    """One greedy session of ``record``'s task in its variant on a session of ``decoder``
+    (decoder.py); ``example``: the prompt's worked example."""
+    session = decoder.session()
+    try:
+        if record["variant"] == "sync":
+            return PlainLoop(session, encoder, record, token_budget(record), registry,
+                             system_text(record, example)).run()
+        prompt_ids = encoder.prompt(system_text(record, True), record["question"]).token_ids if example else None
+        return Loop(session, encoder, record, token_budget(record), registry, prompt_ids).run()
+    finally:
+        session.close()
 
 
-def check(model, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
+def check(decoder, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
           example: bool = False, bfcl_truth: Callable[[dict], list[dict] | None] = lambda record: None,
-          log=print) -> list[Outcome]:
-    """Run each record's task; ``bfcl_truth(record)``: BFCL's possible answers, where the calls are
-    judged by them."""
-    outcomes = []
-    for record in records:
-        outcome = run_task(model, encoder, record, registry_for(record), example)
+          log=print, parallel: int = 1) -> list[Outcome]:
+    """Run each record's task on ``decoder``, ``parallel`` at once (threads; an ``EngineDecoder``
+    batches their steps); ``bfcl_truth(record)``: BFCL's possible answers, where the calls are
+    judged by them. Outcomes and log lines come in the records' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(record: dict) -> Outcome:
+        outcome = run_task(decoder, encoder, record, registry_for(record), example)
         truth = bfcl_truth(record)
         if truth is not None:
             outcome.calls_right = bfcl_calls_right(outcome.calls, truth)
-        outcomes.append(outcome)
-        log(f"{'PASS' if outcome.passed else 'fail'} {record['task_id']}: {record['question'][:300]}\n"
-            f"     calls {'ok ' if outcome.calls_right else 'BAD'} {outcome.calls} (expected {record['calls']})\n"
-            f"     facts {'ok ' if outcome.facts_stated else 'BAD'} {record['facts']} in {outcome.text.strip()!r}")
+        return outcome
+
+    outcomes = []
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        for record, outcome in zip(records, pool.map(one, records)):
+            outcomes.append(outcome)
+            log(f"{'PASS' if outcome.passed else 'fail'} {record['task_id']}: {record['question'][:300]}\n"
+                f"     calls {'ok ' if outcome.calls_right else 'BAD'} {outcome.calls} (expected {record['calls']})\n"
+                f"     facts {'ok ' if outcome.facts_stated else 'BAD'} {record['facts']} in {outcome.text.strip()!r}")
     return outcomes
 
 
@@ -334,17 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="skip this many of each source first (default %(default)s)")
     parser.add_argument("--example", action="store_true", help="put the worked example in the prompt (few-shot)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
+    parser.add_argument("--decoder", choices=DECODERS, default="engine",
+                        help="oven's paged engine, every task at once in one batch (the served numbers), or "
+                             "transformers + PEFT, one task at a time (the reference) (default %(default)s)")
     parser.add_argument("--json", help="write the outcomes here")
     args = parser.parse_args(argv)
     import os
 
-    import torch
-
     from oven.control.tokenizer import Tokenizer
 
-    from .model import load_base
+    from .decoder import make_decoder
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     sources = tuple(s for s in args.sources.split(",") if s)
     try:
         if set(sources) - set(SOURCES):
@@ -354,16 +358,17 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [r for source in sources
                   for r in [r for r in records if r["source"] == source][args.start:args.start + args.tasks]]
         registry_by_id = _registries(data)
-        model, source = load_base(args.model, 0)
-        if args.adapter:
-            from peft import PeftModel
-            model = PeftModel.from_pretrained(model, args.adapter)
+        decoder, source = make_decoder(args.decoder, args.model, Path(args.adapter) if args.adapter else None,
+                                       args.threads or os.cpu_count() or 1, max(1, len(chosen)))
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1
-    model.eval()
-    outcomes = check(model, Encoder(Tokenizer(source.tokenizer)), chosen, lambda r: registry_by_id[r["task_id"]](),
-                     args.example, ground_truth)
+    try:
+        outcomes = check(decoder, Encoder(Tokenizer(source.tokenizer)), chosen,
+                         lambda r: registry_by_id[r["task_id"]](), args.example, ground_truth,
+                         parallel=len(chosen) if args.decoder == "engine" else 1)
+    finally:
+        decoder.close()
     label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "")
     summary = {}
     for name in sources:

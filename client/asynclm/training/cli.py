@@ -42,6 +42,7 @@ def _mix(args: argparse.Namespace):
 
 def add_parsers(sub, default_model: str) -> None:
     from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
+    from .decoder import DECODERS
 
     defaults = DataConfig()
     data = sub.add_parser(
@@ -135,7 +136,11 @@ def add_parsers(sub, default_model: str) -> None:
                           "training on the earlier data too)")
     onpolicy.add_argument("--replay-samples", type=int, default=0, help="how many, drawn at random with --seed "
                           "(default %(default)s)")
-    onpolicy.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    onpolicy.add_argument("--decoder", choices=DECODERS, default="engine",
+                          help="oven's paged engine, --parallel tasks batched, or transformers + PEFT, one task "
+                               "at a time (default %(default)s)")
+    onpolicy.add_argument("--parallel", type=int, default=32, help="tasks at once on the engine (default %(default)s)")
+    onpolicy.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     onpolicy.add_argument("--model", default=default_model, help="base model spec (default %(default)s)")
     onpolicy.set_defaults(func=cmd_onpolicy)
 
@@ -230,7 +235,7 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
         config = OnPolicyConfig(
             adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model,
             mix=_mix(args),
-            workers=args.workers or os.cpu_count() or 1,
+            decoder=args.decoder, parallel=args.parallel, threads=args.threads or os.cpu_count() or 1,
             exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude else frozenset())
         replay = read_records(Path(args.replay)) if args.replay else []
         if args.replay_samples > len(replay):

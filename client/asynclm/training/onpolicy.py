@@ -26,12 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from .check import TOP_K
 from .data import DataConfig, random_timing, record, tasks_for
+from .decoder import DECODERS, make_decoder
 from .demo_tasks import TRAINING_MIX, TrainingMix
-from .model import load_base
 from .names import vocabulary_words
 from .segments import Encoder, common_prefix_length, flatten
 from .simulate import CmlSimulation, Timing
@@ -41,13 +38,13 @@ MAX_UNIT_TOKENS = 160  # a unit longer than any call or sentence the ideal model
 
 
 class OnPolicySimulation(CmlSimulation):
-    """``task`` in async mode with ``model`` writing and the ideal model correcting it."""
+    """``task`` in async mode with the model of a decoder's ``session`` (decoder.py) writing and the
+    ideal model correcting it."""
 
-    def __init__(self, task: Task, encoder: Encoder, timing: Timing, model):
+    def __init__(self, task: Task, encoder: Encoder, timing: Timing, session):
         super().__init__(task, encoder, timing, "async")
-        self.model = model
+        self.session = session
         self.stop_ids = set(encoder.tokenizer.stop_token_ids)
-        self.cache, self.cached = None, 0  # the model's KV cache covers the context's first `cached` ids
         self.corrections: list[dict] = []  # where the model was corrected: what it wrote, what instead
 
     def _next_text(self) -> list[int] | None:
@@ -103,25 +100,16 @@ class OnPolicySimulation(CmlSimulation):
         the end token where it stopped before the end of a line)."""
         context, _ = flatten(self.segments)
         monitor = copy.deepcopy(self.monitor)
-        pending, written, stopped = context[self.cached:], [], False
-        with torch.no_grad():
-            while len(written) < MAX_UNIT_TOKENS:
-                out = self.model(input_ids=torch.tensor([pending]), past_key_values=self.cache, use_cache=True)
-                self.cache, self.cached = out.past_key_values, self.cached + len(pending)
-                token = self._choose(monitor, out.logits[0, -1].topk(TOP_K).indices.tolist())
-                if token is None:
-                    stopped = True
-                    break
-                written.append(token)
-                monitor.feed(token)
-                if monitor.interruptible:  # a line ended outside every block
-                    break
-                pending = [token]
-        # the unit's ids go in with the next unit's context, whether they are kept or not
-        extra = self.cache.get_seq_length() - len(context)
-        if extra:
-            self.cache.crop(-extra)
-        self.cached = len(context)
+        written, stopped = [], False
+        while len(written) < MAX_UNIT_TOKENS:
+            token = self._choose(monitor, self.session.ranked(context + written))
+            if token is None:
+                stopped = True
+                break
+            written.append(token)
+            monitor.feed(token)
+            if monitor.interruptible:  # a line ended outside every block
+                break
         wrote = written + ([self.encoder.end_of_turn_id] if stopped else [])
         if not written:
             trap = self.prompt.TRAP_TEXT
@@ -146,12 +134,17 @@ class OnPolicyConfig:
     tasks: int = 200
     mix: TrainingMix = TRAINING_MIX
     model: str = "smollm2-135m-instruct"
-    workers: int = 1                # processes, one torch thread each
+    decoder: str = "engine"         # decoder.DECODERS
+    parallel: int = 32              # tasks at once (threads; the engine batches their steps)
+    threads: int = 1                # torch threads
     exclude: frozenset[str] = frozenset()  # questions no task may have (the evaluation's)
 
     def __post_init__(self) -> None:
-        if self.tasks < 1 or self.workers < 1:
-            raise ValueError(f"tasks and workers must be >= 1, got {self.tasks} and {self.workers}")
+        if self.tasks < 1 or self.parallel < 1 or self.threads < 1:
+            raise ValueError(f"tasks, parallel and threads must be >= 1, got {self.tasks}, {self.parallel} "
+                             f"and {self.threads}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if not (self.adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(f"{self.adapter}: not an adapter folder (no adapter_config.json)")
 
@@ -159,19 +152,38 @@ class OnPolicyConfig:
 def collect(config: OnPolicyConfig, progress=lambda done, total, task_id, corrections: None) -> tuple[list[dict], int]:
     """The samples of the tasks where the model was corrected (with their ``corrections``), in task
     order, and how many tasks ran."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
-    num_tasks = len(_tasks(config))
-    # each worker builds the tasks and loads the model itself: tasks hold closures, which do not pickle
-    with ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_start_worker, initargs=(config,)) as pool:
-        samples = []
-        for done, (task_id, sample, corrections) in enumerate(pool.map(_run, range(num_tasks)), 1):
-            progress(done, num_tasks, task_id, corrections)
-            if sample is not None:
-                samples.append(sample)
-    return samples, num_tasks
+    from oven.control.tokenizer import Tokenizer
+
+    tasks = _tasks(config)
+    parallel = config.parallel if config.decoder == "engine" else 1
+    decoder, source = make_decoder(config.decoder, config.model, config.adapter, config.threads, parallel)
+    encoder = Encoder(Tokenizer(source.tokenizer))
+
+    def run(task: Task) -> tuple[dict | None, list[dict]]:
+        timing = random_timing(task, "async", encoder, random.Random(f"{config.seed}:{task.task_id}:on-policy"))
+        session = decoder.session()
+        try:
+            simulation = OnPolicySimulation(task, encoder, timing, session)
+            transcript = simulation.run()
+        finally:
+            session.close()
+        if not simulation.corrections:
+            return None, []
+        return {**record(task, "train", "async", transcript, timing), "corrections": simulation.corrections}, \
+            simulation.corrections
+
+    samples = []
+    try:
+        with ThreadPoolExecutor(parallel) as pool:
+            for done, (task, (sample, corrections)) in enumerate(zip(tasks, pool.map(run, tasks)), 1):
+                progress(done, len(tasks), task.task_id, corrections)
+                if sample is not None:
+                    samples.append(sample)
+    finally:
+        decoder.close()
+    return samples, len(tasks)
 
 
 def _tasks(config: OnPolicyConfig) -> list[Task]:
@@ -181,29 +193,3 @@ def _tasks(config: OnPolicyConfig) -> list[Task]:
     words = vocabulary_words(Tokenizer(resolve_model(config.model).tokenizer))
     data_config = DataConfig(seed=config.seed, demo_train=config.tasks, sources=("demo",), mix=config.mix)
     return [task for task in tasks_for("train", data_config, words) if task.question not in config.exclude]
-
-
-_worker: dict = {}  # this worker process's model, encoder, tasks and seed
-
-
-def _start_worker(config: OnPolicyConfig) -> None:
-    from peft import PeftModel
-
-    from oven.control.tokenizer import Tokenizer
-
-    torch.set_num_threads(1)
-    model, source = load_base(config.model, 0)
-    _worker.update(model=PeftModel.from_pretrained(model, str(config.adapter)).eval(), tasks=_tasks(config),
-                   encoder=Encoder(Tokenizer(source.tokenizer)), seed=config.seed)
-
-
-def _run(index: int) -> tuple[str, dict | None, list[dict]]:
-    """Task ``index`` on this worker's model: its id, its sample if it was corrected, the corrections."""
-    task, encoder = _worker["tasks"][index], _worker["encoder"]
-    timing = random_timing(task, "async", encoder, random.Random(f"{_worker['seed']}:{task.task_id}:on-policy"))
-    simulation = OnPolicySimulation(task, encoder, timing, _worker["model"])
-    transcript = simulation.run()
-    if not simulation.corrections:
-        return task.task_id, None, []
-    sample = {**record(task, "train", "async", transcript, timing), "corrections": simulation.corrections}
-    return task.task_id, sample, simulation.corrections

@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from functools import cache
 from types import ModuleType
 
 from ...paths import inferlets_dir
 
+_loading = threading.Lock()
+
+
+def _load(name: str) -> ModuleType:
+    # Once per process, even when the check's threads ask at the same time: a second copy of a
+    # module would have classes of its own, and isinstance against the other copy's would fail.
+    with _loading:
+        return _load_once(name)
+
 
 @cache
-def _load(name: str) -> ModuleType:
+def _load_once(name: str) -> ModuleType:
     path = inferlets_dir() / "asynclm" / f"{name}.py"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the AsyncLM inferlet's sources are part of oven (reinstall it, "
