@@ -178,3 +178,13 @@ def test_the_committed_adapter_is_a_small_bf16_peft_folder_with_its_recipe():
     recipe = json.loads((folder / "training.json").read_text())
     assert recipe["command"].startswith("oven asynclm-train") and len(recipe["data_sha256"]) == 64
     assert len(recipe["loss_curve"]) == recipe["steps_done"] and recipe["settings"]["lora"]["rank"] == config["r"]
+
+
+def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(data_file, tmp_path):
+    from oven.client.asynclm.training.train import native_bf16
+
+    resolved = config(data_file, tmp_path).precision
+    assert resolved == ("bf16" if native_bf16() else "fp32")
+    assert config(data_file, tmp_path, precision="fp32").settings()["precision"] == "fp32"
+    with pytest.raises(ValueError, match="precision must be one of auto, bf16, fp32"):
+        config(data_file, tmp_path, precision="fp16")

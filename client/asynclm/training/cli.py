@@ -97,8 +97,9 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (default %(default)s)")
     train.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj", help="LoRA target modules "
                        "(default %(default)s)")
-    train.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
-                       help="matrix products in bf16 (autocast) or fp32; weights stay fp32 (default %(default)s)")
+    train.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                       help="matrix products in bf16 (autocast) or fp32; weights stay fp32; auto: bf16 where the "
+                            "CPU has bf16 instructions (AVX-512 BF16, AMX), else fp32 (default %(default)s)")
     train.add_argument("--variants", default="", help="train only on these variants, comma-separated "
                        "(default: all in DATA)")
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
@@ -125,7 +126,9 @@ def add_parsers(sub, default_model: str) -> None:
                     "the ideal model's unit replaces it and the adapter goes on (DAgger). Writes OUT/train.jsonl "
                     "(the corrected tasks' samples, --repeat times, plus --replay-samples drawn from --replay) "
                     "and OUT/data.json, for `oven asynclm-train`.")
-    onpolicy.add_argument("--adapter", required=True, help="the adapter folder that writes")
+    onpolicy.add_argument("--adapter", help="the adapter folder that writes (or --rollouts)")
+    onpolicy.add_argument("--rollouts", metavar="DIR", help="instead of running an adapter, take the corrected "
+                          "samples of an earlier run's OUT (to mix them again with other --repeat or --replay)")
     onpolicy.add_argument("--out", required=True, help="output folder")
     onpolicy.add_argument("--seed", type=int, required=True, help="of the tasks; use one that no data set used")
     onpolicy.add_argument("--tasks", type=int, default=200, help="training demo tasks (default %(default)s)")
@@ -215,6 +218,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _earlier_rollouts(folder: Path) -> tuple[list[dict], int]:
+    """The corrected samples of an earlier ``oven asynclm-onpolicy`` OUT, each once, and its number of tasks."""
+    import json
+
+    from .data import read_records
+
+    meta_path, data = folder / "data.json", folder / "train.jsonl"
+    if not meta_path.is_file() or not data.is_file():
+        raise FileNotFoundError(f"{folder}: not an `oven asynclm-onpolicy` output (no data.json and train.jsonl)")
+    seen, corrected = set(), []
+    for sample in read_records(data):
+        if "corrections" in sample and sample["id"] not in seen:
+            seen.add(sample["id"])
+            corrected.append(sample)
+    return corrected, json.loads(meta_path.read_text())["counts"]["tasks"]
+
+
 def cmd_onpolicy(args: argparse.Namespace) -> int:
     import os
     import random
@@ -232,15 +252,20 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
     try:
         if args.repeat < 1 or args.replay_samples < 0 or (args.replay_samples and not args.replay):
             raise ValueError("--repeat must be >= 1, --replay-samples >= 0, and --replay-samples needs --replay")
-        config = OnPolicyConfig(
-            adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model,
-            mix=_mix(args),
-            decoder=args.decoder, parallel=args.parallel, threads=args.threads or os.cpu_count() or 1,
-            exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude else frozenset())
+        if (args.adapter is None) == (args.rollouts is None):
+            raise ValueError("give either --adapter (run it) or --rollouts (an earlier run's samples)")
         replay = read_records(Path(args.replay)) if args.replay else []
         if args.replay_samples > len(replay):
             raise ValueError(f"--replay-samples {args.replay_samples}: {args.replay} holds {len(replay)} samples")
-        corrected, num_tasks = collect(config, progress)
+        if args.rollouts:
+            corrected, num_tasks = _earlier_rollouts(Path(args.rollouts))
+        else:
+            config = OnPolicyConfig(
+                adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model, mix=_mix(args),
+                decoder=args.decoder, parallel=args.parallel, threads=args.threads or os.cpu_count() or 1,
+                exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude
+                else frozenset())
+            corrected, num_tasks = collect(config, progress)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as exc:
         return _fail("asynclm-onpolicy", exc)
     drawn = random.Random(f"{args.seed}:replay").sample(replay, args.replay_samples)
