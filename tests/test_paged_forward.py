@@ -33,6 +33,12 @@ def tol(engine) -> float:
     return 1e-5 if engine.model.config.num_layers <= 2 else 1e-3
 
 
+def prob_tol(engine) -> float:
+    # The same reordered sums seen through a softmax: a logit off by d moves a probability p by
+    # about p*d, so SmolLM2's top probabilities (~0.5) land ~1e-5 apart (CI saw 1.1e-5).
+    return 1e-5 if engine.model.config.num_layers <= 2 else 1e-4
+
+
 def ok(reply) -> None:
     assert all(e is None for e in reply.errors), reply.errors
 
@@ -229,8 +235,8 @@ def test_next_dist_is_sorted_top_k_of_softmax(engine_and_hf):
         assert len(ids) == len(values) == k
         assert np.all(np.diff(values) <= 0)
         ref_values, _ = torch.topk(probs, k)
-        np.testing.assert_allclose(values, ref_values.numpy(), atol=1e-5)
-        np.testing.assert_allclose(probs[torch.from_numpy(ids.astype(np.int64))].numpy(), values, atol=1e-5)
+        np.testing.assert_allclose(values, ref_values.numpy(), atol=prob_tol(engine))
+        np.testing.assert_allclose(probs[torch.from_numpy(ids.astype(np.int64))].numpy(), values, atol=prob_tol(engine))
 
 
 def test_forward_text_matches_separate_calls(engine_and_hf):
@@ -243,7 +249,7 @@ def test_forward_text_matches_separate_calls(engine_and_hf):
     probs = torch.softmax(hf_logits(hf, toks), -1)
     for dist, row in zip(reply.dists[0], (0, 20)):
         ids = np.frombuffer(dist.token_ids, "<i4").astype(np.int64)
-        np.testing.assert_allclose(np.frombuffer(dist.probs, "<f4"), probs[row][ids].numpy(), atol=1e-5)
+        np.testing.assert_allclose(np.frombuffer(dist.probs, "<f4"), probs[row][ids].numpy(), atol=prob_tol(engine))
         assert ids[0] == int(probs[row].argmax())
 
 
