@@ -38,13 +38,14 @@ def make_decoder(kind: str, model: str, adapter: Path | None, threads: int, max_
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {kind!r}")
     import torch
 
-    from .model import load_base
+    from .model import load_base, quiet_peft
 
     torch.set_num_threads(threads)
     base, source = load_base(model, 0)
     if adapter is not None:
         from peft import PeftModel
-        base = PeftModel.from_pretrained(base, str(adapter))
+        with quiet_peft():
+            base = PeftModel.from_pretrained(base, str(adapter))
     return TransformersDecoder(base), source
 
 
@@ -72,8 +73,8 @@ class TransformersSession:
         if self.cache is not None and keep < self.cache.get_seq_length():
             self.cache.crop(keep - self.cache.get_seq_length())  # a count to drop (transformers 5)
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([ids[keep:]]), past_key_values=self.cache, use_cache=True)
-        self.cache, self.cached_ids = out.past_key_values, list(ids)
+            out = self.model(input_ids=torch.tensor([ids[keep:]]), cache=self.cache, use_cache=True)
+        self.cache, self.cached_ids = out.cache, list(ids)
         return out.logits[0, -1].topk(TOP_K).indices.tolist()
 
     def close(self) -> None:

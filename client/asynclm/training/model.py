@@ -7,6 +7,8 @@ seed) for tests. Computation is fp32; only the adapter is trained.
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +51,17 @@ def with_lora(model, lora: LoraSettings):
 
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=list(lora.targets),
                         bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with quiet_peft():
+        return get_peft_model(model, config)
+
+
+@contextmanager
+def quiet_peft():
+    """PEFT 0.21 wraps a model by reading transformers' deprecated ``is_gradient_checkpointing``; the
+    FutureWarning it prints is theirs to fix and tells an oven user nothing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
@@ -65,7 +77,7 @@ def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
     num_rows = len(batch.suffix_ids)
     cache = None
     if batch.prefix_ids:
-        cache = causal_lm.model(input_ids=torch.tensor([batch.prefix_ids]), use_cache=True).past_key_values
+        cache = causal_lm.model(input_ids=torch.tensor([batch.prefix_ids]), use_cache=True).cache
         cache.batch_repeat_interleave(num_rows)
     width = max(len(s) for s in batch.suffix_ids)
     input_ids = torch.tensor([s + [0] * (width - len(s)) for s in batch.suffix_ids])
@@ -74,7 +86,7 @@ def batch_loss(model, batch: Batch) -> tuple[torch.Tensor, float]:
         raise ValueError("a loss token at the start of a suffix: its prediction is in the prefix")
     start = len(batch.prefix_ids)
     position_ids = torch.arange(start, start + width).expand(num_rows, width)
-    hidden = causal_lm.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+    hidden = causal_lm.model(input_ids=input_ids, position_ids=position_ids, cache=cache,
                              use_cache=cache is not None).last_hidden_state
     rows_t, cols_t = (weights > 0).nonzero(as_tuple=True)
     logits = causal_lm.lm_head(hidden[rows_t, cols_t - 1]).float()
