@@ -120,3 +120,15 @@ def test_the_verb_writes_corrected_samples_repeated_and_replayed_ones(tmp_path):
     refused = oven(*common, "--out", str(tmp_path / "bad"), "--replay-samples", "3")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().startswith("oven asynclm-onpolicy: error: --repeat must be")
+
+    # --rollouts mixes the corrected samples of that run again (each once, then --repeat) with a new replay,
+    # and records the run they came from instead of rollout options it did not use.
+    again = oven("asynclm-onpolicy", "--rollouts", str(tmp_path / "out"), "--out", str(tmp_path / "again"),
+                 "--seed", "4", "--repeat", "3", "--model", "tiny")
+    assert again.returncode == 0, again.stderr
+    assert read_records(tmp_path / "again" / "train.jsonl") == [corrected[0]] * 3 + [corrected[2]] * 3
+    args = json.loads((tmp_path / "again" / "data.json").read_text())["args"]
+    assert args["rollouts_of"]["seed"] == 3 and args["rollouts_of"]["contrast"] == 1.0 and "contrast" not in args
+    both = oven(*common, "--rollouts", str(tmp_path / "out"), "--out", str(tmp_path / "both"))
+    assert both.returncode == 1 and both.stderr.strip() == ("oven asynclm-onpolicy: error: give either --adapter "
+                                                            "(run it) or --rollouts (an earlier run's samples)")

@@ -218,8 +218,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _earlier_rollouts(folder: Path) -> tuple[list[dict], int]:
-    """The corrected samples of an earlier ``oven asynclm-onpolicy`` OUT, each once, and its number of tasks."""
+def _earlier_rollouts(folder: Path) -> tuple[list[dict], dict]:
+    """The corrected samples of an earlier ``oven asynclm-onpolicy`` OUT, each once, and its data.json."""
     import json
 
     from .data import read_records
@@ -232,7 +232,12 @@ def _earlier_rollouts(folder: Path) -> tuple[list[dict], int]:
         if "corrections" in sample and sample["id"] not in seen:
             seen.add(sample["id"])
             corrected.append(sample)
-    return corrected, json.loads(meta_path.read_text())["counts"]["tasks"]
+    return corrected, json.loads(meta_path.read_text())
+
+
+# What only a run that rolls an adapter out uses (recorded from the earlier run under --rollouts).
+_ROLLOUT_OPTIONS = ("adapter", "tasks", "dependent_weight", "made_up", "contrast", "exclude", "decoder",
+                    "parallel", "threads")
 
 
 def cmd_onpolicy(args: argparse.Namespace) -> int:
@@ -258,7 +263,8 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
         if args.replay_samples > len(replay):
             raise ValueError(f"--replay-samples {args.replay_samples}: {args.replay} holds {len(replay)} samples")
         if args.rollouts:
-            corrected, num_tasks = _earlier_rollouts(Path(args.rollouts))
+            corrected, earlier = _earlier_rollouts(Path(args.rollouts))
+            num_tasks = earlier["counts"]["tasks"]
         else:
             config = OnPolicyConfig(
                 adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model, mix=_mix(args),
@@ -272,7 +278,10 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
     samples = [s for s in corrected for _ in range(args.repeat)] + drawn
     counts = {"tasks": num_tasks, "corrected": len(corrected),
               "corrections": sum(len(s["corrections"]) for s in corrected), "replayed": len(drawn)}
-    meta = {"args": {k: v for k, v in vars(args).items() if k != "func"}, "counts": counts}
+    recorded = {k: v for k, v in vars(args).items() if k != "func"}
+    if args.rollouts:  # the rollouts' own options are the earlier run's; its args say what they were
+        recorded = {k: v for k, v in recorded.items() if k not in _ROLLOUT_OPTIONS} | {"rollouts_of": earlier["args"]}
+    meta = {"args": recorded, "counts": counts}
     sha = write({"train": samples}, Path(args.out), meta)
     print(f"{counts['corrected']} of {num_tasks} tasks corrected ({counts['corrections']} units); wrote "
           f"{len(samples)} samples to {args.out}/train.jsonl ({counts['replayed']} replayed); sha256 {sha}")
