@@ -66,7 +66,7 @@ def main() -> int:
     import torch
     from peft import PeftModel
 
-    from oven.client.asynclm.training.model import load_base
+    from oven.client.asynclm.training.model import load_base, quiet_peft
     from oven.control.tokenizer import Tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -85,7 +85,8 @@ def main() -> int:
     contexts = {arg: context(encoder, records, arg, call) for arg, call in CALLS.items()}
     quote = set(encoder.encode('"') + encoder.encode('")'))
 
-    model = PeftModel.from_pretrained(base, str(args.adapter))
+    with quiet_peft():
+        model = PeftModel.from_pretrained(base, str(args.adapter))
     decoder = TransformersDecoder(model)
     rows, misses = [], []
     for model_name in ("base", "adapter"):
