@@ -64,9 +64,8 @@ def main() -> int:
         parser.error(f"--adapter {args.adapter}: no adapter_config.json there")
 
     import torch
-    from peft import PeftModel
 
-    from oven.client.asynclm.training.model import load_base, quiet_peft
+    from oven.client.asynclm.training.model import load_base, with_adapter
     from oven.control.tokenizer import Tokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -85,8 +84,7 @@ def main() -> int:
     contexts = {arg: context(encoder, records, arg, call) for arg, call in CALLS.items()}
     quote = set(encoder.encode('"') + encoder.encode('")'))
 
-    with quiet_peft():
-        model = PeftModel.from_pretrained(base, str(args.adapter))
+    model = with_adapter(base, args.adapter)
     decoder = TransformersDecoder(model)
     rows, misses = [], []
     for model_name in ("base", "adapter"):

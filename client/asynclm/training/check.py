@@ -35,7 +35,7 @@ from pathlib import Path
 
 from . import plain, protocol
 from ..tools import ToolError, ToolRegistry, parse_call
-from .data import VARIANTS, DataConfig, read_records, tasks_for
+from .data import VARIANTS, DataConfig, read_meta, read_records, tasks_for
 from .decoder import DECODERS
 from .segments import Encoder
 from .tasks import function_name
@@ -308,8 +308,7 @@ def check(decoder, encoder: Encoder, records: list[dict], registry_for: Callable
 def _registries(data: Path) -> dict[str, Callable[[], ToolRegistry]]:
     """Each evaluation task's tools by task id, rebuilt as ``oven asynclm-data`` built them (the
     arguments in ``data.json``: BFCL tasks list functions drawn from one random stream)."""
-    meta_path = data.parent / "data.json"
-    args = json.loads(meta_path.read_text())["args"] if meta_path.is_file() else {}
+    args = read_meta(data.parent).get("args", {})
     defaults = DataConfig()
     config = DataConfig(seed=args.get("seed", defaults.seed), demo_eval=args.get("demo_eval", defaults.demo_eval),
                         multi_step_eval=args.get("multi_step_eval", defaults.multi_step_eval),

@@ -220,19 +220,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _earlier_rollouts(folder: Path) -> tuple[list[dict], dict]:
     """The corrected samples of an earlier ``oven asynclm-onpolicy`` OUT, each once, and its data.json."""
-    import json
+    from .data import read_meta, read_records
 
-    from .data import read_records
-
-    meta_path, data = folder / "data.json", folder / "train.jsonl"
-    if not meta_path.is_file() or not data.is_file():
+    meta, data = read_meta(folder), folder / "train.jsonl"
+    if not meta or not data.is_file():
         raise FileNotFoundError(f"{folder}: not an `oven asynclm-onpolicy` output (no data.json and train.jsonl)")
     seen, corrected = set(), []
     for sample in read_records(data):
         if "corrections" in sample and sample["id"] not in seen:
             seen.add(sample["id"])
             corrected.append(sample)
-    return corrected, json.loads(meta_path.read_text())
+    return corrected, meta
 
 
 # What only a run that rolls an adapter out uses (recorded from the earlier run under --rollouts).

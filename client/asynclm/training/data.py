@@ -185,6 +185,12 @@ def write(records_by_split: dict[str, list[dict]], out_dir: Path, meta: dict) ->
     return meta["sha256"]
 
 
+def read_meta(out_dir: Path) -> dict:
+    """The ``data.json`` that ``write`` left in ``out_dir`` ({} where there is none)."""
+    path = out_dir / "data.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def read_records(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

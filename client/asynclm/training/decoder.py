@@ -38,14 +38,12 @@ def make_decoder(kind: str, model: str, adapter: Path | None, threads: int, max_
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {kind!r}")
     import torch
 
-    from .model import load_base, quiet_peft
+    from .model import load_base, with_adapter
 
     torch.set_num_threads(threads)
     base, source = load_base(model, 0)
     if adapter is not None:
-        from peft import PeftModel
-        with quiet_peft():
-            base = PeftModel.from_pretrained(base, str(adapter))
+        base = with_adapter(base, adapter)
     return TransformersDecoder(base), source
 
 

@@ -51,12 +51,20 @@ def with_lora(model, lora: LoraSettings):
 
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=list(lora.targets),
                         bias="none", task_type="CAUSAL_LM")
-    with quiet_peft():
+    with _quiet_peft():
         return get_peft_model(model, config)
 
 
+def with_adapter(model, folder):
+    """``model`` running the PEFT adapter saved in ``folder`` (inference: its weights stay frozen)."""
+    from peft import PeftModel
+
+    with _quiet_peft():
+        return PeftModel.from_pretrained(model, str(folder))
+
+
 @contextmanager
-def quiet_peft():
+def _quiet_peft():
     """PEFT 0.21 wraps a model by reading transformers' deprecated ``is_gradient_checkpointing``; the
     FutureWarning it prints is theirs to fix and tells an oven user nothing."""
     with warnings.catch_warnings():

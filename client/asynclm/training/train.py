@@ -3,9 +3,10 @@
 AdamW on the adapter only, linear warm-up then linear decay, batches of samples that share a
 prompt prefix (batches.py), in an order fixed by the seed; the weights stay fp32, the matrix
 products run in bf16 where the CPU computes bf16 natively (AVX-512 BF16 or AMX; elsewhere bf16 is
-emulated, hundreds of times slower than fp32) unless ``precision`` says otherwise. Every ``checkpoint_every`` steps the
-adapter, the optimizer, the schedule and the loss curve go to ``OUT/checkpoint.pt``; ``resume``
-continues from there with the same settings (the checkpoint is removed once the run completes).
+emulated, hundreds of times slower than fp32) unless ``precision`` says otherwise. Every
+``checkpoint_every`` steps the adapter, the optimizer, the schedule and the loss curve go to
+``OUT/checkpoint.pt``; ``resume`` continues from there with the same settings (the checkpoint is
+removed once the run completes).
 ``init`` starts the adapter from an earlier run's folder instead of PEFT's initialisation (a
 second stage on new samples, with its own optimizer and schedule); ``training.json`` then keeps
 that run's summary under ``init``, so the chain of commands that made the adapter stays on record.
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .batches import Weighing, epoch_order, make_batches
-from .data import read_records
+from .data import read_meta, read_records
 from .model import LoraSettings, batch_loss, load_base, with_lora
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,9 @@ class TrainConfig:
     batch_samples: int = 8
     batch_tokens: int = 3584        # tokens forwarded per batch (prefix once, padded suffixes); ~6 GB peak
     lora: LoraSettings = field(default_factory=LoraSettings)
-    precision: str = "auto"         # matrix products in bf16 (autocast; ~1.8x faster on AVX-512 BF16) or fp32; auto:
-    # bf16 where the CPU has native bf16 (emulated bf16 ran 0.3 GFLOP/s against fp32's 113 on an AVX2 EPYC)
+    # Matrix products in bf16 (autocast; ~1.8x faster on AVX-512 BF16) or fp32; auto: bf16 only where
+    # the CPU has native bf16 (emulated bf16 ran 0.3 GFLOP/s against fp32's 113 on an AVX2 EPYC).
+    precision: str = "auto"
     variants: tuple[str, ...] = ()  # only these variants (all when empty)
     threads: int = os.cpu_count() or 1
     checkpoint_every: int = 25
@@ -235,8 +237,7 @@ def _restore(path: Path, model, optimizer, config: TrainConfig, data_sha: str) -
 def _finish(model, config: TrainConfig, state: dict, total: int, num_samples: int, data_sha: str,
             command: str | None, init: dict | None) -> dict:
     save_adapter(model, config.out, config.model)
-    meta_path = config.data.parent / "data.json"
-    data_meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    data_meta = read_meta(config.data.parent)
     losses = state["losses"]
     summary = {
         "command": command or " ".join(["oven", *sys.argv[1:]]),
