@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS_DIR, SHIPPED_ADAPTER, markdown_table, shown_path, write_results  # noqa: E402
-from oven.client.asynclm.training.check import Outcome, bfcl_calls_right, check, ground_truth  # noqa: E402
+from oven.client.asynclm.training.check import bfcl_calls_right, check, ground_truth, same_calls  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
 from oven.client.asynclm.training.decoder import DECODERS  # noqa: E402
 from oven.client.asynclm.training.segments import Encoder  # noqa: E402
@@ -50,12 +50,14 @@ PAPER_NOTE = ("AsyncLM Table 1 (Llama-3.2-1B, FT): multi-step-parallel 12 % (the
               "the paper finds Async within a few points of Sync (in CML) everywhere.")
 
 
-def correct(record: dict, outcome: Outcome) -> bool:
-    """Calls right (and, on the demo tools, the returned values stated)."""
-    if record["source"] == "demo":
-        return outcome.passed
+def correct(record: dict, calls: list[str], answer: str, registry) -> bool:
+    """Calls right (and, on the demo tools, every returned value stated in ``answer``). Sessions taken
+    from ``--reuse`` are judged again, as new ones are."""
     truth = ground_truth(record)
-    return bfcl_calls_right(outcome.calls, truth) if truth is not None else outcome.calls_right
+    if truth is not None:
+        return bfcl_calls_right(calls, truth)
+    right = same_calls(calls, record["calls"], registry)
+    return right and all(fact in answer for fact in record["facts"]) if record["source"] == "demo" else right
 
 
 def main() -> int:
@@ -128,11 +130,12 @@ def main() -> int:
                                  example=few_shot, log=lambda line: None,
                                  parallel=len(mine) if args.decoder == "engine" else 1) if mine else []
                 for (record, session), outcome in zip(mine, outcomes):
-                    session.update(correct=correct(record, outcome), calls=outcome.calls,
-                                   expected=record["calls"], answer=outcome.text.strip())
+                    session.update(calls=outcome.calls, expected=record["calls"], answer=outcome.text.strip())
                 ok = results.setdefault((model_name, *cell), [])
-                for session in sessions[cell]:
+                for record, session in zip(chosen[cell], sessions[cell]):
                     session = earlier.get(_key(session), session)
+                    session["correct"] = correct(record, session["calls"], session["answer"],
+                                                 registry_by_id[record["task_id"]]())
                     ok.append(session["correct"])
                     kept[_key(session)] = session
                 (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(list(kept.values()), indent=1) + "\n")

@@ -56,6 +56,11 @@ def test_calls_match_by_value_in_any_order_and_each_once():
                       ['get_time(timezone="UTC")', "convert_currency(to_currency='EUR', amount=250.0)"])
     assert not same_calls(['get_time(timezone="UTC")'], ['get_time(timezone="UTC")'] * 2)
     assert not same_calls(['get_time(timezone="UTC"'], ['get_time(timezone="UTC")'])
+    # BFCL's multi-turn ground truth passes some arguments by position: with the tools, a call is
+    # the same whichever way its arguments are written
+    assert not same_calls(['get_time(timezone="UTC")'], ['get_time("UTC")'])
+    assert same_calls(['get_time(timezone="UTC")'], ['get_time("UTC")'], demo_registry())
+    assert not same_calls(['get_time(timezone="UTC")'], ['get_time("CET")'], demo_registry())
 
 
 def test_bfcl_calls_are_judged_by_the_possible_answers():

@@ -78,6 +78,22 @@ def test_registry_executes_good_calls():
     assert registry.execute("add(2, b=-7)") == "-5"
 
 
+def test_registry_names_positional_arguments_by_the_signature():
+    def tag(*labels: str) -> str:
+        return ",".join(labels)
+
+    def note(text: str, **extra) -> str:
+        return text
+
+    registry = _registry(add, tag, note)
+    assert registry.named(parse_call("add(2, b=3)")) == ParsedCall("add", (), {"a": 2, "b": 3})
+    assert registry.named(parse_call("add(2)")) == parse_call("add(a=2)")  # defaults are not filled in
+    assert registry.named(parse_call("note('x', k=1)")) == ParsedCall("note", (), {"text": "x", "k": 1})
+    # as written where there are no names to give: *args, arguments that do not bind, unknown tools
+    for text in ("tag('a', 'b')", "add(1, 2, 3)", "add(1, a=2)", "other(1)"):
+        assert registry.named(parse_call(text)) == parse_call(text)
+
+
 def test_registry_results_are_json_for_dicts_and_lists():
     def pair(x: str) -> dict:
         return {"x": x, "items": [1, 2]}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .call import ToolError, parse_call
+from .call import ParsedCall, ToolError, parse_call
 
 __all__ = ["Tool", "ToolError", "ToolRegistry", "describe_line", "result_text"]
 
@@ -113,6 +113,29 @@ class ToolRegistry:
         except ToolError:
             return 0.0
         return tool.latency_ms / 1000.0 if tool is not None else 0.0
+
+    def named(self, call: ParsedCall) -> ParsedCall:
+        """``call`` with its positional arguments named by the tool's signature
+        (``get_zipcode('Oslo')`` -> ``get_zipcode(city='Oslo')``): two ways of writing one call
+        become one. ``call`` as it is where no tool has its name or its arguments do not fit."""
+        tool = self._tool_by_name.get(call.name)
+        if tool is None or not call.args:
+            return call
+        try:
+            signature = inspect.signature(tool.function)
+            bound = signature.bind(*call.args, **call.kwargs)
+        except (TypeError, ValueError):
+            return call
+        kwargs: dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                return call  # *args have no names to give
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(value)
+            else:
+                kwargs[name] = value
+        return ParsedCall(call.name, (), kwargs)
 
     def execute(self, call_text: str) -> str:
         """Run one Python-syntax call and return its result as text (see :func:`result_text`).
