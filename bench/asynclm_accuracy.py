@@ -76,6 +76,9 @@ def main() -> int:
     parser.add_argument("--decoder", choices=DECODERS, default="engine",
                         help="oven's paged engine, a cell's sessions batched, or transformers + PEFT, one at a "
                              "time (default %(default)s)")
+    parser.add_argument("--parallel", type=int, default=32,
+                        help="sessions decoded at once on the engine (default %(default)s; a whole cell of "
+                             "150 few-shot sessions at once ran a 23 GiB machine out of memory)")
     parser.add_argument("--reuse", type=Path, help="an earlier run's JSON: its sessions are not run again")
     args = parser.parse_args()
     sets = [s for s in args.sets.split(",") if s]
@@ -85,6 +88,8 @@ def main() -> int:
                                 ("--models", models, MODELS)):
         if not chosen or set(chosen) - set(known):
             parser.error(f"{name} must be some of {', '.join(known)}")
+    if args.parallel < 1:
+        parser.error("--parallel must be at least 1")
     if "FT" in models and not (args.adapter / "adapter_config.json").is_file():
         parser.error(f"--adapter {args.adapter}: no adapter_config.json there")
 
@@ -122,13 +127,14 @@ def main() -> int:
         decoder = None
         if todo:  # a cell's sessions at once, batched on the engine (decoder.py)
             decoder, _ = make_decoder(args.decoder, args.model, None if few_shot else args.adapter, threads,
-                                      max(sum(c == cell for c, _, _ in todo) for cell in chosen))
+                                      min(args.parallel, max(sum(c == cell for c, _, _ in todo) for cell in chosen)))
         try:
             for cell, recs in chosen.items():
                 mine = [(r, s) for c, r, s in todo if c == cell]
                 outcomes = check(decoder, encoder, [r for r, _ in mine], lambda r: registry_by_id[r["task_id"]](),
                                  example=few_shot, log=lambda line: None,
-                                 parallel=len(mine) if args.decoder == "engine" else 1) if mine else []
+                                 parallel=min(len(mine), args.parallel) if args.decoder == "engine" else 1
+                                 ) if mine else []
                 for (record, session), outcome in zip(mine, outcomes):
                     session.update(calls=outcome.calls, expected=record["calls"], answer=outcome.text.strip())
                 ok = results.setdefault((model_name, *cell), [])
