@@ -125,7 +125,7 @@ def main() -> int:
         todo = [(cell, r, s) for cell, recs in chosen.items() for r, s in zip(recs, sessions[cell])
                 if _key(s) not in earlier]
         decoder = None
-        if todo:  # a cell's sessions at once, batched on the engine (decoder.py)
+        if todo:  # up to --parallel of a cell's sessions at once, batched on the engine (decoder.py)
             decoder, _ = make_decoder(args.decoder, args.model, None if few_shot else args.adapter, threads,
                                       min(args.parallel, max(sum(c == cell for c, _, _ in todo) for cell in chosen)))
         try:
