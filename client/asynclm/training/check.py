@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(default %(default)s)")
     parser.add_argument("--variant", choices=VARIANTS, default="async", help="default %(default)s")
     parser.add_argument("--tasks", type=int, default=50, help="samples per source (default %(default)s)")
+    parser.add_argument("--parallel", type=int, default=32,
+                        help="tasks decoded at once on the engine (default %(default)s; memory grows with it)")
     parser.add_argument("--start", type=int, default=0, help="skip this many of each source first (default %(default)s)")
     parser.add_argument("--example", action="store_true", help="put the worked example in the prompt (few-shot)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
@@ -358,20 +360,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if set(sources) - set(SOURCES):
             raise ValueError(f"--sources must be some of {', '.join(SOURCES)}")
+        if args.parallel < 1:
+            raise ValueError("--parallel must be at least 1")
         data = Path(args.data)
         records = [r for r in read_records(data) if r["variant"] == args.variant]
         chosen = [r for source in sources
                   for r in [r for r in records if r["source"] == source][args.start:args.start + args.tasks]]
         registry_by_id = _registries(data)
         decoder, source = make_decoder(args.decoder, args.model, Path(args.adapter) if args.adapter else None,
-                                       args.threads or os.cpu_count() or 1, max(1, len(chosen)))
+                                       args.threads or os.cpu_count() or 1, max(1, min(args.parallel, len(chosen))))
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1
     try:
         outcomes = check(decoder, Encoder(Tokenizer(source.tokenizer)), chosen,
                          lambda r: registry_by_id[r["task_id"]](), args.example, ground_truth,
-                         parallel=len(chosen) if args.decoder == "engine" else 1)
+                         parallel=min(args.parallel, len(chosen)) if args.decoder == "engine" else 1)
     finally:
         decoder.close()
     label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "")
