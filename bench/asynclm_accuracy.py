@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS_DIR, SHIPPED_ADAPTER, markdown_table, shown_path, write_results  # noqa: E402
-from oven.client.asynclm.training.check import bfcl_calls_right, check, ground_truth, same_calls  # noqa: E402
+from oven.client.asynclm.training.check import check, judged  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
 from oven.client.asynclm.training.decoder import DECODERS  # noqa: E402
 from oven.client.asynclm.training.segments import Encoder  # noqa: E402
@@ -50,14 +50,11 @@ PAPER_NOTE = ("AsyncLM Table 1 (Llama-3.2-1B, FT): multi-step-parallel 12 % (the
               "the paper finds Async within a few points of Sync (in CML) everywhere.")
 
 
-def correct(record: dict, calls: list[str], answer: str, registry) -> bool:
-    """Calls right (and, on the demo tools, every returned value stated in ``answer``). Sessions taken
-    from ``--reuse`` are judged again, as new ones are."""
-    truth = ground_truth(record)
-    if truth is not None:
-        return bfcl_calls_right(calls, truth)
-    right = same_calls(calls, record["calls"], registry)
-    return right and all(fact in answer for fact in record["facts"]) if record["source"] == "demo" else right
+def correct(record: dict, session: dict, registry) -> bool:
+    """Calls right (and, on the demo tools, every returned value stated in the answer). Sessions
+    taken from ``--reuse`` are judged again, as new ones are."""
+    calls_right, facts_stated = judged(record, session["calls"], session["answer"], registry)
+    return calls_right and (facts_stated or record["source"] != "demo")
 
 
 def main() -> int:
@@ -140,8 +137,7 @@ def main() -> int:
                 ok = results.setdefault((model_name, *cell), [])
                 for record, session in zip(chosen[cell], sessions[cell]):
                     session = earlier.get(_key(session), session)
-                    session["correct"] = correct(record, session["calls"], session["answer"],
-                                                 registry_by_id[record["task_id"]]())
+                    session["correct"] = correct(record, session, registry_by_id[record["task_id"]]())
                     ok.append(session["correct"])
                     kept[_key(session)] = session
                 (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(list(kept.values()), indent=1) + "\n")

@@ -232,10 +232,18 @@ class PlainLoop:
 
 
 def _scored(outcome: Outcome, record: dict, registry: ToolRegistry) -> Outcome:
-    """``outcome`` with its verdicts against the sample: the expected calls, the values stated."""
-    outcome.calls_right = same_calls(outcome.calls, record["calls"], registry)
-    outcome.facts_stated = all(fact in outcome.text for fact in record["facts"])
+    """``outcome`` with its verdicts against the sample (see :func:`judged`)."""
+    outcome.calls_right, outcome.facts_stated = judged(record, outcome.calls, outcome.text, registry)
     return outcome
+
+
+def judged(record: dict, calls: list[str], text: str, registry: ToolRegistry) -> tuple[bool, bool]:
+    """Whether ``calls`` are right, and whether ``text`` states every returned value, on ``record``'s
+    task: calls judged by BFCL's possible answers where BFCL has them (parallel, live_parallel),
+    else against the sample's own calls."""
+    truth = ground_truth(record)
+    right = bfcl_calls_right(calls, truth) if truth is not None else same_calls(calls, record["calls"], registry)
+    return right, all(fact in text for fact in record["facts"])
 
 
 def _plain_calls(content: str) -> list[str]:
@@ -287,19 +295,13 @@ def run_task(decoder, encoder: Encoder, record: dict, registry: ToolRegistry, ex
 
 
 def check(decoder, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
-          example: bool = False, bfcl_truth: Callable[[dict], list[dict] | None] = lambda record: None,
-          log=print, parallel: int = 1) -> list[Outcome]:
+          example: bool = False, log=print, parallel: int = 1) -> list[Outcome]:
     """Run each record's task on ``decoder``, ``parallel`` at once (threads; an ``EngineDecoder``
-    batches their steps); ``bfcl_truth(record)``: BFCL's possible answers, where the calls are
-    judged by them. Outcomes and log lines come in the records' order."""
+    batches their steps). Outcomes and log lines come in the records' order."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(record: dict) -> Outcome:
-        outcome = run_task(decoder, encoder, record, registry_for(record), example)
-        truth = bfcl_truth(record)
-        if truth is not None:
-            outcome.calls_right = bfcl_calls_right(outcome.calls, truth)
-        return outcome
+        return run_task(decoder, encoder, record, registry_for(record), example)
 
     outcomes = []
     with ThreadPoolExecutor(max(1, parallel)) as pool:
@@ -367,15 +369,15 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [r for source in sources
                   for r in [r for r in records if r["source"] == source][args.start:args.start + args.tasks]]
         registry_by_id = _registries(data)
+        parallel = max(1, min(args.parallel, len(chosen))) if args.decoder == "engine" else 1
         decoder, source = make_decoder(args.decoder, args.model, Path(args.adapter) if args.adapter else None,
-                                       args.threads or os.cpu_count() or 1, max(1, min(args.parallel, len(chosen))))
+                                       args.threads or os.cpu_count() or 1, parallel)
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1
     try:
         outcomes = check(decoder, Encoder(Tokenizer(source.tokenizer)), chosen,
-                         lambda r: registry_by_id[r["task_id"]](), args.example, ground_truth,
-                         parallel=min(args.parallel, len(chosen)) if args.decoder == "engine" else 1)
+                         lambda r: registry_by_id[r["task_id"]](), args.example, parallel=parallel)
     finally:
         decoder.close()
     label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "")
