@@ -279,3 +279,25 @@ def test_samples_are_the_tokens_the_inferlet_builds(loop, encoder, mode):
     assert transcript.segments[-1].role == "model" and len(ids) - len(context) == len(transcript.segments[-1].token_ids)
     assert transcript.segments[0].token_ids == encoder.prompt(protocol.prompt().system_prompt(registry.describe()),
                                                               task.question).token_ids
+
+
+def test_bfcl_calls_are_trained_in_keyword_form_only():
+    """BFCL's multi-turn ground truth passes some arguments by position; training names them all."""
+    import random
+
+    from oven.client.asynclm.tools import load_scenarios, parse_call
+    from oven.client.asynclm.tools.bfcl_data import ground_truth_by_id
+    from oven.client.asynclm.training.bfcl_tasks import bfcl_tasks
+
+    scenarios = {s.id: s for s in load_scenarios("multi_turn")}
+    first_turns = {id: turns[0] for id, turns in ground_truth_by_id("BFCL_v4_multi_turn_base.json").items()}
+    tasks = bfcl_tasks("multi_turn", "train", random.Random(0))
+    positional = 0
+    for task in tasks:
+        written = [parse_call(s.call(k, [])) for s in task.subtasks for k in range(len(s.steps))]
+        given = [parse_call(call) for call in first_turns[task.task_id]]
+        registry = scenarios[task.task_id].build_registry()
+        positional += sum(bool(call.args) for call in given)
+        assert not any(call.args for call in written)
+        assert written == [registry.named(call) for call in given]
+    assert positional > 0  # the training side has positional calls to name

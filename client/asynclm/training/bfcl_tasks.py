@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from ..tools import ToolRegistry, load_scenarios
+from ..tools import ToolRegistry, format_call, load_scenarios, parse_call
 from ..tools.bfcl import MAX_CHAIN_CALLS, Scenario, disjoint_samples, first_turns
 from ..tools.bfcl_data import ground_truth_by_id, read_entries
 from ..tools.latency import paper_latency
@@ -37,7 +37,17 @@ def summary(name: str, value) -> str:
     return f"{name} returned {text if len(text) <= RESULT_CHARS else text[:RESULT_CHARS] + '...'}."
 
 
-def _subtask(chain: list[str]) -> Subtask:
+def keyword_call(call: str, registry: ToolRegistry) -> str:
+    """``call`` with its positional arguments named by the tool's signature, the one form training
+    shows: BFCL's multi-turn ground truth writes ``get_zipcode_based_on_city('Rivermist')`` in some
+    samples and ``(city='Rivermist')`` in others. Calls without positional arguments keep their text."""
+    parsed = parse_call(call)
+    named = registry.named(parsed)
+    return call if named is parsed or named.args else format_call(named.name, named.kwargs)
+
+
+def _subtask(chain: list[str], registry: ToolRegistry) -> Subtask:
+    chain = [keyword_call(call, registry) for call in chain]
     names = [function_name(call) for call in chain]
     return Subtask(tuple(fixed_call(call) for call in chain),
                    lambda results: " ".join(summary(n, r) for n, r in zip(names, results)))
@@ -46,14 +56,15 @@ def _subtask(chain: list[str]) -> Subtask:
 def _task(scenario: Scenario, rng: random.Random, trim: bool) -> Task:
     called = {function_name(call) for chain in scenario.chains for call in chain}
     keep = set(called)
+    every_tool = scenario.build_registry()
     if trim:
-        others = [tool.name for tool in scenario.build_registry() if tool.name not in called]
+        others = [tool.name for tool in every_tool if tool.name not in called]
         keep |= set(rng.sample(others, min(NUM_DISTRACTORS, len(others))))
 
     def registry() -> ToolRegistry:
         return ToolRegistry([tool for tool in scenario.build_registry() if tool.name in keep])
 
-    return Task(scenario.id, scenario.kind, scenario.question, tuple(_subtask(c) for c in scenario.chains), registry)
+    return Task(scenario.id, scenario.kind, scenario.question, tuple(_subtask(c, every_tool) for c in scenario.chains), registry)
 
 
 def bfcl_tasks(kind: str, split: str, rng: random.Random, count: int | None = None) -> list[Task]:
