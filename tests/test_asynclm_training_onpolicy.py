@@ -132,3 +132,23 @@ def test_the_verb_writes_corrected_samples_repeated_and_replayed_ones(tmp_path):
     both = oven(*common, "--rollouts", str(tmp_path / "out"), "--out", str(tmp_path / "both"))
     assert both.returncode == 1 and both.stderr.strip() == ("oven asynclm-onpolicy: error: give either --adapter "
                                                             "(run it) or --rollouts (an earlier run's samples)")
+
+
+def test_the_verb_rolls_out_bfcl_compositions_with_source(tmp_path):
+    """--source multi_step_parallel draws compositions of BFCL training first turns; a random model is
+    corrected into a sample that makes the composition's calls."""
+    from harness import oven
+
+    from oven.client.asynclm.training.data import read_records
+    from oven.client.asynclm.training.model import LoraSettings, with_lora
+
+    model, _ = load_base("tiny", 0)
+    with_lora(model, LoraSettings(rank=4)).save_pretrained(tmp_path / "adapter")
+    done = oven("asynclm-onpolicy", "--adapter", str(tmp_path / "adapter"), "--seed", "3", "--tasks", "1",
+                "--parallel", "1", "--model", "tiny", "--source", "multi_step_parallel", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    (sample,) = read_records(tmp_path / "out" / "train.jsonl")
+    (task,) = tasks_for("train", DataConfig(seed=3, multi_step_train=1, sources=("multi_step_parallel",)))
+    assert sample["source"] == "multi_step_parallel" and sample["corrections"] and sample["loss_spans"]
+    assert sorted(sample["calls"]) == sorted(s.call(k, []) for s in task.subtasks for k in range(len(s.steps)))
+    assert json.loads((tmp_path / "out" / "data.json").read_text())["args"]["source"] == "multi_step_parallel"

@@ -43,6 +43,7 @@ def _mix(args: argparse.Namespace):
 def add_parsers(sub, default_model: str) -> None:
     from .data import DEFAULT_WEIGHTS, SOURCES, DataConfig
     from .decoder import DECODERS
+    from .onpolicy import ROLLOUT_SOURCES
 
     defaults = DataConfig()
     data = sub.add_parser(
@@ -121,7 +122,7 @@ def add_parsers(sub, default_model: str) -> None:
 
     onpolicy = sub.add_parser(
         "asynclm-onpolicy", help="on-policy AsyncLM samples: a fine-tuned model writes, the ideal model corrects",
-        description="Run an adapter greedily on new training demo tasks inside the simulation; wherever it "
+        description="Run an adapter greedily on new training tasks (--source) inside the simulation; wherever it "
                     "writes a unit (a call, a line, a trap, the end of its turn) the ideal model would not, "
                     "the ideal model's unit replaces it and the adapter goes on (DAgger). Writes OUT/train.jsonl "
                     "(the corrected tasks' samples, --repeat times, plus --replay-samples drawn from --replay) "
@@ -131,7 +132,10 @@ def add_parsers(sub, default_model: str) -> None:
                           "samples of an earlier run's OUT (to mix them again with other --repeat or --replay)")
     onpolicy.add_argument("--out", required=True, help="output folder")
     onpolicy.add_argument("--seed", type=int, required=True, help="of the tasks; use one that no data set used")
-    onpolicy.add_argument("--tasks", type=int, default=200, help="training demo tasks (default %(default)s)")
+    onpolicy.add_argument("--tasks", type=int, default=200, help="training tasks (default %(default)s)")
+    onpolicy.add_argument("--source", choices=ROLLOUT_SOURCES, default="demo",
+                          help="generated demo tasks, BFCL multi-turn first turns (at most 49) or multi-step-"
+                               "parallel compositions of three of them (default %(default)s)")
     _add_mix_options(onpolicy)
     onpolicy.add_argument("--exclude", metavar="EVAL_JSONL", help="leave out tasks with these samples' questions")
     onpolicy.add_argument("--repeat", type=int, default=1, help="copies of each corrected sample (default %(default)s)")
@@ -234,7 +238,7 @@ def _earlier_rollouts(folder: Path) -> tuple[list[dict], dict]:
 
 
 # What only a run that rolls an adapter out uses (recorded from the earlier run under --rollouts).
-_ROLLOUT_OPTIONS = ("adapter", "tasks", "dependent_weight", "made_up", "contrast", "exclude", "decoder",
+_ROLLOUT_OPTIONS = ("adapter", "tasks", "source", "dependent_weight", "made_up", "contrast", "exclude", "decoder",
                     "parallel", "threads")
 
 
@@ -265,7 +269,8 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
             num_tasks = earlier["counts"]["tasks"]
         else:
             config = OnPolicyConfig(
-                adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, model=args.model, mix=_mix(args),
+                adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, source=args.source, model=args.model,
+                mix=_mix(args),
                 decoder=args.decoder, parallel=args.parallel, threads=args.threads or os.cpu_count() or 1,
                 exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude
                 else frozenset())

@@ -35,6 +35,7 @@ from .simulate import CmlSimulation, Timing
 from .tasks import Task
 
 MAX_UNIT_TOKENS = 160  # a unit longer than any call or sentence the ideal model writes
+ROLLOUT_SOURCES = ("demo", "multi_turn", "multi_step_parallel")  # the training tasks a run can draw
 
 
 class OnPolicySimulation(CmlSimulation):
@@ -130,8 +131,10 @@ class OnPolicySimulation(CmlSimulation):
 @dataclass(frozen=True)
 class OnPolicyConfig:
     adapter: Path                   # the PEFT adapter folder of the model that writes
-    seed: int                       # of the training demo tasks (use one no data set was made with)
+    seed: int                       # of the training tasks (use one no data set was made with)
     tasks: int = 200
+    source: str = "demo"            # ROLLOUT_SOURCES: generated demo tasks, or BFCL training first turns
+                                    # (at most the 49 short enough) or compositions of three of them
     mix: TrainingMix = TRAINING_MIX
     model: str = "smollm2-135m-instruct"
     decoder: str = "engine"         # decoder.DECODERS
@@ -143,6 +146,8 @@ class OnPolicyConfig:
         if self.tasks < 1 or self.parallel < 1 or self.threads < 1:
             raise ValueError(f"tasks, parallel and threads must be >= 1, got {self.tasks}, {self.parallel} "
                              f"and {self.threads}")
+        if self.source not in ROLLOUT_SOURCES:
+            raise ValueError(f"source must be one of {', '.join(ROLLOUT_SOURCES)}, not {self.source!r}")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if not (self.adapter / "adapter_config.json").is_file():
@@ -191,5 +196,6 @@ def _tasks(config: OnPolicyConfig) -> list[Task]:
     from oven.inference.models import resolve_model
 
     words = vocabulary_words(Tokenizer(resolve_model(config.model).tokenizer))
-    data_config = DataConfig(seed=config.seed, demo_train=config.tasks, sources=("demo",), mix=config.mix)
+    data_config = DataConfig(seed=config.seed, demo_train=config.tasks, multi_turn_train=config.tasks,
+                             multi_step_train=config.tasks, sources=(config.source,), mix=config.mix)
     return [task for task in tasks_for("train", data_config, words) if task.question not in config.exclude]
