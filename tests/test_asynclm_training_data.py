@@ -290,7 +290,8 @@ def test_bfcl_calls_are_trained_in_keyword_form_only():
     from oven.client.asynclm.training.bfcl_tasks import bfcl_tasks
 
     scenarios = {s.id: s for s in load_scenarios("multi_turn")}
-    first_turns = {id: turns[0] for id, turns in ground_truth_by_id("BFCL_v4_multi_turn_base.json").items()}
+    truth = ground_truth_by_id("BFCL_v4_multi_turn_base.json")
+    first_turns = {sample_id: turns[0] for sample_id, turns in truth.items()}
     tasks = bfcl_tasks("multi_turn", "train", random.Random(0))
     positional = 0
     for task in tasks:

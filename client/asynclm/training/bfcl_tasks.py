@@ -64,7 +64,8 @@ def _task(scenario: Scenario, rng: random.Random, trim: bool) -> Task:
     def registry() -> ToolRegistry:
         return ToolRegistry([tool for tool in scenario.build_registry() if tool.name in keep])
 
-    return Task(scenario.id, scenario.kind, scenario.question, tuple(_subtask(c, every_tool) for c in scenario.chains), registry)
+    subtasks = tuple(_subtask(chain, every_tool) for chain in scenario.chains)
+    return Task(scenario.id, scenario.kind, scenario.question, subtasks, registry)
 
 
 def bfcl_tasks(kind: str, split: str, rng: random.Random, count: int | None = None) -> list[Task]:

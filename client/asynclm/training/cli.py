@@ -270,8 +270,8 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
         else:
             config = OnPolicyConfig(
                 adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, source=args.source, model=args.model,
-                mix=_mix(args),
-                decoder=args.decoder, parallel=args.parallel, threads=args.threads or os.cpu_count() or 1,
+                mix=_mix(args), decoder=args.decoder, parallel=args.parallel,
+                threads=args.threads or os.cpu_count() or 1,
                 exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude
                 else frozenset())
             corrected, num_tasks = collect(config, progress)
