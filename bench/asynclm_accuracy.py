@@ -129,9 +129,7 @@ def main() -> int:
             for cell, recs in chosen.items():
                 mine = [(r, s) for c, r, s in todo if c == cell]
                 outcomes = check(decoder, encoder, [r for r, _ in mine], lambda r: registry_by_id[r["task_id"]](),
-                                 example=few_shot, log=lambda line: None,
-                                 parallel=min(len(mine), args.parallel) if args.decoder == "engine" else 1
-                                 ) if mine else []
+                                 example=few_shot, log=lambda line: None) if mine else []
                 for (record, session), outcome in zip(mine, outcomes):
                     session.update(calls=outcome.calls, expected=record["calls"], answer=outcome.text.strip())
                 ok = results.setdefault((model_name, *cell), [])

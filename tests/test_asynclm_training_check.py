@@ -116,7 +116,7 @@ def test_the_engine_decoder_batching_many_tasks_decides_as_transformers_one_at_a
                if r["variant"] in ("async", "sync")]
     engine = EngineDecoder("tiny", tmp_path, max_sessions=4, threads=1)
     try:
-        batched = check(engine, encoder, records, lambda r: demo_registry(), log=lambda line: None, parallel=4)
+        batched = check(engine, encoder, records, lambda r: demo_registry(), log=lambda line: None)
         model = PeftModel.from_pretrained(hf_reference(engine.engine), str(tmp_path))
     finally:
         engine.close()

@@ -285,11 +285,10 @@ def test_bfcl_calls_are_trained_in_keyword_form_only():
     """BFCL's multi-turn ground truth passes some arguments by position; training names them all."""
     import random
 
-    from oven.client.asynclm.tools import load_scenarios, parse_call
+    from oven.client.asynclm.tools import parse_call
     from oven.client.asynclm.tools.bfcl_data import ground_truth_by_id
     from oven.client.asynclm.training.bfcl_tasks import bfcl_tasks
 
-    scenarios = {s.id: s for s in load_scenarios("multi_turn")}
     truth = ground_truth_by_id("BFCL_v4_multi_turn_base.json")
     first_turns = {sample_id: turns[0] for sample_id, turns in truth.items()}
     tasks = bfcl_tasks("multi_turn", "train", random.Random(0))
@@ -297,7 +296,7 @@ def test_bfcl_calls_are_trained_in_keyword_form_only():
     for task in tasks:
         written = [parse_call(s.call(k, [])) for s in task.subtasks for k in range(len(s.steps))]
         given = [parse_call(call) for call in first_turns[task.task_id]]
-        registry = scenarios[task.task_id].build_registry()
+        registry = task.registry()  # the called functions and a few others: enough to name the calls
         positional += sum(bool(call.args) for call in given)
         assert not any(call.args for call in written)
         assert written == [registry.named(call) for call in given]

@@ -295,16 +295,16 @@ def run_task(decoder, encoder: Encoder, record: dict, registry: ToolRegistry, ex
 
 
 def check(decoder, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
-          example: bool = False, log=print, parallel: int = 1) -> list[Outcome]:
-    """Run each record's task on ``decoder``, ``parallel`` at once (threads; an ``EngineDecoder``
-    batches their steps). Outcomes and log lines come in the records' order."""
+          example: bool = False, log=print) -> list[Outcome]:
+    """Run each record's task on ``decoder``, as many at once as it has sessions (threads; an
+    ``EngineDecoder`` batches their steps). Outcomes and log lines come in the records' order."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(record: dict) -> Outcome:
         return run_task(decoder, encoder, record, registry_for(record), example)
 
     outcomes = []
-    with ThreadPoolExecutor(max(1, parallel)) as pool:
+    with ThreadPoolExecutor(decoder.max_sessions) as pool:
         for record, outcome in zip(records, pool.map(one, records)):
             outcomes.append(outcome)
             log(f"{'PASS' if outcome.passed else 'fail'} {record['task_id']}: {record['question'][:300]}\n"
@@ -369,15 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [r for source in sources
                   for r in [r for r in records if r["source"] == source][args.start:args.start + args.tasks]]
         registry_by_id = _registries(data)
-        parallel = max(1, min(args.parallel, len(chosen))) if args.decoder == "engine" else 1
         decoder, source = make_decoder(args.decoder, args.model, Path(args.adapter) if args.adapter else None,
-                                       args.threads or os.cpu_count() or 1, parallel)
+                                       args.threads or os.cpu_count() or 1, max(1, min(args.parallel, len(chosen))))
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
         print(f"check: error: {exc}", file=sys.stderr)
         return 1
     try:
         outcomes = check(decoder, Encoder(Tokenizer(source.tokenizer)), chosen,
-                         lambda r: registry_by_id[r["task_id"]](), args.example, parallel=parallel)
+                         lambda r: registry_by_id[r["task_id"]](), args.example)
     finally:
         decoder.close()
     label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "")

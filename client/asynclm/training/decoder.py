@@ -50,6 +50,8 @@ def make_decoder(kind: str, model: str, adapter: Path | None, threads: int, max_
 class TransformersDecoder:
     """Sessions on a transformers causal LM (``model``, with or without a PEFT adapter)."""
 
+    max_sessions = 1  # one forward per call, nothing batched: sessions run one at a time
+
     def __init__(self, model):
         self.model = model.eval()
 
@@ -110,7 +112,7 @@ class EngineDecoder:
             model=model, device="cpu", page_size=page_size, num_kv_pages=max_sessions * pages_each,
             num_host_pages=1, num_embeds=1, torch_threads=threads, max_batch_tokens=max_batch_tokens,
             max_batch_items=max(max_sessions, 1)), progress=False)
-        self.page_size, self.max_batch_tokens = page_size, max_batch_tokens
+        self.page_size, self.max_batch_tokens, self.max_sessions = page_size, max_batch_tokens, max_sessions
         self.adapter_id = p.BASE_MODEL
         if adapter is not None:
             reply = self.engine.handle(p.LoadAdapterRequest(1, adapter.name or "adapter", str(adapter)))

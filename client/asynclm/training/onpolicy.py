@@ -162,8 +162,7 @@ def collect(config: OnPolicyConfig, progress=lambda done, total, task_id, correc
     from oven.control.tokenizer import Tokenizer
 
     tasks = _tasks(config)
-    parallel = config.parallel if config.decoder == "engine" else 1
-    decoder, source = make_decoder(config.decoder, config.model, config.adapter, config.threads, parallel)
+    decoder, source = make_decoder(config.decoder, config.model, config.adapter, config.threads, config.parallel)
     encoder = Encoder(Tokenizer(source.tokenizer))
 
     def run(task: Task) -> tuple[dict | None, list[dict]]:
@@ -181,7 +180,7 @@ def collect(config: OnPolicyConfig, progress=lambda done, total, task_id, correc
 
     samples = []
     try:
-        with ThreadPoolExecutor(parallel) as pool:
+        with ThreadPoolExecutor(decoder.max_sessions) as pool:
             for done, (task, (sample, corrections)) in enumerate(zip(tasks, pool.map(run, tasks)), 1):
                 progress(done, len(tasks), task.task_id, corrections)
                 if sample is not None:
