@@ -35,7 +35,9 @@ from .simulate import CmlSimulation, Timing
 from .tasks import Task
 
 MAX_UNIT_TOKENS = 160  # a unit longer than any call or sentence the ideal model writes
-ROLLOUT_SOURCES = ("demo", "multi_turn", "multi_step_parallel")  # the training tasks a run can draw
+# The sources whose number of training tasks --tasks sets; BFCL parallel and live_parallel simulate
+# every training id instead, so a run could not say how many it draws.
+ROLLOUT_SOURCES = ("demo", "multi_turn", "multi_step_parallel")
 
 
 class OnPolicySimulation(CmlSimulation):
