@@ -138,7 +138,7 @@ def main() -> int:
                     session["correct"] = correct(record, session, registry_by_id[record["task_id"]]())
                     ok.append(session["correct"])
                     kept[_key(session)] = session
-                (RESULTS_DIR / "asynclm_accuracy.json").write_text(json.dumps(list(kept.values()), indent=1) + "\n")
+                _write_sessions(RESULTS_DIR / "asynclm_accuracy.json", list(kept.values()))
                 done += len(recs)
                 elapsed = time.monotonic() - start
                 print(f"[{done}/{total}, {elapsed / 60:.1f} min, ETA {elapsed / done * (total - done) / 60:.1f} min] "
@@ -181,6 +181,11 @@ def main() -> int:
 def _key(session: dict) -> tuple:
     """What decides a session's outcome (greedy): the model (the adapter's weights), the sample."""
     return (session["model"], session["adapter_sha256"], session["set"], session["variant"], session["task_id"])
+
+
+def _write_sessions(path: Path, sessions: list[dict]) -> None:
+    """A JSON list, one session per line, so that a run's new sessions are new lines in git's diff."""
+    path.write_text("[\n" + ",\n".join(json.dumps(s) for s in sessions) + "\n]\n")
 
 
 if __name__ == "__main__":

@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     alm.set_defaults(func=commands.cmd_asynclm)
 
     from .asynclm.training.cli import add_parsers as add_asynclm_training_parsers
-    add_asynclm_training_parsers(sub, DEFAULT_MODEL)  # asynclm-data, asynclm-train, asynclm-onpolicy
+    add_asynclm_training_parsers(sub, DEFAULT_MODEL)  # asynclm-data, -train, -onpolicy, -soup
 
     upload = sub.add_parser("upload", help="upload a program")
     upload.add_argument("program", metavar="PROGRAM", help="a .wasm path, an inferlet folder or a library inferlet")

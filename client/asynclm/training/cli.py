@@ -1,4 +1,4 @@
-"""The ``oven asynclm-data`` and ``oven asynclm-train`` verbs: their arguments and handlers."""
+"""The ``oven asynclm-data``, ``-train``, ``-onpolicy`` and ``-soup`` verbs: their arguments and handlers."""
 
 from __future__ import annotations
 
@@ -151,6 +151,19 @@ def add_parsers(sub, default_model: str) -> None:
     onpolicy.add_argument("--model", default=default_model, help="base model spec (default %(default)s)")
     onpolicy.set_defaults(func=cmd_onpolicy)
 
+    soup = sub.add_parser(
+        "asynclm-soup", help="average LoRA adapters of one base model into one (a model soup)",
+        description="Write the weighted average of the adapters' weight deltas as one PEFT adapter, factored "
+                    "again by SVD at --rank (PEFT's add_weighted_adapter). Averaging adapters trained from the "
+                    "same starting adapter on different data often scores above each of them. OUT/training.json "
+                    "keeps each part's weight, hash and own training.json.")
+    soup.add_argument("adapters", nargs="+", metavar="ADAPTER", help="PEFT adapter folders (two or more)")
+    soup.add_argument("--out", required=True, help="output folder")
+    soup.add_argument("--weights", help="comma-separated, one per adapter (default: all equal, summing to 1)")
+    soup.add_argument("--rank", type=int, default=None, help="the soup's LoRA rank (default: the parts' largest)")
+    soup.add_argument("--model", default=default_model, help="base model spec (default %(default)s)")
+    soup.set_defaults(func=cmd_soup)
+
 
 def cmd_data(args: argparse.Namespace) -> int:
 
@@ -288,4 +301,22 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
     sha = write({"train": samples}, Path(args.out), meta)
     print(f"{counts['corrected']} of {num_tasks} tasks corrected ({counts['corrections']} units); wrote "
           f"{len(samples)} samples to {args.out}/train.jsonl ({counts['replayed']} replayed); sha256 {sha}")
+    return 0
+
+
+def cmd_soup(args: argparse.Namespace) -> int:
+    import logging
+
+    from .soup import SoupConfig, make_soup, soup_command
+
+    logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
+    try:
+        weights = tuple(float(w) for w in args.weights.split(",")) if args.weights else ()
+        config = SoupConfig(parts=tuple(Path(a) for a in args.adapters), out=Path(args.out), model=args.model,
+                            weights=weights, rank=args.rank)
+        record = make_soup(config, command=soup_command(sys.argv))
+    except (ValueError, FileNotFoundError, KeyError, ModuleNotFoundError) as exc:
+        return _fail("asynclm-soup", exc)
+    print(f"wrote {args.out}/ (adapter_config.json, adapter_model.safetensors, training.json): rank "
+          f"{record['rank']}, weights " + ", ".join(f"{p['name']} {p['weight']:g}" for p in record["parts"]))
     return 0

@@ -63,6 +63,18 @@ def with_adapter(model, folder):
         return PeftModel.from_pretrained(model, str(folder))
 
 
+def with_adapters(model, folders) -> tuple[object, list[str]]:
+    """``model`` holding every PEFT adapter in ``folders`` (frozen), and the names they are loaded under."""
+    from peft import PeftModel
+
+    names = [f"part{i}" for i in range(len(folders))]
+    with _quiet_peft():
+        peft_model = PeftModel.from_pretrained(model, str(folders[0]), adapter_name=names[0])
+        for name, folder in zip(names[1:], folders[1:]):
+            peft_model.load_adapter(str(folder), adapter_name=name)
+    return peft_model, names
+
+
 @contextmanager
 def _quiet_peft():
     """PEFT 0.21 wraps a model by reading transformers' deprecated ``is_gradient_checkpointing``; the

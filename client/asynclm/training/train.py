@@ -268,7 +268,7 @@ def save_adapter(model, out: Path, model_spec: str) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    model.save_pretrained(out)
+    model.save_pretrained(out, save_embedding_layers=False)  # LoRA only; "auto" looks the base up online
     weights = out / "adapter_model.safetensors"
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in load_file(weights).items()}, weights,
               metadata={"format": "pt"})

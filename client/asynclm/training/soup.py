@@ -1,0 +1,85 @@
+"""A weighted average of LoRA adapters of one base model (a "model soup"), truncated back to one rank.
+
+Adapters fine-tuned from the same starting adapter on different data sit close together in weight
+space; their average often scores above each of them, because the tasks each one happens to get
+right on its own data's noise differ while what they share adds up. PEFT does the arithmetic
+(``add_weighted_adapter``, combination "svd"): the weighted sum of the parts' weight deltas
+(B·A·scale), factored again by SVD at ``rank``, so the soup is a plain PEFT adapter of the parts'
+size that the engine serves like any other. ``training.json`` keeps each part's own record.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+SOUP_NAME = "default"  # PEFT saves an adapter with another name into a subfolder
+
+
+@dataclass(frozen=True)
+class SoupConfig:
+    parts: tuple[Path, ...]
+    out: Path
+    model: str
+    weights: tuple[float, ...] = ()  # empty: every part the same weight
+    rank: int | None = None  # None: the largest rank among the parts
+
+    def __post_init__(self) -> None:
+        if len(self.parts) < 2:
+            raise ValueError("a soup needs at least two adapters")
+        if self.weights and len(self.weights) != len(self.parts):
+            raise ValueError(f"{len(self.weights)} weights for {len(self.parts)} adapters")
+        if self.rank is not None and self.rank < 1:
+            raise ValueError(f"rank must be >= 1, got {self.rank}")
+        for part in self.parts:
+            if not (part / "adapter_config.json").is_file() or not (part / "adapter_model.safetensors").is_file():
+                raise FileNotFoundError(f"{part}: not a PEFT adapter folder (adapter_config.json and "
+                                        "adapter_model.safetensors)")
+        if self.out.resolve() in {p.resolve() for p in self.parts}:
+            raise ValueError(f"{self.out}: the soup would overwrite one of its parts")
+
+    def part_weights(self) -> tuple[float, ...]:
+        return self.weights or tuple(1 / len(self.parts) for _ in self.parts)
+
+
+def make_soup(config: SoupConfig, command: str | None = None) -> dict:
+    """Write ``config.out`` (the PEFT folder, bf16, and training.json); the record written."""
+    from .model import load_base, with_adapters
+    from .train import file_sha256, save_adapter
+
+    configs = [json.loads((p / "adapter_config.json").read_text()) for p in config.parts]
+    for part, part_config in zip(config.parts, configs):
+        if part_config.get("peft_type") != "LORA":
+            raise ValueError(f"{part}: a {part_config.get('peft_type')} adapter, not LoRA")
+    model, _ = load_base(config.model, seed=0)
+    peft_model, names = with_adapters(model, config.parts)
+    rank = config.rank or max(c["r"] for c in configs)
+    peft_model.add_weighted_adapter(names, list(config.part_weights()), SOUP_NAME, combination_type="svd",
+                                    svd_rank=rank)
+    peft_model.set_adapter(SOUP_NAME)
+    for name in names:
+        peft_model.delete_adapter(name)
+    config.out.mkdir(parents=True, exist_ok=True)
+    save_adapter(peft_model, config.out, config.model)
+    record = {
+        "command": command,
+        "combination": "PEFT add_weighted_adapter, svd",
+        "rank": rank,
+        "parts": [{"name": part.name, "weight": weight, "weights_sha256": file_sha256(part / "adapter_model.safetensors"),
+                   "training": _training(part)}
+                  for part, weight in zip(config.parts, config.part_weights())],
+    }
+    (config.out / "training.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return record
+
+
+def soup_command(argv: list[str]) -> str | None:
+    """The ``oven asynclm-soup ...`` command line in ``argv``, for training.json."""
+    return shlex.join(["oven", *argv[argv.index("asynclm-soup"):]]) if "asynclm-soup" in argv else None
+
+
+def _training(part: Path) -> dict | None:
+    path = part / "training.json"
+    return json.loads(path.read_text()) if path.is_file() else None
