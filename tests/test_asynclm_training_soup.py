@@ -42,12 +42,13 @@ def deltas(folder) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     root = tmp_path_factory.mktemp("parts")
-    for i, (seed, alpha) in enumerate(((1, 8.0), (2, 16.0))):
+    for i, (seed, alpha) in enumerate(((1, 8.0), (2, 16.0), (3, 8.0))):
         random_adapter(root / f"a{i}", seed, alpha=alpha)
-    return root / "a0", root / "a1"
+    return root / "a0", root / "a1", root / "a2"
 
 
 def test_at_the_summed_rank_the_soup_is_the_weighted_average_of_the_deltas(parts, tmp_path):
+    parts = parts[:2]  # alphas 8 and 16: PEFT's own scale (lora_alpha = rank)
     record = make_soup(SoupConfig(parts=parts, out=tmp_path, model="tiny", weights=(0.25, 0.75), rank=8))
     want = {k: 0.25 * d0 + 0.75 * d1 for (k, d0), d1 in zip(deltas(parts[0]).items(), deltas(parts[1]).values())}
     got = deltas(tmp_path)
@@ -65,8 +66,10 @@ def test_at_the_summed_rank_the_soup_is_the_weighted_average_of_the_deltas(parts
 
 
 def test_at_a_lower_rank_the_soup_is_the_svd_truncation_of_the_average(parts, tmp_path):
+    parts = parts[0], parts[2]  # both alpha 8, which the soup keeps (a next stage's --alpha)
     make_soup(SoupConfig(parts=parts, out=tmp_path, model="tiny"))  # default: equal weights, the parts' rank
-    assert json.loads((tmp_path / "adapter_config.json").read_text())["r"] == 4
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0
     got = deltas(tmp_path)
     for (k, d0), d1 in zip(deltas(parts[0]).items(), deltas(parts[1]).values()):
         u, s, vh = torch.linalg.svd((d0 + d1) / 2, full_matrices=False)
@@ -77,7 +80,7 @@ def test_at_a_lower_rank_the_soup_is_the_svd_truncation_of_the_average(parts, tm
 def test_bad_soups_are_refused_with_one_line(parts, tmp_path, capsys):
     with pytest.raises(ValueError, match="at least two adapters"):
         SoupConfig(parts=parts[:1], out=tmp_path, model="tiny")
-    with pytest.raises(ValueError, match="1 weights for 2 adapters"):
+    with pytest.raises(ValueError, match="1 weights for 3 adapters"):
         SoupConfig(parts=parts, out=tmp_path, model="tiny", weights=(1.0,))
     with pytest.raises(ValueError, match="would overwrite one of its parts"):
         SoupConfig(parts=parts, out=parts[1], model="tiny")

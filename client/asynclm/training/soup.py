@@ -63,6 +63,9 @@ def make_soup(config: SoupConfig, command: str | None = None) -> dict:
         peft_model.delete_adapter(name)
     config.out.mkdir(parents=True, exist_ok=True)
     save_adapter(peft_model, config.out, config.model)
+    alphas = {c["lora_alpha"] for c in configs}
+    if len(alphas) == 1:
+        _with_alpha(config.out, alphas.pop(), rank)
     record = {
         "command": command,
         "combination": "PEFT add_weighted_adapter, svd",
@@ -78,6 +81,22 @@ def make_soup(config: SoupConfig, command: str | None = None) -> dict:
 def soup_command(argv: list[str]) -> str | None:
     """The ``oven asynclm-soup ...`` command line in ``argv``, for training.json."""
     return shlex.join(["oven", *argv[argv.index("asynclm-soup"):]]) if "asynclm-soup" in argv else None
+
+
+def _with_alpha(folder: Path, alpha: float, rank: int) -> None:
+    """PEFT writes the soup with lora_alpha = rank (scale 1); give it the parts' alpha instead, B divided
+    by the new scale (a power of two in the usual case, so exact in bf16), so that a next stage
+    (``oven asynclm-train --init``) takes the parts' ``--alpha`` and learns at their scale."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "adapter_model.safetensors"
+    scale = alpha / rank
+    save_file({k: (v.float() / scale).to(v.dtype) if ".lora_B." in k else v for k, v in load_file(weights).items()},
+              weights, metadata={"format": "pt"})
+    config_path = folder / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config["lora_alpha"] = alpha
+    config_path.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
 
 
 def _training(part: Path) -> dict | None:
