@@ -84,6 +84,8 @@ def test_bad_soups_are_refused_with_one_line(parts, tmp_path, capsys):
         SoupConfig(parts=parts, out=tmp_path, model="tiny", weights=(1.0,))
     with pytest.raises(ValueError, match="would overwrite one of its parts"):
         SoupConfig(parts=parts, out=parts[1], model="tiny")
+    with pytest.raises(ValueError, match="an adapter of 'tiny', not of 'smollm2-135m-instruct'"):
+        make_soup(SoupConfig(parts=parts, out=tmp_path / "s", model="smollm2-135m-instruct"))
     assert main(["asynclm-soup", str(parts[0]), str(tmp_path), "--out", str(tmp_path / "s"), "--model", "tiny"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("oven asynclm-soup: error: ") and "not a PEFT adapter folder" in err

@@ -1,8 +1,9 @@
 """A weighted average of LoRA adapters of one base model (a "model soup"), truncated back to one rank.
 
 Adapters fine-tuned from the same starting adapter on different data sit close together in weight
-space; their average often scores above each of them, because the tasks each one happens to get
-right on its own data's noise differ while what they share adds up. PEFT does the arithmetic
+space, and their average can score above each of them: at the edge of what the model can do, each
+one gets a different handful of tasks right by chance, and averaging keeps what they share. PEFT
+does the arithmetic
 (``add_weighted_adapter``, combination "svd"): the weighted sum of the parts' weight deltas
 (B·A·scale), factored again by SVD at ``rank``, so the soup is a plain PEFT adapter of the parts'
 size that the engine serves like any other. ``training.json`` keeps each part's own record.
@@ -53,6 +54,9 @@ def make_soup(config: SoupConfig, command: str | None = None) -> dict:
     for part, part_config in zip(config.parts, configs):
         if part_config.get("peft_type") != "LORA":
             raise ValueError(f"{part}: a {part_config.get('peft_type')} adapter, not LoRA")
+        if part_config.get("base_model_name_or_path") != config.model:
+            raise ValueError(f"{part}: an adapter of {part_config.get('base_model_name_or_path')!r}, not of "
+                             f"{config.model!r} (--model)")
     model, _ = load_base(config.model, seed=0)
     peft_model, names = with_adapters(model, config.parts)
     rank = config.rank or max(c["r"] for c in configs)
