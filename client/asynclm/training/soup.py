@@ -74,8 +74,8 @@ def make_soup(config: SoupConfig, command: str | None = None) -> dict:
         "command": command,
         "combination": "PEFT add_weighted_adapter, svd",
         "rank": rank,
-        "parts": [{"name": part.name, "weight": weight, "weights_sha256": file_sha256(part / "adapter_model.safetensors"),
-                   "training": _training(part)}
+        "parts": [{"name": part.name, "weight": weight,
+                   "weights_sha256": file_sha256(part / "adapter_model.safetensors"), "training": _training(part)}
                   for part, weight in zip(config.parts, config.part_weights())],
     }
     (config.out / "training.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
