@@ -50,6 +50,15 @@ def upload(client: OvenClient, name: str) -> str:
     return client.upload_file(program.path, program.name)
 
 
+def next_event(client: OvenClient, kind: str, timeout_s: float = 120) -> c.InstanceEvent:
+    """The next pushed event of ``kind``; fails (rather than waiting forever) if none comes in time."""
+    deadline = time.monotonic() + timeout_s
+    for event in client.events():
+        if event is not None and event.kind == kind:
+            return event
+        assert time.monotonic() < deadline, f"no {kind} event in {timeout_s} s"
+
+
 def raw_peer(control: str) -> zmq.Socket:
     """A bare DEALER speaking the control protocol under this user's token: it sends and reads exactly
     the frames a test says (OvenClient reads replies and events for its caller)."""
@@ -96,12 +105,12 @@ def test_ps_send_and_kill(server):
     with OvenClient(control) as client:
         client.attach(instance_id)
         assert oven("send", "--server", control, instance_id, "hello").returncode == 0
-        event = next(e for e in client.events() if e is not None and e.kind == "message")
+        event = next_event(client, "message")
         assert event.text == "echo: hello"
         listing = oven("ps", "--server", control).stdout
         assert instance_id in listing and "waiting" in listing
         assert oven("kill", "--server", control, instance_id).returncode == 0
-        event = next(e for e in client.events() if e is not None and e.kind == "exit")
+        event = next_event(client, "exit")
         assert event.exit_code == 143
     assert "unknown_instance" in oven("kill", "--server", control, instance_id).stderr
 
