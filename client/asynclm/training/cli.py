@@ -30,6 +30,13 @@ def _add_mix_options(parser: argparse.ArgumentParser) -> None:
                              "next call: the weather in A and the temperature in B in Fahrenheit (default %(default)s)")
 
 
+def _command_line(verb: str) -> str | None:
+    """``oven VERB ...`` as it was typed, for training.json (None when called as a function, not a verb)."""
+    import shlex
+
+    return shlex.join(["oven", *sys.argv[sys.argv.index(verb):]]) if verb in sys.argv else None
+
+
 def _mix(args: argparse.Namespace):
     """The ``TrainingMix`` that :func:`_add_mix_options`' options ask for (validated by it)."""
     from dataclasses import replace
@@ -206,7 +213,6 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import logging
     import os
-    import shlex
 
     from .model import LoraSettings
     from .train import TrainConfig, train
@@ -223,8 +229,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
             init=Path(args.init) if args.init else None, call_weight=args.call_weight,
             reject_weight=args.reject_weight)
-        summary = train(config, resume=args.resume, command=shlex.join(["oven", *sys.argv[sys.argv.index(
-            "asynclm-train"):]]) if "asynclm-train" in sys.argv else None)
+        summary = train(config, resume=args.resume, command=_command_line("asynclm-train"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _fail("asynclm-train", exc)
     print(f"wrote {args.out}/ (adapter_config.json, adapter_model.safetensors, training.json): "
@@ -305,16 +310,13 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
 
 
 def cmd_soup(args: argparse.Namespace) -> int:
-    import logging
+    from .soup import SoupConfig, make_soup
 
-    from .soup import SoupConfig, make_soup, soup_command
-
-    logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
     try:
         weights = tuple(float(w) for w in args.weights.split(",")) if args.weights else ()
         config = SoupConfig(parts=tuple(Path(a) for a in args.adapters), out=Path(args.out), model=args.model,
                             weights=weights, rank=args.rank)
-        record = make_soup(config, command=soup_command(sys.argv))
+        record = make_soup(config, command=_command_line("asynclm-soup"))
     except (ValueError, FileNotFoundError, KeyError, ModuleNotFoundError) as exc:
         return _fail("asynclm-soup", exc)
     print(f"wrote {args.out}/ (adapter_config.json, adapter_model.safetensors, training.json): rank "

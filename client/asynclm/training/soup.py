@@ -12,7 +12,6 @@ size that the engine serves like any other. ``training.json`` keeps each part's 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,11 +79,6 @@ def make_soup(config: SoupConfig, command: str | None = None) -> dict:
     }
     (config.out / "training.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
-
-
-def soup_command(argv: list[str]) -> str | None:
-    """The ``oven asynclm-soup ...`` command line in ``argv``, for training.json."""
-    return shlex.join(["oven", *argv[argv.index("asynclm-soup"):]]) if "asynclm-soup" in argv else None
 
 
 def _with_alpha(folder: Path, alpha: float, rank: int) -> None:
