@@ -47,6 +47,9 @@ MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
 # client that sends but never reads), as if its lease had expired.
 HOLD_FRAMES = 1000
 DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
+# Connections dropped while they held something, remembered (oldest forgotten first) so that one which
+# speaks again is told what it lost instead of waiting for events that will never come.
+MAX_DROPPED_ROUTES = 4096
 
 
 class ControlServer(AdapterRequests):
@@ -73,6 +76,7 @@ class ControlServer(AdapterRequests):
         self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client routes
         self._owned: dict[bytes, set[str]] = defaultdict(set)  # client route -> instances it must keep alive
         self._last_heard: dict[bytes, float] = {}
+        self._dropped: dict[bytes, str] = {}  # route -> why it was dropped (MAX_DROPPED_ROUTES, insertion order)
         self._handlers = {
             c.UploadChunk: self._upload, c.ListPrograms: self._list_programs, c.Launch: self._launch,
             c.ListInstances: self._list_instances, c.SendMessage: self._send, c.Attach: self._attach,
@@ -122,8 +126,8 @@ class ControlServer(AdapterRequests):
         backlogs = self.outbox.backlogs
         for route, backlog in list(backlogs.items()):
             if len(backlog.frames) > DROP_FRAMES or backlog.num_bytes > DROP_BYTES:
-                self._drop_client(route, f"its client stopped reading ({len(backlog.frames)} frames, "
-                                         f"{backlog.num_bytes >> 20} MiB unread)")
+                unread = f"{len(backlog.frames)} frames, {backlog.num_bytes >> 20} MiB unread"
+                self._drop_client(route, f"its client stopped reading ({unread})", f"it stopped reading: {unread}")
         behind = {route for route, backlog in backlogs.items() if len(backlog.frames) > HOLD_FRAMES}
         held = {instance_id for instance_id, routes in self._watchers.items() if routes & behind} if behind else set()
         if held or self._held:
@@ -138,7 +142,11 @@ class ControlServer(AdapterRequests):
                 continue
             caller = Caller(frames[0].bytes, user_id(frames[-1]) or OPERATOR)  # None: an in-process peer
             self._last_heard[caller.route] = self._clock()
-            reply = self._handle(caller, frames[-1].bytes)
+            dropped = self._dropped.pop(caller.route, None)
+            if dropped is not None:  # its next request is not run: the client first learns what it lost
+                reply = c.CODEC.encode(c.ControlError("dropped", dropped), c.CODEC.peek_request_id(frames[-1].bytes))
+            else:
+                reply = self._handle(caller, frames[-1].bytes)
             if reply is not None:
                 self.outbox.send(caller.route, reply)
 
@@ -348,14 +356,23 @@ class ControlServer(AdapterRequests):
     def _expire_leases(self, now: float) -> None:
         for route, heard in list(self._last_heard.items()):
             if now - heard > self.loop.config.lease_s:
-                self._drop_client(route, "its client went away (lease expired)")
+                self._drop_client(route, "its client went away (lease expired)",
+                                  f"it was silent for more than its {self.loop.config.lease_s:g} s lease")
 
-    def _drop_client(self, route: bytes, reason: str) -> None:
+    def _drop_client(self, route: bytes, reason: str, why: str) -> None:
         """Forget the connection ``route``: terminate the instances it launched attached, drop its
-        unfinished uploads, stop sending it anything."""
+        unfinished uploads, stop sending it anything. ``reason`` is the killed instances' error, ``why``
+        what the client is told if it speaks again."""
         owned = self._owned.pop(route, set())
+        watched = [i for i, routes in self._watchers.items() if route in routes and i not in owned]
         if owned or route in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
             log.warning("dropping client %s: %s", route.hex(), reason)
+        if owned or watched:
+            lost = [f"{len(owned)} instance(s) it launched attached were killed"] if owned else []
+            lost += [f"it no longer receives the output of {len(watched)} instance(s)"] if watched else []
+            self._dropped[route] = f"the server dropped this connection ({why}): {' and '.join(lost)}"
+            if len(self._dropped) > MAX_DROPPED_ROUTES:
+                del self._dropped[next(iter(self._dropped))]
         self._last_heard.pop(route, None)
         for key in [key for key in self._uploads if key[0] == route]:  # unfinished: nobody will finish them
             del self._uploads[key]

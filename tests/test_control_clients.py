@@ -192,3 +192,33 @@ def test_a_vanished_client_leaks_nothing(control_server, clock):
     assert (record.shown_state, record.exit_code) == ("killed", 143)
     assert record.error == "its client went away (lease expired)"
     assert (after.num_free_kv_pages, after.num_free_embeds) == (full.num_free_kv_pages, full.num_free_embeds)
+
+
+def test_a_client_whose_lease_lapsed_is_told_what_it_lost(control_server, monkeypatch, clock):
+    """A client silent past its lease (a suspended process, a loaded machine) that speaks again gets
+    ``dropped`` for its next request, which is not run, rather than waiting for events that will not
+    come; its requests after that are served. One that held nothing is served as if nothing happened;
+    the server remembers at most MAX_DROPPED_ROUTES such connections."""
+    monkeypatch.setattr(server_module, "MAX_DROPPED_ROUTES", 2)
+    owner, watcher, idle, forgotten = (dealer_at(control_server.endpoint, identity)
+                                       for identity in (b"owner", b"watcher", b"idle", b"forgotten"))
+    request(control_server, forgotten, c.Launch("echo", []), 1)
+    request(control_server, owner, c.Launch("echo", []), 1)
+    detached = request(control_server, watcher, c.Launch("echo", [], detach=True), 1).instance_id  # it watches
+    assert isinstance(request(control_server, idle, c.Heartbeat(), 1), c.Alive)
+    clock.offset_s += control_server.loop.config.lease_s + 1
+    turn(control_server)
+    lease = f"it was silent for more than its {control_server.loop.config.lease_s:g} s lease"
+    reply = request(control_server, owner, c.Launch("echo", []), 2)
+    assert (reply.code, reply.message) == (
+        "dropped", f"the server dropped this connection ({lease}): 1 instance(s) it launched attached were killed")
+    assert isinstance(request(control_server, owner, c.Heartbeat(), 3), c.Alive)
+    reply = request(control_server, watcher, c.Heartbeat(), 2)
+    assert (reply.code, reply.message) == (
+        "dropped", f"the server dropped this connection ({lease}): it no longer receives the output of 1 instance(s)")
+    assert isinstance(request(control_server, idle, c.Heartbeat(), 2), c.Alive)
+    assert isinstance(request(control_server, forgotten, c.Heartbeat(), 2), c.Alive)  # the oldest of three
+    assert control_server.loop.instances[detached].alive  # detached: only its watcher went
+    assert not any(control_server.loop.instances[i].alive for i in control_server.loop.instances if i != detached)
+    for dealer in (owner, watcher, idle, forgotten):
+        dealer.close(0)
