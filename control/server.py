@@ -14,11 +14,10 @@ lapses, their non-detached instances are terminated (see proto/control.py).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 
 import zmq
@@ -32,16 +31,15 @@ from .adapter_requests import AdapterRequests
 from .keyring import Keyring
 from .outbox import ClientOutbox
 from .output_log import OutputLog
+from .program_requests import ProgramRequests
 from .requests import LATER, Caller, RequestFailed
 from .resources import ResourceError
 from .runtime.instance import Instance
 from .runtime.loop import ControlLoop
-from .runtime.programs import DIGEST, LIBRARY, ProgramError
+from .runtime.programs import ProgramError
 
 log = logging.getLogger(__name__)
 
-MAX_UPLOAD_BYTES = 256 << 20  # one program; also what one client may have half uploaded at once
-MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
 # Frames waiting for one client (ClientOutbox) beyond its ZeroMQ pipe: past HOLD_FRAMES the instances
 # it watches run no further slice until it catches up; past a DROP limit it is taken for gone (a
 # client that sends but never reads), as if its lease had expired.
@@ -52,7 +50,7 @@ DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
 MAX_DROPPED_ROUTES = 4096
 
 
-class ControlServer(AdapterRequests):
+class ControlServer(AdapterRequests, ProgramRequests):
     """Binds at once, so an endpoint in use fails before a model loads; serves once ``loop`` is set.
 
     ``clock`` (monotonic seconds) times the clients' leases.
@@ -72,22 +70,24 @@ class ControlServer(AdapterRequests):
         self.outbox = ClientOutbox(self.sock)
         self.output = OutputLog()  # what attaching clients are shown first
         self._held: set[str] = set()  # instances whose output a watcher is behind on
-        self._uploads: dict[tuple[bytes, str], bytearray] = {}
         self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client routes
         self._owned: dict[bytes, set[str]] = defaultdict(set)  # client route -> instances it must keep alive
         self._last_heard: dict[bytes, float] = {}
-        self._dropped: dict[bytes, str] = {}  # route -> why it was dropped (MAX_DROPPED_ROUTES, insertion order)
+        self._awaiting: Counter[bytes] = Counter()  # route -> its requests answered LATER, not yet answered
+        # route -> (why it was dropped, instances killed, instances watched); MAX_DROPPED_ROUTES, oldest first
+        self._dropped: dict[bytes, tuple[str, int, set[str]]] = {}
         self._handlers = {
             c.UploadChunk: self._upload, c.ListPrograms: self._list_programs, c.Launch: self._launch,
             c.ListInstances: self._list_instances, c.SendMessage: self._send, c.Attach: self._attach,
             c.Terminate: self._terminate, c.ListExports: self._list_exports, c.DropExport: self._drop_export,
             c.ServerInfo: self._server_info, c.Stats: self._stats,
-            c.Heartbeat: lambda _caller, _req: c.Alive(self.server_id),
+            c.Heartbeat: self._heartbeat,
             c.AddClient: self._add_client, c.RemoveClient: self._remove_client, c.ListClients: self._list_clients,
             c.ListAdapters: self._list_adapters, c.AddAdapter: self._add_adapter,
             c.RemoveAdapter: self._remove_adapter,
         }
         self._replying_to: tuple[bytes, int] = (b"", 0)  # the request being handled: (route, request id)
+        self._init_programs()
 
     def on_event(self, inst: Instance, kind: str, payload) -> None:
         """The loop's event sink: forward instance output to attached clients."""
@@ -117,6 +117,7 @@ class ControlServer(AdapterRequests):
         self._expire_leases(self._clock())
 
     def close(self) -> None:
+        self._close_programs()
         self._admission.close()
         self.sock.close(0)
 
@@ -142,11 +143,7 @@ class ControlServer(AdapterRequests):
                 continue
             caller = Caller(frames[0].bytes, user_id(frames[-1]) or OPERATOR)  # None: an in-process peer
             self._last_heard[caller.route] = self._clock()
-            dropped = self._dropped.pop(caller.route, None)
-            if dropped is not None:  # its next request is not run: the client first learns what it lost
-                reply = c.CODEC.encode(c.ControlError("dropped", dropped), c.CODEC.peek_request_id(frames[-1].bytes))
-            else:
-                reply = self._handle(caller, frames[-1].bytes)
+            reply = self._handle(caller, frames[-1].bytes)
             if reply is not None:
                 self.outbox.send(caller.route, reply)
 
@@ -170,60 +167,19 @@ class ControlServer(AdapterRequests):
         return None if reply is LATER else c.CODEC.encode(reply, envelope.request_id)
 
     def _reply_later(self) -> Callable[[object], None]:
-        """For a handler that returns LATER: what sends its reply when it has one."""
+        """For a handler that returns LATER: what sends its reply when it has one. Meanwhile the client
+        holds its lease: it waits for the server, which is not silence (a compile takes longer than a lease)."""
         route, request_id = self._replying_to
-        return lambda reply: self.outbox.send(route, c.CODEC.encode(reply, request_id))
+        self._awaiting[route] += 1
 
-    # -- programs ------------------------------------------------------------------------------
-
-    def _upload(self, caller: Caller, req: c.UploadChunk) -> c.UploadReply:
-        if not DIGEST.match(req.sha256):
-            raise RequestFailed("bad_upload", "sha256 must be 64 lowercase hex digits")
-        if not 0 < req.total_bytes <= MAX_UPLOAD_BYTES:
-            raise RequestFailed("bad_upload", f"a program must be 1 byte to {MAX_UPLOAD_BYTES >> 20} MiB")
-        if req.shared and not caller.operator:
-            raise RequestFailed("forbidden", "only the operator may publish to the shared library")
-        namespace = LIBRARY if req.shared else caller.name
-        programs = self.loop.programs
-        try:
-            if programs.has(req.sha256) and req.offset + len(req.data) == req.total_bytes == len(req.data):
-                # Stored already, and this one chunk is the whole program: it proves the caller has the bytes.
-                if hashlib.sha256(req.data).hexdigest() != req.sha256:
-                    raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
-                programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
-                return c.UploadReply(req.sha256, req.total_bytes, True)
-            data = self._buffer_chunk(caller, req)
-            if data is None:
-                return c.UploadReply(req.sha256, len(self._uploads[(caller.route, req.sha256)]), False)
-            programs.add(data, req.name or None, uploader=caller.name, namespace=namespace)
-        except ProgramError as exc:
-            raise RequestFailed("bad_program", str(exc)) from None
-        return c.UploadReply(req.sha256, len(data), True)
-
-    def _buffer_chunk(self, caller: Caller, req: c.UploadChunk) -> bytes | None:
-        """Add a chunk to the caller's upload; the whole program once complete and checked, else None."""
-        key = (caller.route, req.sha256)
-        mine = sum(len(b) for (route, _), b in self._uploads.items() if route == caller.route)
-        if mine + len(req.data) > MAX_UPLOAD_BYTES:
-            raise RequestFailed("upload_busy", f"this client has {mine / 2**20:.1f} MiB of unfinished uploads; "
-                                               f"finish them first (at most {MAX_UPLOAD_BYTES >> 20} MiB at once)")
-        if sum(map(len, self._uploads.values())) + len(req.data) > MAX_BUFFERED_UPLOAD_BYTES:
-            raise RequestFailed("upload_busy", f"{MAX_BUFFERED_UPLOAD_BYTES >> 20} MiB of unfinished uploads are "
-                                               "buffered already: try again when they finish")
-        buffer = self._uploads.setdefault(key, bytearray())
-        if req.offset != len(buffer) or req.offset + len(req.data) > req.total_bytes:
-            self._uploads.pop(key, None)
-            raise RequestFailed("bad_upload", f"chunk at offset {req.offset} does not follow {len(buffer)} bytes")
-        buffer += req.data
-        if len(buffer) < req.total_bytes:
-            return None
-        data = bytes(self._uploads.pop(key))
-        if hashlib.sha256(data).hexdigest() != req.sha256:
-            raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
-        return data
-
-    def _list_programs(self, caller: Caller, _req) -> c.ProgramList:
-        return c.ProgramList([c.ProgramEntry(h, names, size) for h, names, size in self.loop.programs.entries(caller.name)])
+        def reply(message) -> None:
+            self._awaiting[route] -= 1
+            if not self._awaiting[route]:
+                del self._awaiting[route]
+            if route in self._last_heard:
+                self._last_heard[route] = self._clock()
+            self.outbox.send(route, c.CODEC.encode(message, request_id))
+        return reply
 
     # -- instances -----------------------------------------------------------------------------
 
@@ -353,29 +309,45 @@ class ControlServer(AdapterRequests):
 
     # -- leases --------------------------------------------------------------------------------
 
+    def _heartbeat(self, caller: Caller, _req) -> c.Alive:
+        if (lost := self._lapsed(caller.route)) is not None:
+            raise RequestFailed("dropped", lost)
+        return c.Alive(self.server_id)
+
+    def _lapsed(self, route: bytes) -> str | None:
+        """What a connection dropped while it held something lost, if anything is still lost: the
+        instances it launched attached were killed; the output of those it watched, unless it attached
+        again. Said once, to its next heartbeat: a client that waits for events heartbeats, so it learns
+        it waits in vain (its other requests are served as usual)."""
+        dropped = self._dropped.pop(route, None)
+        if dropped is None:
+            return None
+        why, killed, watched = dropped
+        unwatched = [i for i in watched if self.loop.record(i) is not None and route not in self._watchers.get(i, ())]
+        lost = [f"{killed} instance(s) it launched attached were killed"] if killed else []
+        lost += [f"it no longer receives the output of {len(unwatched)} instance(s)"] if unwatched else []
+        return f"the server dropped this connection ({why}): {' and '.join(lost)}" if lost else None
+
     def _expire_leases(self, now: float) -> None:
         for route, heard in list(self._last_heard.items()):
-            if now - heard > self.loop.config.lease_s:
+            if now - heard > self.loop.config.lease_s and not self._awaiting[route]:
                 self._drop_client(route, "its client went away (lease expired)",
                                   f"it was silent for more than its {self.loop.config.lease_s:g} s lease")
 
     def _drop_client(self, route: bytes, reason: str, why: str) -> None:
         """Forget the connection ``route``: terminate the instances it launched attached, drop its
         unfinished uploads, stop sending it anything. ``reason`` is the killed instances' error, ``why``
-        what the client is told if it speaks again."""
+        what the client's next heartbeat is told if it comes back (see :meth:`_lapsed`)."""
         owned = self._owned.pop(route, set())
-        watched = [i for i, routes in self._watchers.items() if route in routes and i not in owned]
+        watched = {i for i, routes in self._watchers.items() if route in routes and i not in owned}
         if owned or route in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
             log.warning("dropping client %s: %s", route.hex(), reason)
         if owned or watched:
-            lost = [f"{len(owned)} instance(s) it launched attached were killed"] if owned else []
-            lost += [f"it no longer receives the output of {len(watched)} instance(s)"] if watched else []
-            self._dropped[route] = f"the server dropped this connection ({why}): {' and '.join(lost)}"
+            self._dropped[route] = (why, len(owned), watched)
             if len(self._dropped) > MAX_DROPPED_ROUTES:
                 del self._dropped[next(iter(self._dropped))]
         self._last_heard.pop(route, None)
-        for key in [key for key in self._uploads if key[0] == route]:  # unfinished: nobody will finish them
-            del self._uploads[key]
+        self._drop_uploads(route)
         for watchers in self._watchers.values():
             watchers.discard(route)
         self.outbox.forget(route)  # after the line above, no exit event below is queued for it again

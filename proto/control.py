@@ -21,8 +21,8 @@ least every ``lease_s`` seconds (from :class:`ServerInfoReply`; :class:`Heartbea
 does nothing else). When a
 lease lapses the server terminates the instances the client launched without
 ``detach``, forgets its attachments and drops its unfinished uploads, so a client
-that vanishes leaks nothing; if it speaks again, its next request is answered
-``dropped`` (not run), so it learns what it lost. Events and replies reach a slow client in full and in
+that vanishes leaks nothing; if it comes back, its next heartbeat is answered
+``dropped``, saying what it lost (instances killed, output it no longer receives). Events and replies reach a slow client in full and in
 order; meanwhile the instances it is far behind on are held (state ``held``).
 Uploads are chunked (``UPLOAD_CHUNK_BYTES``) and checked against their SHA-256;
 while unfinished uploads fill the server's buffer a new chunk gets ``upload_busy``.
@@ -332,7 +332,7 @@ class Ok:
 class ControlError:
     # malformed | forbidden | unknown_program | unknown_instance | unknown_export | bad_upload | bad_program |
     # upload_busy | launch_failed | too_many_instances | inbox_full | bad_client | bad_adapter |
-    # dropped (the connection's lease lapsed or it stopped reading while it held instances) | ...
+    # dropped (to a heartbeat: the lease lapsed, or the client stopped reading, while it held instances) | ...
     code: str
     message: str
 

@@ -5,18 +5,23 @@ reads is dropped; a vanished client's instances and unfinished upload are freed 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import secrets
+import threading
 import time
 
 import pytest
 import zmq
 
-from oven.control import server as server_module
+from oven.control import program_requests, server as server_module
 from oven.proto.endpoints import private_endpoint
 from oven.control.outbox import ClientOutbox
 from oven.control.keyring import Keyring
 from oven.control.server import ControlServer
 from oven.proto import control as c
+
+from harness import built
 
 PROGRAMS = ["echo"]
 _endpoints = itertools.count()
@@ -145,7 +150,7 @@ def request(server: ControlServer, dealer: zmq.Socket, message, request_id: int)
 
 
 def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server, monkeypatch, clock):
-    monkeypatch.setattr(server_module, "MAX_BUFFERED_UPLOAD_BYTES", 8)
+    monkeypatch.setattr(program_requests, "MAX_BUFFERED_UPLOAD_BYTES", 8)
     first, second = (dealer_at(control_server.endpoint, identity) for identity in (b"first", b"second"))
     reply = request(control_server, first, c.UploadChunk("a", "a" * 64, 10, 0, b"12345"), 1)
     assert isinstance(reply, c.UploadReply) and (reply.received_bytes, reply.complete) == (5, False)
@@ -162,7 +167,7 @@ def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server,
 def test_one_client_cannot_take_the_whole_upload_buffer(control_server, monkeypatch):
     """Each client may have at most one program's worth (MAX_UPLOAD_BYTES) half uploaded: holding that
     much, it gets upload_busy, and another client's upload still goes through."""
-    monkeypatch.setattr(server_module, "MAX_UPLOAD_BYTES", 8)
+    monkeypatch.setattr(program_requests, "MAX_UPLOAD_BYTES", 8)
     hog, other = (dealer_at(control_server.endpoint, identity) for identity in (b"hog", b"other"))
     reply = request(control_server, hog, c.UploadChunk("a", "a" * 64, 6, 0, b"12345"), 1)
     assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
@@ -195,30 +200,105 @@ def test_a_vanished_client_leaks_nothing(control_server, clock):
 
 
 def test_a_client_whose_lease_lapsed_is_told_what_it_lost(control_server, monkeypatch, clock):
-    """A client silent past its lease (a suspended process, a loaded machine) that speaks again gets
-    ``dropped`` for its next request, which is not run, rather than waiting for events that will not
-    come; its requests after that are served. One that held nothing is served as if nothing happened;
-    the server remembers at most MAX_DROPPED_ROUTES such connections."""
-    monkeypatch.setattr(server_module, "MAX_DROPPED_ROUTES", 2)
-    owner, watcher, idle, forgotten = (dealer_at(control_server.endpoint, identity)
-                                       for identity in (b"owner", b"watcher", b"idle", b"forgotten"))
+    """A client silent past its lease (a suspended process, a loaded machine) that comes back is told
+    what it lost by its next heartbeat (``dropped``), rather than waiting for events that will not come;
+    its other requests are served as usual. Not told: one that held nothing, one that attached again to
+    what it watched; the server remembers at most MAX_DROPPED_ROUTES such connections."""
+    monkeypatch.setattr(server_module, "MAX_DROPPED_ROUTES", 3)
+    owner, watcher, again, idle, forgotten = (dealer_at(control_server.endpoint, identity) for identity in
+                                              (b"owner", b"watcher", b"again", b"idle", b"forgotten"))
     request(control_server, forgotten, c.Launch("echo", []), 1)
     request(control_server, owner, c.Launch("echo", []), 1)
     detached = request(control_server, watcher, c.Launch("echo", [], detach=True), 1).instance_id  # it watches
+    assert isinstance(request(control_server, again, c.Attach(detached), 1), c.Ok)
     assert isinstance(request(control_server, idle, c.Heartbeat(), 1), c.Alive)
     clock.offset_s += control_server.loop.config.lease_s + 1
     turn(control_server)
-    lease = f"it was silent for more than its {control_server.loop.config.lease_s:g} s lease"
-    reply = request(control_server, owner, c.Launch("echo", []), 2)
-    assert (reply.code, reply.message) == (
-        "dropped", f"the server dropped this connection ({lease}): 1 instance(s) it launched attached were killed")
-    assert isinstance(request(control_server, owner, c.Heartbeat(), 3), c.Alive)
+    lease = f"the server dropped this connection (it was silent for more than its " \
+            f"{control_server.loop.config.lease_s:g} s lease)"
+    assert isinstance(request(control_server, owner, c.ListInstances(), 2), c.InstanceList)
+    reply = request(control_server, owner, c.Heartbeat(), 3)
+    assert (reply.code, reply.message) == ("dropped", f"{lease}: 1 instance(s) it launched attached were killed")
+    assert isinstance(request(control_server, owner, c.Heartbeat(), 4), c.Alive)  # told once
     reply = request(control_server, watcher, c.Heartbeat(), 2)
-    assert (reply.code, reply.message) == (
-        "dropped", f"the server dropped this connection ({lease}): it no longer receives the output of 1 instance(s)")
+    assert (reply.code, reply.message) == ("dropped", f"{lease}: it no longer receives the output of 1 instance(s)")
+    assert isinstance(request(control_server, again, c.Attach(detached), 2), c.Ok)
+    assert isinstance(request(control_server, again, c.Heartbeat(), 3), c.Alive)
     assert isinstance(request(control_server, idle, c.Heartbeat(), 2), c.Alive)
-    assert isinstance(request(control_server, forgotten, c.Heartbeat(), 2), c.Alive)  # the oldest of three
-    assert control_server.loop.instances[detached].alive  # detached: only its watcher went
-    assert not any(control_server.loop.instances[i].alive for i in control_server.loop.instances if i != detached)
-    for dealer in (owner, watcher, idle, forgotten):
+    assert isinstance(request(control_server, forgotten, c.Heartbeat(), 2), c.Alive)  # the oldest of four
+    assert control_server.loop.record(detached) is not None  # detached: only its watchers went
+    for dealer in (owner, watcher, again, idle, forgotten):
+        dealer.close(0)
+
+
+def fresh_program(name: str) -> bytes:
+    """Built program ``name`` with a custom section appended: the same code under a digest no store has."""
+    body = bytes([9]) + b"oven-test" + secrets.token_bytes(16)
+    return built(name) + b"\x00" + bytes([len(body)]) + body
+
+
+def upload_chunk(data: bytes, name: str) -> c.UploadChunk:
+    return c.UploadChunk(name, hashlib.sha256(data).hexdigest(), len(data), 0, data)
+
+
+def messages(loop, instance_id: str) -> list[str]:
+    return [payload for iid, kind, payload in loop.events if iid == instance_id and kind == "message"]
+
+
+def turn_until(server: ControlServer, dealer: zmq.Socket, done, timeout_s: float = 120) -> None:
+    """Turn the server until ``done()``, ``dealer`` keeping its lease meanwhile."""
+    deadline = beat = time.monotonic()
+    deadline += timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"not done in {timeout_s} s"
+        if time.monotonic() - beat > 1:
+            dealer.send(c.CODEC.encode(c.Heartbeat(), 0))
+            beat = time.monotonic()
+        turn(server)
+
+
+def test_a_compile_stalls_neither_the_server_nor_its_uploaders_lease(control_server, monkeypatch, clock):
+    """A new program compiles on a worker thread (here held until the test lets it go): meanwhile the
+    server answers requests and runs instances (an echo answers), a second upload of the same client is
+    ``upload_busy``, and the uploader, silent past its lease while it waits for its reply, keeps the
+    instance it launched attached. The reply comes once the program is stored."""
+    programs = control_server.loop.programs
+    compiling, release = threading.Event(), threading.Event()
+    compile_now = programs.compile
+
+    def held_compile(wasm: bytes):
+        compiling.set()
+        assert release.wait(120)
+        return compile_now(wasm)
+    monkeypatch.setattr(programs, "compile", held_compile)
+    uploader, other = dealer_at(control_server.endpoint, b"uploader"), dealer_at(control_server.endpoint, b"other")
+    kept = request(control_server, uploader, c.Launch("echo", []), 1).instance_id
+    wasm = fresh_program("hello-rust")
+    uploader.send(c.CODEC.encode(upload_chunk(wasm, "hello-copy"), 2))
+    for _ in range(400):
+        turn(control_server)
+        if compiling.is_set():
+            break
+    assert compiling.is_set() and not uploader.poll(0)
+    theirs = request(control_server, other, c.Launch("echo", []), 1).instance_id
+    assert isinstance(request(control_server, other, c.SendMessage(theirs, "hi"), 2), c.Ok)
+    turn_until(control_server, other, lambda: messages(control_server.loop, theirs) == ["echo: hi"])
+    while other.poll(0):  # the replies to its heartbeats
+        assert isinstance(c.CODEC.decode(other.recv()).message, c.Alive)
+    reply = request(control_server, other, upload_chunk(fresh_program("hello-rust"), "another"), 3)
+    assert (reply.code, reply.message) == (  # in-process peers are all the operator: one client
+        "upload_busy", "a program of this client is compiling; upload the next once it is stored")
+    clock.offset_s += control_server.loop.config.lease_s + 1
+    turn(control_server)
+    assert control_server.loop.record(kept) is not None  # waiting for the server is not silence
+    assert control_server.loop.ended(theirs).error == "its client went away (lease expired)"  # silence is
+    release.set()
+    for _ in range(400):
+        turn(control_server)
+        if uploader.poll(0):
+            break
+    reply = c.CODEC.decode(uploader.recv()).message
+    assert reply == c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True) and programs.has(reply.sha256)
+    assert isinstance(request(control_server, uploader, c.Launch(reply.sha256, []), 3), c.Launched)
+    for dealer in (uploader, other):
         dealer.close(0)

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 import wasmtime
@@ -47,6 +48,15 @@ _CWASM_MAGIC = b"oven-cwasm-1\n"
 
 class ProgramError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A program compiled and not yet stored: its digest, bytes, component and serialized code."""
+    digest: str
+    wasm: bytes
+    component: component.Component
+    code: bytes
 
 
 def engine_config() -> wasmtime.Config:
@@ -106,17 +116,33 @@ class ProgramStore:
         uploader's own)."""
         if name:
             check_name(name)
+        digest = hashlib.sha256(wasm).hexdigest()
+        if self.has(digest):
+            self.record_upload(digest, name, uploader=uploader, namespace=namespace)
+            return digest
+        return self.add_compiled(self.compile(wasm), name, uploader=uploader, namespace=namespace)
+
+    def compile(self, wasm: bytes) -> Compiled:
+        """Check and compile ``wasm`` (seconds for a Python inferlet). It reads and writes nothing of
+        the store, so a server runs it off its loop thread and then calls :meth:`add_compiled`."""
         if not wasm.startswith(WASM_MAGIC):
             raise ProgramError("not a WebAssembly binary (bad magic number)")
-        digest = hashlib.sha256(wasm).hexdigest()
+        try:
+            comp = component.Component(self.engine, wasm)
+        except wasmtime.WasmtimeError as exc:
+            raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
+        return Compiled(hashlib.sha256(wasm).hexdigest(), wasm, comp, comp.serialize())
+
+    def add_compiled(self, compiled: Compiled, name: str | None = None, *, uploader: str = OPERATOR,
+                     namespace: str | None = None) -> str:
+        """Store what :meth:`compile` made, as :meth:`add` does; return its hash."""
+        if name:
+            check_name(name)
+        digest = compiled.digest
         if not self.has(digest):  # only a program that compiled is ever written
-            try:
-                comp = component.Component(self.engine, wasm)
-            except wasmtime.WasmtimeError as exc:
-                raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
-            self._write_compiled(digest, comp.serialize())
-            _atomic_write(self.root / f"{digest}.wasm", wasm)
-            self._components[digest] = comp
+            self._write_compiled(digest, compiled.code)
+            _atomic_write(self.root / f"{digest}.wasm", compiled.wasm)
+            self._components[digest] = compiled.component
         self.record_upload(digest, name, uploader=uploader, namespace=namespace)
         return digest
 

@@ -1,0 +1,121 @@
+"""The control server's requests about programs: chunked uploads and the list.
+
+A new program is compiled on a worker thread (seconds for a Python inferlet), so a client's upload
+never stalls the inferlets the control loop runs; its last chunk is answered (``LATER``) once the
+program is stored. Every buffer has a cap: half-finished uploads per client and in all, and programs
+waiting to compile per client and in all (``upload_busy`` past one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from oven.proto import control as c
+
+from .requests import LATER, Caller, RequestFailed
+from .runtime.programs import DIGEST, LIBRARY, ProgramError, check_name
+
+MAX_UPLOAD_BYTES = 256 << 20  # one program; also what one client may have half uploaded at once
+MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
+MAX_COMPILING = 4  # programs compiling or waiting to, of all clients together (each client: one)
+
+
+class ProgramRequests:
+    """Part of ``ControlServer`` (it supplies ``loop`` and ``_reply_later``)."""
+
+    def _init_programs(self) -> None:
+        self._uploads: dict[tuple[bytes, str], bytearray] = {}  # (route, sha256) -> bytes so far
+        self._compiling: Counter[str] = Counter()  # client name -> programs of it compiling
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="oven-compile")
+
+    def _close_programs(self) -> None:
+        self._compiler.shutdown(wait=False, cancel_futures=True)
+
+    def _upload(self, caller: Caller, req: c.UploadChunk):
+        if not DIGEST.match(req.sha256):
+            raise RequestFailed("bad_upload", "sha256 must be 64 lowercase hex digits")
+        if not 0 < req.total_bytes <= MAX_UPLOAD_BYTES:
+            raise RequestFailed("bad_upload", f"a program must be 1 byte to {MAX_UPLOAD_BYTES >> 20} MiB")
+        if req.shared and not caller.operator:
+            raise RequestFailed("forbidden", "only the operator may publish to the shared library")
+        namespace = LIBRARY if req.shared else caller.name
+        programs = self.loop.programs
+        try:
+            if req.name:
+                check_name(req.name)
+            if programs.has(req.sha256) and req.offset + len(req.data) == req.total_bytes == len(req.data):
+                # Stored already, and this one chunk is the whole program: it proves the caller has the bytes.
+                if hashlib.sha256(req.data).hexdigest() != req.sha256:
+                    raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
+                programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
+                return c.UploadReply(req.sha256, req.total_bytes, True)
+            data = self._buffer_chunk(caller, req)
+            if data is None:
+                return c.UploadReply(req.sha256, len(self._uploads[(caller.route, req.sha256)]), False)
+            if programs.has(req.sha256):  # stored while this one was uploading
+                programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
+                return c.UploadReply(req.sha256, len(data), True)
+        except ProgramError as exc:
+            raise RequestFailed("bad_program", str(exc)) from None
+        return self._compile_later(caller, req, data, namespace)
+
+    def _compile_later(self, caller: Caller, req: c.UploadChunk, data: bytes, namespace: str):
+        """Compile ``data`` on the worker thread, then store it and answer, on the loop thread."""
+        if self._compiling[caller.name]:
+            raise RequestFailed("upload_busy", "a program of this client is compiling; upload the next once it is "
+                                               "stored")
+        if self._compiling.total() >= MAX_COMPILING:
+            raise RequestFailed("upload_busy", f"{MAX_COMPILING} programs are compiling already: try again "
+                                               "in a few seconds")
+        self._compiling[caller.name] += 1
+        reply = self._reply_later()
+
+        def store(compiled: Future) -> None:  # on the loop thread
+            self._compiling[caller.name] -= 1
+            if not self._compiling[caller.name]:
+                del self._compiling[caller.name]
+            try:
+                digest = self.loop.programs.add_compiled(compiled.result(), req.name or None, uploader=caller.name,
+                                                         namespace=namespace)
+            except ProgramError as exc:
+                reply(c.ControlError("bad_program", str(exc)))
+            except Exception as exc:  # noqa: BLE001 - the compiler's failure is the uploader's answer
+                reply(c.ControlError("internal", f"{type(exc).__name__}: {exc}"))
+            else:
+                reply(c.UploadReply(digest, len(data), True))
+
+        future = self._compiler.submit(self.loop.programs.compile, data)
+        future.add_done_callback(lambda done: self.loop.post(lambda: store(done)))
+        return LATER
+
+    def _buffer_chunk(self, caller: Caller, req: c.UploadChunk) -> bytes | None:
+        """Add a chunk to the caller's upload; the whole program once complete and checked, else None."""
+        key = (caller.route, req.sha256)
+        mine = sum(len(b) for (route, _), b in self._uploads.items() if route == caller.route)
+        if mine + len(req.data) > MAX_UPLOAD_BYTES:
+            raise RequestFailed("upload_busy", f"this client has {mine / 2**20:.1f} MiB of unfinished uploads; "
+                                               f"finish them first (at most {MAX_UPLOAD_BYTES >> 20} MiB at once)")
+        if sum(map(len, self._uploads.values())) + len(req.data) > MAX_BUFFERED_UPLOAD_BYTES:
+            raise RequestFailed("upload_busy", f"{MAX_BUFFERED_UPLOAD_BYTES >> 20} MiB of unfinished uploads are "
+                                               "buffered already: try again when they finish")
+        buffer = self._uploads.setdefault(key, bytearray())
+        if req.offset != len(buffer) or req.offset + len(req.data) > req.total_bytes:
+            self._uploads.pop(key, None)
+            raise RequestFailed("bad_upload", f"chunk at offset {req.offset} does not follow {len(buffer)} bytes")
+        buffer += req.data
+        if len(buffer) < req.total_bytes:
+            return None
+        data = bytes(self._uploads.pop(key))
+        if hashlib.sha256(data).hexdigest() != req.sha256:
+            raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
+        return data
+
+    def _drop_uploads(self, route: bytes) -> None:
+        """Forget the unfinished uploads of a connection that went: nobody will finish them."""
+        for key in [key for key in self._uploads if key[0] == route]:
+            del self._uploads[key]
+
+    def _list_programs(self, caller: Caller, _req) -> c.ProgramList:
+        return c.ProgramList([c.ProgramEntry(h, names, size) for h, names, size in self.loop.programs.entries(caller.name)])
