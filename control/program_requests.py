@@ -2,8 +2,8 @@
 
 A new program is compiled on a worker thread (seconds for a Python inferlet), so a client's upload
 never stalls the inferlets the control loop runs; its last chunk is answered (``LATER``) once the
-program is stored. Every buffer has a cap: half-finished uploads per client and in all, and programs
-waiting to compile per client and in all (``upload_busy`` past one).
+program is stored. Every buffer has a cap (``upload_busy`` past it): half-finished uploads per client
+and in all, and programs compiling or waiting to, one per client and MAX_COMPILING in all.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class ProgramRequests:
                                                          namespace=namespace)
             except ProgramError as exc:
                 reply(c.ControlError("bad_program", str(exc)))
-            except Exception as exc:  # noqa: BLE001 - the compiler's failure is the uploader's answer
+            except Exception as exc:  # a compiler's failure is the uploader's answer, not the server's end
                 reply(c.ControlError("internal", f"{type(exc).__name__}: {exc}"))
             else:
                 reply(c.UploadReply(digest, len(data), True))

@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 # client that sends but never reads), as if its lease had expired.
 HOLD_FRAMES = 1000
 DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
-# Connections dropped while they held something, remembered (oldest forgotten first) so that one which
-# speaks again is told what it lost instead of waiting for events that will never come.
+# Connections dropped while they held something, remembered (oldest forgotten first) so that the next
+# heartbeat of one that comes back is told what it lost, instead of it waiting for events that never come.
 MAX_DROPPED_ROUTES = 4096
 
 
