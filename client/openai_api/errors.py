@@ -2,7 +2,8 @@
 
 Every failure is a JSON body ``{"error": {"message", "type", "param", "code"}}`` with the status
 OpenAI uses for it: 400 for a bad request, 401 for a missing or refused API key, 404 for an
-unknown model or route, 429 for a quota, 500 for a failure of the server or the inferlet.
+unknown model or route, 429 for a quota, 500 for a failure of the server or the inferlet, 503 for
+a server that stopped answering or dropped the request's connection.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _BY_CONTROL_CODE = {
     "too_many_instances": (429, RATE_LIMIT, "rate_limit_exceeded"),
     "upload_busy": (429, RATE_LIMIT, "rate_limit_exceeded"),
     "forbidden": (403, INVALID_REQUEST, "forbidden"),
+    "dropped": (503, SERVER, None),  # the session's connection starved past its lease: try again
 }
 
 
