@@ -17,7 +17,9 @@ import pytest
 from harness import PROGRAM_DIR
 
 from oven.client.programs import library_program
-from oven.client.rpc import OvenClient
+from oven.client.openai_api.errors import from_control
+from oven.client.rpc import ControlRequestError, OvenClient
+from oven.proto.control import ControlError
 from oven.proto.endpoints import private_endpoint
 
 PROMPT = "Name three colours."
@@ -221,10 +223,6 @@ def test_each_key_is_its_own_client_with_its_own_quota(server):
 def test_control_refusals_map_to_openai_statuses():
     """What a refusal of the control server is to an API user: a quota 429, another's instance 403, a
     connection the server dropped (the session starved past its lease) 503, anything else 500."""
-    from oven.client.openai_api.errors import from_control
-    from oven.client.rpc import ControlRequestError
-    from oven.proto.control import ControlError
-
     statuses = {code: from_control(ControlRequestError(ControlError(code, "why"))).status
                 for code in ("too_many_instances", "upload_busy", "forbidden", "dropped", "internal")}
     assert statuses == {"too_many_instances": 429, "upload_busy": 429, "forbidden": 403, "dropped": 503,
