@@ -7,6 +7,8 @@ authenticated (issue 12's goals), measured on real processes.
 * ``kill -9`` of the control process: seconds until its inference child is gone;
 * ``oven serve`` on an endpoint another server listens on: seconds until it exits, and that it
   never started a model;
+* a short ``hello-python`` run while another client uploads a Python program the server has not
+  seen (compiled on the server's worker thread): its time against the same run alone;
 * ``--instances N`` concurrent ``text-completion`` runs of ``--tokens`` tokens each, launched over
   one authenticated client: all outputs equal to one run alone, and the wall time.
 
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +83,41 @@ def occupied(root: Path, model: str) -> list[str]:
             f"| {'loaded a model first' if loaded else 'no model loaded'}: `{done.stderr.strip()}` |"]
 
 
+def compile_beside(root: Path, model: str, reps: int = 3) -> list[str]:
+    srv = Server(root, model)
+    try:
+        with srv.client() as client:
+            hello = client.upload(wasm("hello-python"))
+
+            def run() -> float:
+                started = time.monotonic()
+                run_to_exit(client, {client.launch(hello, ["Once upon a time", "8"])})
+                return time.monotonic() - started
+
+            run()  # warm
+            alone, beside, uploads = [run() for _ in range(reps)], [], []
+            for _ in range(reps):
+                section = bytes([9]) + b"oven-test" + secrets.token_bytes(16)  # a custom section: a new digest
+                fresh = wasm("echo") + b"\x00" + bytes([len(section)]) + section
+
+                def upload() -> None:
+                    with srv.client() as other:
+                        started = time.monotonic()
+                        other.upload(fresh)
+                        uploads.append(time.monotonic() - started)
+                uploader = threading.Thread(target=upload)
+                uploader.start()
+                time.sleep(1.0)  # its chunks are in by now: the server compiles
+                beside.append(run())
+                uploader.join()
+    finally:
+        srv.stop()
+    a, b = statistics.median(alone), statistics.median(beside)
+    return [f"| a `hello-python` run of 8 tokens while another client uploads a new Python program "
+            f"| {b:.2f} s (alone {a:.2f} s, {b / a:.1f}x) | median of {reps}; the uploads took "
+            f"{statistics.median(uploads):.1f} s (the compile) |"]
+
+
 def load(root: Path, model: str, instances: int, tokens: int) -> list[str]:
     srv = Server(root, model, "--max-instances", str(max(1024, instances)))
     try:
@@ -105,7 +145,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="oven-faults-") as tmp:
         root = Path(tmp)
-        for i, step in enumerate((inference_kill, control_kill, occupied)):
+        for i, step in enumerate((inference_kill, control_kill, occupied, compile_beside)):
             rows += step(root / str(i), args.model)
             print(rows[-1], flush=True)
         rows += load(root / "load", args.model, args.instances, args.tokens)
