@@ -94,18 +94,18 @@ def compile_beside(root: Path, model: str, reps: int = 3) -> list[str]:
                 run_to_exit(client, {client.launch(hello, ["Once upon a time", "8"])})
                 return time.monotonic() - started
 
+            def upload(program: bytes) -> None:  # by another client, on a thread of its own
+                with srv.client() as other:
+                    started = time.monotonic()
+                    other.upload(program)
+                    uploads.append(time.monotonic() - started)
+
             run()  # warm
             alone, beside, uploads = [run() for _ in range(reps)], [], []
+            echo = wasm("echo")
             for _ in range(reps):
                 section = bytes([9]) + b"oven-test" + secrets.token_bytes(16)  # a custom section: a new digest
-                fresh = wasm("echo") + b"\x00" + bytes([len(section)]) + section
-
-                def upload() -> None:
-                    with srv.client() as other:
-                        started = time.monotonic()
-                        other.upload(fresh)
-                        uploads.append(time.monotonic() - started)
-                uploader = threading.Thread(target=upload)
+                uploader = threading.Thread(target=upload, args=(echo + b"\x00" + bytes([len(section)]) + section,))
                 uploader.start()
                 time.sleep(1.0)  # its chunks are in by now: the server compiles
                 beside.append(run())

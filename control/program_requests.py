@@ -9,7 +9,6 @@ and in all, and programs compiling or waiting to, one per client and MAX_COMPILI
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from oven.proto import control as c
@@ -27,7 +26,7 @@ class ProgramRequests:
 
     def _init_programs(self) -> None:
         self._uploads: dict[tuple[bytes, str], bytearray] = {}  # (route, sha256) -> bytes so far
-        self._compiling: Counter[str] = Counter()  # client name -> programs of it compiling
+        self._compiling: set[str] = set()  # clients with a program compiling (one each)
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="oven-compile")
 
     def _close_programs(self) -> None:
@@ -42,6 +41,10 @@ class ProgramRequests:
             raise RequestFailed("forbidden", "only the operator may publish to the shared library")
         namespace = LIBRARY if req.shared else caller.name
         programs = self.loop.programs
+
+        def recorded(size: int) -> c.UploadReply:  # the program is stored: the caller may run it, by its name
+            programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
+            return c.UploadReply(req.sha256, size, True)
         try:
             if req.name:
                 check_name(req.name)
@@ -49,33 +52,29 @@ class ProgramRequests:
                 # Stored already, and this one chunk is the whole program: it proves the caller has the bytes.
                 if hashlib.sha256(req.data).hexdigest() != req.sha256:
                     raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
-                programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
-                return c.UploadReply(req.sha256, req.total_bytes, True)
+                return recorded(req.total_bytes)
             data = self._buffer_chunk(caller, req)
             if data is None:
                 return c.UploadReply(req.sha256, len(self._uploads[(caller.route, req.sha256)]), False)
             if programs.has(req.sha256):  # stored while this one was uploading
-                programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
-                return c.UploadReply(req.sha256, len(data), True)
+                return recorded(len(data))
         except ProgramError as exc:
             raise RequestFailed("bad_program", str(exc)) from None
         return self._compile_later(caller, req, data, namespace)
 
     def _compile_later(self, caller: Caller, req: c.UploadChunk, data: bytes, namespace: str):
         """Compile ``data`` on the worker thread, then store it and answer, on the loop thread."""
-        if self._compiling[caller.name]:
+        if caller.name in self._compiling:
             raise RequestFailed("upload_busy", "a program of this client is compiling; upload the next once it is "
                                                "stored")
-        if self._compiling.total() >= MAX_COMPILING:
+        if len(self._compiling) >= MAX_COMPILING:
             raise RequestFailed("upload_busy", f"{MAX_COMPILING} programs are compiling already: try again "
                                                "in a few seconds")
-        self._compiling[caller.name] += 1
+        self._compiling.add(caller.name)
         reply = self._reply_later()
 
         def store(compiled: Future) -> None:  # on the loop thread
-            self._compiling[caller.name] -= 1
-            if not self._compiling[caller.name]:
-                del self._compiling[caller.name]
+            self._compiling.discard(caller.name)
             try:
                 digest = self.loop.programs.add_compiled(compiled.result(), req.name or None, uploader=caller.name,
                                                          namespace=namespace)

@@ -339,7 +339,8 @@ class ControlServer(AdapterRequests, ProgramRequests):
         unfinished uploads, stop sending it anything. ``reason`` is the killed instances' error, ``why``
         what the client's next heartbeat is told if it comes back (see :meth:`_lapsed`)."""
         owned = self._owned.pop(route, set())
-        watched = {i for i, routes in self._watchers.items() if route in routes and i not in owned}
+        watching = [i for i, routes in self._watchers.items() if route in routes]
+        watched = set(watching) - owned
         if owned or route in self.outbox.backlogs:  # a one-shot client (oven ps) leaves silently
             log.warning("dropping client %s: %s", route.hex(), reason)
         if owned or watched:
@@ -348,8 +349,8 @@ class ControlServer(AdapterRequests, ProgramRequests):
                 del self._dropped[next(iter(self._dropped))]
         self._last_heard.pop(route, None)
         self._drop_uploads(route)
-        for watchers in self._watchers.values():
-            watchers.discard(route)
+        for instance_id in watching:
+            self._watchers[instance_id].discard(route)
         self.outbox.forget(route)  # after the line above, no exit event below is queued for it again
         for instance_id in owned:
             self.loop.terminate(instance_id, reason, exit_code=143)

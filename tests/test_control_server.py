@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -41,9 +40,11 @@ def server(tmp_path_factory):
     assert proc.wait(30) == 0
 
 
+OVEN = [sys.executable, "-m", "oven.client.cli"]
+
+
 def oven(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "oven.client.cli", *args], capture_output=True, text=True,
-                          timeout=timeout_s, env=os.environ.copy())
+    return subprocess.run([*OVEN, *args], capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
 
 
 def upload(client: OvenClient, name: str) -> str:
@@ -54,8 +55,8 @@ def upload(client: OvenClient, name: str) -> str:
 def oven_beside(client: OvenClient, seen: list[c.InstanceEvent], *args: str) -> subprocess.CompletedProcess:
     """``oven(*args)`` while ``client`` keeps its lease (on a loaded machine a verb can take longer
     than LEASE_S); the events it is pushed meanwhile go to ``seen``. For verbs that print little."""
-    proc = subprocess.Popen([sys.executable, "-m", "oven.client.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen([*OVEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ.copy())
     deadline = time.monotonic() + 180
     for event in client.events(poll_s=0.1):
         if event is not None:
@@ -66,9 +67,13 @@ def oven_beside(client: OvenClient, seen: list[c.InstanceEvent], *args: str) -> 
 
 
 def next_event(client: OvenClient, seen: list[c.InstanceEvent], kind: str, timeout_s: float = 120) -> c.InstanceEvent:
-    """The next pushed event of ``kind`` (first among ``seen``); fails if none comes in time."""
+    """The next pushed event of ``kind``, first taken from ``seen`` (the events before it are dropped
+    from there too); fails if none comes in time."""
+    while seen:
+        if (event := seen.pop(0)).kind == kind:
+            return event
     deadline = time.monotonic() + timeout_s
-    for event in itertools.chain(seen, client.events()):
+    for event in client.events():
         if event is not None and event.kind == kind:
             return event
         assert time.monotonic() < deadline, f"no {kind} event in {timeout_s} s"
@@ -123,7 +128,6 @@ def test_ps_send_and_kill(server):
         assert oven_beside(client, seen, "send", "--server", control, instance_id, "hello").returncode == 0
         event = next_event(client, seen, "message")
         assert event.text == "echo: hello"
-        seen.clear()
         listing = oven_beside(client, seen, "ps", "--server", control).stdout
         assert instance_id in listing and "waiting" in listing
         assert oven_beside(client, seen, "kill", "--server", control, instance_id).returncode == 0
