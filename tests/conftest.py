@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -34,6 +35,32 @@ def hf_reference(engine: Engine):
     head = engine.model.lm_head or engine.model.model.embed_tokens
     assert torch.equal(hf.lm_head.weight, head.weight)
     return hf
+
+
+def write_adapter(folder, cfg, targets=("q_proj", "v_proj"), r: int = 4, num_layers: int | None = None,
+                  config: dict | None = None, extra: dict | None = None) -> None:
+    """A PEFT-format folder written by hand, shaped for ``cfg`` (a ModelConfig), so each test can break one
+    thing. Random weights: its logits differ from the base model's."""
+    import torch
+    from safetensors.torch import save_file
+
+    from oven.inference.adapters import projection_shapes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = projection_shapes(cfg)
+    tensors = {}
+    for layer in range(num_layers if num_layers is not None else cfg.num_layers):
+        for proj in targets:
+            block = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{block}.{proj}"
+            fan_in, fan_out = shapes[proj]
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(r, fan_in)
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, r)
+    tensors.update(extra or {})
+    save_file(tensors, folder / "adapter_model.safetensors")
+    base = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": list(targets), "bias": "none",
+            "use_dora": False, "modules_to_save": None, "use_rslora": False}
+    (folder / "adapter_config.json").write_text(json.dumps({**base, **(config or {})}))
 
 
 @pytest.fixture(scope="session", params=MODELS)

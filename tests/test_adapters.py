@@ -19,8 +19,7 @@ import torch
 from oven.inference.adapters import PROJECTIONS
 from oven.proto import inference as p
 
-from conftest import hf_reference, make_engine
-from harness import write_adapter
+from conftest import hf_reference, make_engine, write_adapter
 
 PAGE = 16
 ALL = list(PROJECTIONS)

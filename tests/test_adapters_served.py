@@ -12,7 +12,8 @@ import signal
 import time
 
 import pytest
-from harness import Server, built, oven, wait_exit, write_adapter
+from conftest import write_adapter
+from harness import Server, built, oven, wait_exit
 
 from oven.client.rpc import OvenClient
 from oven.inference.models import resolve_model

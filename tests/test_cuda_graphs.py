@@ -155,7 +155,7 @@ def test_graph_replays_equal_eager_decode(hd64_model):
 @gpu
 def test_adapter_batches_run_eagerly(hd64_model, tmp_path):
     pytest.importorskip("flashinfer")
-    from test_adapters import write_adapter
+    from conftest import write_adapter
 
     engine = gpu_engine(hd64_model)
     torch.manual_seed(3)

@@ -11,7 +11,8 @@ from oven.inference.adapters import INPUT_GROUPS, AdapterLimits, load_adapter
 from oven.inference.lora import GroupedLora, Segment, SegmentGemmLora
 from oven.inference.models import resolve_model
 
-from test_adapters import ALL, write_adapter
+from conftest import write_adapter
+from test_adapters import ALL
 
 
 def reference_segment_gemm(x, weights, batch_size, weight_column_major, seg_indptr, weight_indices):

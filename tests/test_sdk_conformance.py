@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import assert_pools_full, direct_greedy, messages, run, write_adapter
+from conftest import write_adapter
+from harness import assert_pools_full, direct_greedy, messages, run
 from oven.control.tokenizer import Tokenizer
 from oven.inference.models import resolve_model
 
