@@ -75,7 +75,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     exit 1
 fi
 
-# 1. Install: wheels brought along, else the registry; then oven itself (no dependencies: the machine's own).
+# 1. Install: wheels brought along, else the registry; then oven itself (its dependencies: the machine's own).
 mkdir -p "$SITE"
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
     say "installing the wheels in $WHEELS"
@@ -84,7 +84,18 @@ elif ! "$PY" -c "import flashinfer, zmq" 2>/dev/null; then
     say "no wheels in $WHEELS: trying the registry for ${PACKAGES[*]}"
     "${PIP[@]}" "${PACKAGES[@]}" || say "could not install them: FlashInfer tests will skip"
 fi
-"${PIP[@]}" --no-index --no-deps --no-build-isolation . || exit 1
+# oven itself is linked from this checkout, package by package as pyproject.toml maps them: no build
+# step, so nothing depends on the machine's setuptools (the SPDX license field needs 77 or later).
+mkdir -p "$SITE/oven"
+"$PY" - "$SITE/oven" <<'PYEOF' || exit 1
+import sys, tomllib
+from pathlib import Path
+dirs = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+for package, folder in dirs.items():
+    link = Path(sys.argv[1], package.removeprefix("oven."))
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(folder).resolve(), target_is_directory=True)
+PYEOF
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 if [ -f "$WHEELS/tokenizer-donor/config.json" ]; then
     export OVEN_TOKENIZER_DONOR="$PWD/$WHEELS/tokenizer-donor"
@@ -113,7 +124,7 @@ cat "$LOGS/machine.txt" >&2
 #    series, into ~/.cache/flashinfer); then every gpu-marked test, then the benchmark. Only the test
 #    files that hold gpu tests are collected: the others import the control layer (wasmtime), which
 #    the GPU machine lacks.
-if "$PY" -c "import flashinfer" 2>/dev/null; then
+if "$PY" -c "import flashinfer"; then
     say "building FlashInfer's kernels"
     PYTHONUNBUFFERED=1 "$PY" bench/flashinfer_prebuild.py 2>&1 | tee "$LOGS/prebuild.txt"
 fi
@@ -134,6 +145,10 @@ mkdir -p "$(dirname "$REPORT")"
     echo
     echo '## Machine and toolchain'
     echo; echo '```'; cat "$LOGS/machine.txt"; echo '```'; echo
+    if [ -f "$LOGS/prebuild.txt" ]; then
+        echo "## FlashInfer kernels (bench/flashinfer_prebuild.py)"
+        echo; echo '```'; tail -5 "$LOGS/prebuild.txt"; echo '```'; echo
+    fi
     echo "## gpu-marked tests (exit $tests_rc)"
     echo; echo '```'; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|error" "$LOGS/tests.txt" | tail -60; echo '```'; echo
     echo "## bench/gpu_decode.py (exit $bench_rc)"
