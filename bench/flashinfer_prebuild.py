@@ -4,8 +4,8 @@ FlashInfer 0.7 JIT-compiles each kernel family the first time it is called, one 
 which makes a first GPU run spend minutes compiling in series. This builds, for one head size and
 dtype, every family oven's CUDA path calls (see inference/attention/flashinfer_paged.py, llama.py and
 lora.py): batch prefill on fa2 (masked prefill, and decode with tensor cores) and fa3 (causal prefill
-on Hopper), batch decode without tensor cores, KV page appends, RMSNorm, RoPE, and segment GEMM (sm80
-and sm90). What is already built is skipped; a family missed here is still compiled at first use.
+on Hopper), batch decode without tensor cores, KV page appends, RMSNorm, RoPE, and segment GEMM. What
+is already built is skipped; a family missed here is still compiled at its first use.
 
     python bench/flashinfer_prebuild.py [--head-dim 64] [--dtype bfloat16]
 """
@@ -21,20 +21,24 @@ import torch
 
 def specs(head_dim: int, dtype: torch.dtype) -> list:
     from flashinfer.jit.attention import gen_batch_decode_module, gen_batch_prefill_module
+    from flashinfer.jit.attention.modules import _gen_batch_prefill_primary_module
     from flashinfer.jit.gemm import gen_gemm_module, gen_gemm_sm90_module
     from flashinfer.jit.norm import gen_norm_module
     from flashinfer.jit.page import gen_page_module
     from flashinfer.jit.rope import gen_rope_module
+    from flashinfer.utils import determine_gemm_backend
 
     # (dtype q, kv, o, index dtype, head dims qk/vo, no RoPE in-kernel, no sliding window, no soft cap)
     common = (dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False)
-    found = [gen_batch_decode_module(*common), gen_page_module(), gen_norm_module(), gen_rope_module(),
-             gen_gemm_module()]
-    major, _ = torch.cuda.get_device_capability()
-    backends = ["fa2", "fa3"] if major == 9 else ["fa2"]
-    found += [gen_batch_prefill_module(backend, *common, False) for backend in backends]
-    if major == 9:
-        found.append(gen_gemm_sm90_module())
+    # fa2 prefill loads its "primary" module (KV strides specialised equal), not the public one:
+    # flashinfer.prefill.get_batch_prefill_module (0.7), hence the private generator.
+    found = [gen_batch_decode_module(*common), _gen_batch_prefill_primary_module("fa2", *common, False),
+             gen_page_module(), gen_norm_module(), gen_rope_module()]
+    if torch.cuda.get_device_capability()[0] == 9:  # causal prefill takes fa3 on Hopper
+        found.append(gen_batch_prefill_module("fa3", *common, False))
+    # segment GEMM (LoRA): the sm90 kernels on Hopper, else the sm80 ones
+    found.append(gen_gemm_sm90_module() if determine_gemm_backend(torch.device("cuda")) == "sm90"
+                 else gen_gemm_module())
     return found
 
 

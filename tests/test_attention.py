@@ -190,8 +190,9 @@ def test_flashinfer_matches_torch_backend_across_call_patterns():
         ([([10, 11, 12], 3, 5, None), ([20], 4, 4, None), ([30, 31], 4, 7, None)], [], CAUSAL),
         ([([10, 11, 12], 4, 1, None), ([21, 22], 4, 3, None), ([30, 31, 32], 4, 8, None)], [(10, 2)], MASKED),
         ([([40, 41, 42], 4, 3, allow)], [], MASKED),
-        ([([10, 11, 12], 4, 1, None), ([20], 4, 1, None), ([30, 31, 32], 1, 1, None)], [], DECODE),
-        ([([10, 11, 12], 4, 1, None), ([30, 31, 32], 2, 1, None)], [(31, 0), (31, 5)], MASKED),
+        # page 10's hidden slot stays hidden: a decode batch has no item reading it
+        ([([40, 41, 42], 4, 1, None), ([20], 4, 1, None), ([30, 31, 32], 1, 1, None)], [], DECODE),
+        ([([10, 11, 12], 4, 1, None), ([30, 31, 32], 2, 1, None)], [(31, 0), (31, 3)], MASKED),
     ]
     cache, page_mask = random_pool(num_pages=64, kv_heads=2, head_dim=64, device="cuda", dtype=torch.bfloat16)
     torch_cache, torch_mask = cache.clone(), page_mask.clone()
