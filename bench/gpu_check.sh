@@ -130,7 +130,7 @@ if "$PY" -c "import flashinfer"; then
 fi
 say "running the gpu-marked tests"
 mapfile -t gpu_tests < <(grep -l "mark\.gpu" tests/test_*.py)
-"$PY" -m pytest -m gpu -rA -p no:cacheprovider "${gpu_tests[@]}" 2>&1 | tee "$LOGS/tests.txt"
+"$PY" -m pytest -m gpu -v -rA -p no:cacheprovider -o faulthandler_timeout=300 "${gpu_tests[@]}" 2>&1 | tee "$LOGS/tests.txt"
 tests_rc=${PIPESTATUS[0]}
 say "running bench/gpu_decode.py"
 PYTHONUNBUFFERED=1 "$PY" bench/gpu_decode.py --profile "$LOGS/profile.txt" 2>&1 | tee "$LOGS/bench.txt"
