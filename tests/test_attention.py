@@ -26,6 +26,30 @@ def test_layout_page_table_and_write_slots():
     assert layout.write_slots.tolist() == [9, 10, 20, 7, 0, 1, 2, 3, 12, 13, 14, 15]
 
 
+def test_vectorised_slots_and_mask_check_equal_their_per_item_definitions():
+    """On random layouts (decode and prefill, shared pages, partial last pages): every item's context slots
+    are its pages' slots cut to its length, its write slots the last q_len of them, and a custom mask is
+    needed exactly when a slot in some context is hidden (a hidden bit past a last page's end does not count)."""
+    rng = np.random.default_rng(0)
+    for trial in range(500):
+        page = int(rng.integers(1, 9))
+        items = []
+        for _ in range(int(rng.integers(1, 6))):
+            num_pages, last = int(rng.integers(1, 5)), int(rng.integers(1, page + 1))
+            kv_len = (num_pages - 1) * page + last
+            q_len = 1 if trial % 2 else int(rng.integers(1, kv_len + 1))
+            items.append((rng.integers(0, 20, num_pages).tolist(), last, q_len, None))
+        layout = BatchLayout.build(page, items)
+        contexts = [(np.array(pages)[:, None] * page + np.arange(page)).reshape(-1)[:(len(pages) - 1) * page + last]
+                    for pages, last, _, _ in items]
+        for b, context in enumerate(contexts):
+            assert layout.item_slots(b).tolist() == context.tolist()
+        assert layout.write_slots.tolist() == [s for (_, _, q, _), c in zip(items, contexts) for s in c[len(c) - q:]]
+        page_mask = torch.from_numpy(rng.random((20, page)) < 0.03)
+        backend = TorchPagedAttention(torch.zeros((1, 20, 2, page, 1, 8)), page_mask, num_q_heads=1)
+        assert backend.needs_custom_mask(layout) == bool(page_mask.view(-1)[np.concatenate(contexts)].any())
+
+
 def random_pool(num_pages=16, kv_heads=2, head_dim=8, device="cpu", dtype=torch.float32):
     gen = torch.Generator(device=device).manual_seed(0)
     cache = torch.randn((1, num_pages, 2, PAGE, kv_heads, head_dim), generator=gen, device=device, dtype=dtype)

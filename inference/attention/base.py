@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -40,15 +41,31 @@ class BatchLayout:
     def num_items(self) -> int:
         return len(self.kv_lens)
 
-    @property
+    @cached_property  # a layout's arrays are not changed once built
     def q_lens(self) -> np.ndarray:
         return np.diff(self.qo_indptr)
 
+    @cached_property
+    def context_slots(self) -> np.ndarray:
+        """int64 flat slots of every item's whole context, item after item, each in context order
+        (item b's are ``[ctx_indptr[b], ctx_indptr[b+1])``), in one vectorised pass."""
+        page_slots = (self.kv_page_ids.astype(np.int64)[:, None] * self.page_size
+                      + np.arange(self.page_size)).reshape(-1)
+        ctx_indptr = self.ctx_indptr
+        # item b's context is the first kv_lens[b] slots of its pages, which start at kv_indptr[b] pages
+        first = self.kv_indptr[:-1].astype(np.int64) * self.page_size
+        index = np.repeat(first - ctx_indptr[:-1], self.kv_lens) + np.arange(ctx_indptr[-1])
+        return page_slots[index]
+
+    @cached_property
+    def ctx_indptr(self) -> np.ndarray:
+        """int64 [B+1]: item b's context is ``context_slots[ctx_indptr[b]:ctx_indptr[b+1]]``."""
+        return np.concatenate([[0], np.cumsum(self.kv_lens)]).astype(np.int64)
+
     def item_slots(self, b: int) -> np.ndarray:
         """int64 flat slots of item b's whole context, in context order."""
-        pages = self.kv_page_ids[self.kv_indptr[b]:self.kv_indptr[b + 1]].astype(np.int64)
-        slots = (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
-        return slots[: self.kv_lens[b]]
+        ctx_indptr = self.ctx_indptr
+        return self.context_slots[ctx_indptr[b]:ctx_indptr[b + 1]]
 
     @classmethod
     def build(cls, page_size: int, items: list[tuple[list[int], int, int, np.ndarray | None]]) -> "BatchLayout":
@@ -66,9 +83,13 @@ class BatchLayout:
             write_slots=np.empty(0, dtype=np.int64),
             user_masks=[m for _, _, _, m in items],
         )
-        layout.write_slots = np.concatenate(
-            [layout.item_slots(b)[kv_lens[b] - q_lens[b]:] for b in range(len(items))]
-        ) if items else np.empty(0, dtype=np.int64)
+        if bool((q_lens == 1).all()):  # decode: each item's one new token is the last of its last page
+            pages, offsets = layout.kv_page_ids[layout.kv_indptr[1:] - 1], layout.kv_last_page_len - 1
+        else:  # token n of item b sits at context position kv_lens[b] - q_lens[b] + (n - qo_indptr[b])
+            position = np.repeat(kv_lens - q_lens - layout.qo_indptr[:-1], q_lens) + np.arange(int(q_lens.sum()))
+            pages = layout.kv_page_ids[np.repeat(layout.kv_indptr[:-1], q_lens) + position // page_size]
+            offsets = position % page_size
+        layout.write_slots = pages.astype(np.int64) * page_size + offsets
         return layout
 
 
@@ -106,11 +127,9 @@ class AttentionBackend(abc.ABC):
 
         Call after :meth:`clear_written_mask_bits`, so the batch's own tokens are visible.
         """
-        slots = [layout.item_slots(b) for b in range(layout.num_items)]
-        hidden = self.page_mask.view(-1).numpy()[np.concatenate(slots)]
+        hidden = self.page_mask.view(-1).numpy()[layout.context_slots]
         masks, start = [], 0
-        for b in range(layout.num_items):
-            q_len, kv_len = int(layout.q_lens[b]), int(layout.kv_lens[b])
+        for b, (q_len, kv_len) in enumerate(zip(layout.q_lens.tolist(), layout.kv_lens.tolist())):
             rows = np.arange(kv_len - q_len, kv_len)[:, None]
             allow = (np.arange(kv_len)[None, :] <= rows) & ~hidden[start:start + kv_len][None, :]
             if layout.user_masks[b] is not None:
@@ -123,8 +142,13 @@ class AttentionBackend(abc.ABC):
         """True when some item has a user mask or a masked slot in its context."""
         if any(m is not None for m in layout.user_masks):
             return True
-        slots = np.concatenate([layout.item_slots(b) for b in range(layout.num_items)])
-        return bool(self.page_mask.view(-1).numpy()[slots].any())
+        rows = self.page_mask.numpy()[layout.kv_page_ids]  # the mask rows of the items' pages
+        if not rows.any():
+            return False
+        # cut each row to the slots in use: all of them but on an item's last page
+        in_use = np.full(len(layout.kv_page_ids), self.page_size)
+        in_use[layout.kv_indptr[1:] - 1] = layout.kv_last_page_len
+        return bool((rows & (np.arange(self.page_size) < in_use[:, None])).any())
 
     def clear_written_mask_bits(self, layout: BatchLayout) -> None:
         """A newly written token is visible: clear the page-mask bits of the batch's write slots."""
