@@ -125,12 +125,23 @@ class OvenClient:
         except (TimeoutError, AuthError):
             return False
 
-    def upload(self, wasm: bytes, name: str = "", shared: bool = False) -> str:
-        """Store ``wasm`` (named ``name`` among this client's programs, or the library's if ``shared``)."""
+    def upload(self, wasm: bytes, name: str = "", shared: bool = False, busy_wait_s: float = 60.0) -> str:
+        """Store ``wasm`` (named ``name`` among this client's programs, or the library's if ``shared``).
+        A chunk refused ``upload_busy`` (the server's upload buffers or compile slots are full; it keeps
+        what it took) is sent again after a pause, for up to ``busy_wait_s`` in all."""
         digest = hashlib.sha256(wasm).hexdigest()
+        give_up, pause = time.monotonic() + busy_wait_s, 0.5
         for offset in range(0, len(wasm), c.UPLOAD_CHUNK_BYTES):
             chunk = wasm[offset:offset + c.UPLOAD_CHUNK_BYTES]
-            reply = self.request(c.UploadChunk(name, digest, len(wasm), offset, chunk, shared), timeout_s=300)
+            while True:
+                try:
+                    reply = self.request(c.UploadChunk(name, digest, len(wasm), offset, chunk, shared), timeout_s=300)
+                    break
+                except ControlRequestError as exc:
+                    if exc.code != "upload_busy" or time.monotonic() + pause > give_up:
+                        raise
+                    time.sleep(pause)
+                    pause = min(2 * pause, 5.0)
             if reply.complete:
                 break
         return digest
@@ -140,7 +151,8 @@ class OvenClient:
 
     def launch(self, program: str, args: list[str], detach: bool = False) -> str:
         self._know_server()
-        return self.request(c.Launch(program, list(args), detach)).instance_id
+        # a program whose code the server must compile again (a new wasmtime) is answered after seconds
+        return self.request(c.Launch(program, list(args), detach), timeout_s=300).instance_id
 
     def programs(self) -> list[c.ProgramEntry]:
         return self.request(c.ListPrograms()).programs

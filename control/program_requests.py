@@ -3,13 +3,16 @@
 A new program is compiled on a worker thread (seconds for a Python inferlet), so a client's upload
 never stalls the inferlets the control loop runs; its last chunk is answered (``LATER``) once the
 program is stored. Every buffer has a cap (``upload_busy`` past it): half-finished uploads per client
-and in all, and programs compiling or waiting to, one per client and MAX_COMPILING in all.
+and in all, and programs compiling or waiting to, one per client and MAX_COMPILING in all. A launch of
+a stored program whose code is not in memory (the server restarted, or wasmtime changed and its
+compiled file must be compiled again) is answered once the same worker has loaded it.
 """
 
 from __future__ import annotations
 
 import hashlib
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 from oven.proto import control as c
 
@@ -27,6 +30,7 @@ class ProgramRequests:
     def _init_programs(self) -> None:
         self._uploads: dict[tuple[bytes, str], bytearray] = {}  # (route, sha256) -> bytes so far
         self._compiling: set[str] = set()  # clients with a program compiling (one each)
+        self._loading: dict[str, list[Callable[[], None]]] = {}  # digest -> what waits for its code
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="oven-compile")
 
     def _close_programs(self) -> None:
@@ -53,6 +57,8 @@ class ProgramRequests:
                 if hashlib.sha256(req.data).hexdigest() != req.sha256:
                     raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
                 return recorded(req.total_bytes)
+            if req.offset + len(req.data) == req.total_bytes:
+                self._check_compile_slot(caller)  # refused before the last chunk is taken: only it is resent
             data = self._buffer_chunk(caller, req)
             if data is None:
                 return c.UploadReply(req.sha256, len(self._uploads[(caller.route, req.sha256)]), False)
@@ -62,14 +68,17 @@ class ProgramRequests:
             raise RequestFailed("bad_program", str(exc)) from None
         return self._compile_later(caller, req, data, namespace)
 
-    def _compile_later(self, caller: Caller, req: c.UploadChunk, data: bytes, namespace: str):
-        """Compile ``data`` on the worker thread, then store it and answer, on the loop thread."""
+    def _check_compile_slot(self, caller: Caller) -> None:
         if caller.name in self._compiling:
             raise RequestFailed("upload_busy", "a program of this client is compiling; upload the next once it is "
                                                "stored")
         if len(self._compiling) >= MAX_COMPILING:
             raise RequestFailed("upload_busy", f"{MAX_COMPILING} programs are compiling already: try again "
                                                "in a few seconds")
+
+    def _compile_later(self, caller: Caller, req: c.UploadChunk, data: bytes, namespace: str):
+        """Compile ``data`` on the worker thread, then store it and answer, on the loop thread."""
+        self._check_compile_slot(caller)
         self._compiling.add(caller.name)
         reply = self._reply_later()
 
@@ -87,6 +96,39 @@ class ProgramRequests:
 
         future = self._compiler.submit(self.loop.programs.compile, data)
         future.add_done_callback(lambda done: self.loop.post(lambda: store(done)))
+        return LATER
+
+    def _load_later(self, digest: str, then: Callable[[], object]):
+        """Load a stored program's code on the worker thread (its compiled file, or a compile of seconds
+        when that file is unusable, as after a wasmtime upgrade), keep it, then answer with ``then()``
+        on the loop thread. Launches of one program share one load."""
+        waiter = (self._reply_later(), then)
+        if digest in self._loading:
+            self._loading[digest].append(waiter)
+            return LATER
+        self._loading[digest] = [waiter]
+
+        def keep(loaded: Future) -> None:  # on the loop thread
+            waiters = self._loading.pop(digest)
+            try:
+                self.loop.programs.keep(digest, loaded.result())
+            except ProgramError as exc:  # stored, but no longer compiles
+                failure = c.ControlError("unknown_program", str(exc))
+            except Exception as exc:  # a compiler's failure is the launcher's answer, not the server's end
+                failure = c.ControlError("internal", f"{type(exc).__name__}: {exc}")
+            else:
+                failure = None
+            for reply, then_ in waiters:
+                if failure is not None:
+                    reply(failure)
+                    continue
+                try:
+                    reply(then_())
+                except RequestFailed as exc:
+                    reply(exc.reply)
+
+        future = self._compiler.submit(self.loop.programs.load, digest)
+        future.add_done_callback(lambda done: self.loop.post(lambda: keep(done)))
         return LATER
 
     def _buffer_chunk(self, caller: Caller, req: c.UploadChunk) -> bytes | None:

@@ -183,14 +183,24 @@ class ControlServer(AdapterRequests, ProgramRequests):
 
     # -- instances -----------------------------------------------------------------------------
 
-    def _launch(self, caller: Caller, req: c.Launch) -> c.Launched:
+    def _launch(self, caller: Caller, req: c.Launch):
+        """Launch at once if the program's code is in memory, else once it is loaded (``LATER``)."""
+        try:
+            digest = self.loop.programs.resolve(req.program, caller.name)
+        except ProgramError as exc:
+            raise RequestFailed("unknown_program", str(exc)) from None
+        if self.loop.programs.loaded(digest) is None:
+            return self._load_later(digest, lambda: self._launch_now(caller, req, digest))
+        return self._launch_now(caller, req, digest)
+
+    def _launch_now(self, caller: Caller, req: c.Launch, digest: str) -> c.Launched:
         if not caller.operator:
             running = self.loop.num_instances(caller.name)
             if running >= self.loop.config.max_instances_per_client:
                 raise RequestFailed("too_many_instances", f"this client runs {running} instances, its maximum "
                                                           "(oven serve --max-instances-per-client)")
         try:
-            inst = self.loop.launch(req.program, req.args, owner=caller.name)
+            inst = self.loop.launch(digest, req.args, owner=caller.name)
         except ProgramError as exc:
             raise RequestFailed("unknown_program", str(exc)) from None
         except Exception as exc:  # instantiation traps, limits

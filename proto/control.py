@@ -77,6 +77,9 @@ class ProgramList:
 
 @dataclass(frozen=True, slots=True)
 class Launch:
+    """Answered ``Launched`` at once when the server holds the program's code in memory, else once it has
+    loaded it (its compiled file, or a compile of seconds when that file is unusable)."""
+
     program: str  # one of the client's names, a library name, or the SHA-256 of a program it uploaded
     args: list[str]
     detach: bool = False  # keep running when this client goes away

@@ -180,6 +180,60 @@ def test_one_client_cannot_take_the_whole_upload_buffer(control_server, monkeypa
     other.close(0)
 
 
+def test_a_last_chunk_refused_for_want_of_a_compile_slot_is_all_that_is_sent_again(control_server, monkeypatch):
+    """With every compile slot taken, the chunk that would complete an upload is refused ``upload_busy``
+    and not taken: the bytes before it stay buffered, and that chunk alone, sent again once a slot is
+    free, completes the upload."""
+    wasm = fresh_program("hello-rust")
+    half = len(wasm) // 2
+    uploader = dealer_at(control_server.endpoint, b"uploader")
+    chunk = lambda offset, data: c.UploadChunk("halves", hashlib.sha256(wasm).hexdigest(), len(wasm), offset, data)
+    reply = request(control_server, uploader, chunk(0, wasm[:half]), 1)
+    assert isinstance(reply, c.UploadReply) and (reply.received_bytes, reply.complete) == (half, False)
+    monkeypatch.setattr(program_requests, "MAX_COMPILING", 0)
+    reply = request(control_server, uploader, chunk(half, wasm[half:]), 2)
+    assert (reply.code, reply.message) == ("upload_busy", "0 programs are compiling already: try again in a few "
+                                                          "seconds")
+    monkeypatch.setattr(program_requests, "MAX_COMPILING", 4)
+    uploader.send(c.CODEC.encode(chunk(half, wasm[half:]), 3))
+    turn_until(control_server, uploader, lambda: uploader.poll(0))
+    reply = c.CODEC.decode(uploader.recv()).message
+    assert reply == c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True)
+    uploader.close(0)
+
+
+def test_the_client_sends_a_busy_chunk_again(monkeypatch):
+    """OvenClient.upload resends a chunk refused ``upload_busy``, the same chunk, after a pause; other
+    refusals, and a busy server past ``busy_wait_s``, raise."""
+    from oven.client import rpc
+
+    sent, pauses, answers = [], [], []
+
+    def fake_request(self, message, timeout_s=None):
+        sent.append((message.offset, len(message.data)))
+        answer = answers.pop(0)
+        if isinstance(answer, c.ControlError):
+            raise rpc.ControlRequestError(answer)
+        return answer
+    monkeypatch.setattr(rpc.OvenClient, "request", fake_request)
+    monkeypatch.setattr(rpc.time, "sleep", pauses.append)
+    monkeypatch.setattr(c, "UPLOAD_CHUNK_BYTES", 4)
+    busy = c.ControlError("upload_busy", "4 programs are compiling already: try again in a few seconds")
+    digest = hashlib.sha256(b"12345678").hexdigest()
+    with rpc.OvenClient(private_endpoint(), token="") as client:
+        answers[:] = [c.UploadReply(digest, 4, False), busy, busy, c.UploadReply(digest, 8, True)]
+        assert client.upload(b"12345678") == digest
+        assert sent == [(0, 4), (4, 4), (4, 4), (4, 4)] and pauses == [0.5, 1.0]
+        sent.clear()
+        answers[:] = [c.ControlError("bad_upload", "chunk at offset 0 does not follow 4 bytes")]
+        with pytest.raises(rpc.ControlRequestError, match="^bad_upload"):
+            client.upload(b"1234")
+        answers[:] = [busy, busy]
+        with pytest.raises(rpc.ControlRequestError, match="^upload_busy"):
+            client.upload(b"1234", busy_wait_s=0.6)  # one pause of 0.5 s fits, the next does not
+        assert sent[-2:] == [(0, 4), (0, 4)]
+
+
 def test_a_vanished_client_leaks_nothing(control_server, clock):
     """A client that launches without --detach and disappears: its instance dies once the lease lapses,
     and everything it held returns to the pools."""
@@ -301,4 +355,50 @@ def test_a_compile_stalls_neither_the_server_nor_its_uploaders_lease(control_ser
     assert reply == c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True) and programs.has(reply.sha256)
     assert isinstance(request(control_server, uploader, c.Launch(reply.sha256, []), 3), c.Launched)
     for dealer in (uploader, other):
+        dealer.close(0)
+
+
+def test_a_launch_that_must_compile_again_stalls_nothing(control_server, monkeypatch):
+    """A stored program whose code is not in memory and whose compiled file is unusable (as after a
+    wasmtime upgrade) is compiled again on the worker thread when launched (held here until the test
+    lets it go): meanwhile the server serves other clients, and two launches of it share one load. Both
+    are answered once it is loaded; its compiled file is written again, and a later launch starts at once."""
+    programs = control_server.loop.programs
+    digest = programs.add(fresh_program("echo"), "stale-echo")
+    programs._components.pop(digest)  # a restarted server holds no code in memory
+    programs._compiled_path(digest).write_bytes(b"compiled by some other wasmtime")
+    loading, release, loads = threading.Event(), threading.Event(), []
+    load_now = programs.load
+
+    def held_load(digest_: str):
+        loads.append(digest_)
+        loading.set()
+        assert release.wait(120)
+        return load_now(digest_)
+    monkeypatch.setattr(programs, "load", held_load)
+    first, second, other = (dealer_at(control_server.endpoint, name) for name in (b"first", b"second", b"other"))
+    first.send(c.CODEC.encode(c.Launch("stale-echo", []), 1))
+    second.send(c.CODEC.encode(c.Launch(digest, []), 1))
+    for _ in range(400):
+        turn(control_server)
+        if loading.is_set():
+            break
+    theirs = request(control_server, other, c.Launch("echo", []), 1).instance_id
+    assert isinstance(request(control_server, other, c.SendMessage(theirs, "hi"), 2), c.Ok)
+    turn_until(control_server, other, lambda: messages(control_server.loop, theirs) == ["echo: hi"])
+    assert loads == [digest] and not first.poll(0) and not second.poll(0)
+    release.set()
+    launched = []
+    for dealer in (first, second):
+        for _ in range(400):
+            turn(control_server)
+            if dealer.poll(0):
+                break
+        launched.append(c.CODEC.decode(dealer.recv()).message)
+    assert all(isinstance(reply, c.Launched) for reply in launched) and loads == [digest]
+    assert {control_server.loop.record(reply.instance_id).program for reply in launched} == {digest}
+    assert programs._read_compiled(digest) is not None  # written again, by this store
+    again = request(control_server, other, c.Launch(digest, []), 3)
+    assert isinstance(again, c.Launched) and loads == [digest]  # in memory now: no load, answered at once
+    for dealer in (first, second, other):
         dealer.close(0)

@@ -206,10 +206,19 @@ class ProgramStore:
                       if DIGEST.match(p.stem) and (operator or self.may_run(p.stem, client)))
 
     def component(self, digest: str) -> component.Component:
-        """The compiled component: from memory, else from the store's own compiled file, else compiled now."""
-        cached = self._components.get(digest)
-        if cached is not None:
-            return cached
+        """The compiled component: from memory, else :meth:`load` now (for the library and tests; a server
+        loads off its loop thread, see control/program_requests.py)."""
+        comp = self.loaded(digest)
+        return comp if comp is not None else self.keep(digest, self.load(digest))
+
+    def loaded(self, digest: str) -> component.Component | None:
+        """The component if it is in memory (a launch can start at once), else None."""
+        return self._components.get(digest)
+
+    def load(self, digest: str) -> component.Component:
+        """The component from the store's own compiled file, else compiled now (seconds: a compiled file
+        from another wasmtime build is unusable) and its compiled file written. It changes nothing in
+        memory, so a server runs it off its loop thread and then calls :meth:`keep`."""
         if not self.has(digest):
             raise ProgramError(f"no program hashed {digest!r}")
         comp = self._read_compiled(digest)
@@ -219,6 +228,10 @@ class ProgramStore:
             except wasmtime.WasmtimeError as exc:
                 raise ProgramError(f"not a valid component: {_first_line(exc)}") from None
             self._write_compiled(digest, comp.serialize())
+        return comp
+
+    def keep(self, digest: str, comp: component.Component) -> component.Component:
+        """Keep what :meth:`load` returned in memory, for every later launch."""
         self._components[digest] = comp
         return comp
 
