@@ -5,7 +5,7 @@ never stalls the inferlets the control loop runs; its last chunk is answered (``
 program is stored. Every buffer has a cap (``upload_busy`` past it): half-finished uploads per client
 and in all, and programs compiling or waiting to, one per client and MAX_COMPILING in all. A launch of
 a stored program whose code is not in memory (the server restarted, or wasmtime changed and its
-compiled file must be compiled again) is answered once the same worker has loaded it.
+compiled file must be compiled again) is answered once a loader thread has loaded it.
 """
 
 from __future__ import annotations
@@ -30,11 +30,16 @@ class ProgramRequests:
     def _init_programs(self) -> None:
         self._uploads: dict[tuple[bytes, str], bytearray] = {}  # (route, sha256) -> bytes so far
         self._compiling: set[str] = set()  # clients with a program compiling (one each)
-        self._loading: dict[str, list[Callable[[], None]]] = {}  # digest -> what waits for its code
+        # digest -> the launches waiting for its code: (what sends the answer, what makes it)
+        self._loading: dict[str, list[tuple[Callable[[object], None], Callable[[], object]]]] = {}
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="oven-compile")
+        # Loads have their own threads: most map a compiled file in milliseconds, and must not queue
+        # behind an upload's compile; two, so that one program compiling again holds up no other.
+        self._loader = ThreadPoolExecutor(2, thread_name_prefix="oven-load")
 
     def _close_programs(self) -> None:
-        self._compiler.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._compiler, self._loader):
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _upload(self, caller: Caller, req: c.UploadChunk):
         if not DIGEST.match(req.sha256):
@@ -99,7 +104,7 @@ class ProgramRequests:
         return LATER
 
     def _load_later(self, digest: str, then: Callable[[], object]):
-        """Load a stored program's code on the worker thread (its compiled file, or a compile of seconds
+        """Load a stored program's code on a loader thread (its compiled file, or a compile of seconds
         when that file is unusable, as after a wasmtime upgrade), keep it, then answer with ``then()``
         on the loop thread. Launches of one program share one load."""
         waiter = (self._reply_later(), then)
@@ -108,7 +113,7 @@ class ProgramRequests:
             return LATER
         self._loading[digest] = [waiter]
 
-        def keep(loaded: Future) -> None:  # on the loop thread
+        def answer_all(loaded: Future) -> None:  # on the loop thread
             waiters = self._loading.pop(digest)
             try:
                 self.loop.programs.keep(digest, loaded.result())
@@ -118,17 +123,17 @@ class ProgramRequests:
                 failure = c.ControlError("internal", f"{type(exc).__name__}: {exc}")
             else:
                 failure = None
-            for reply, then_ in waiters:
+            for reply, make_answer in waiters:
                 if failure is not None:
                     reply(failure)
                     continue
                 try:
-                    reply(then_())
+                    reply(make_answer())
                 except RequestFailed as exc:
                     reply(exc.reply)
 
-        future = self._compiler.submit(self.loop.programs.load, digest)
-        future.add_done_callback(lambda done: self.loop.post(lambda: keep(done)))
+        future = self._loader.submit(self.loop.programs.load, digest)
+        future.add_done_callback(lambda done: self.loop.post(lambda: answer_all(done)))
         return LATER
 
     def _buffer_chunk(self, caller: Caller, req: c.UploadChunk) -> bytes | None:

@@ -196,8 +196,7 @@ def test_a_last_chunk_refused_for_want_of_a_compile_slot_is_all_that_is_sent_aga
                                                           "seconds")
     monkeypatch.setattr(program_requests, "MAX_COMPILING", 4)
     uploader.send(c.CODEC.encode(chunk(half, wasm[half:]), 3))
-    turn_until(control_server, uploader, lambda: uploader.poll(0))
-    reply = c.CODEC.decode(uploader.recv()).message
+    reply = next_reply(control_server, uploader)
     assert reply == c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True)
     uploader.close(0)
 
@@ -215,8 +214,15 @@ def test_the_client_sends_a_busy_chunk_again(monkeypatch):
         if isinstance(answer, c.ControlError):
             raise rpc.ControlRequestError(answer)
         return answer
+    this_thread, sleep = threading.current_thread(), time.sleep
+
+    def pause(seconds: float) -> None:  # time.sleep is every thread's: only this one's pauses are skipped
+        if threading.current_thread() is this_thread:
+            pauses.append(seconds)
+        else:
+            sleep(seconds)
     monkeypatch.setattr(rpc.OvenClient, "request", fake_request)
-    monkeypatch.setattr(rpc.time, "sleep", pauses.append)
+    monkeypatch.setattr(rpc.time, "sleep", pause)
     monkeypatch.setattr(c, "UPLOAD_CHUNK_BYTES", 4)
     busy = c.ControlError("upload_busy", "4 programs are compiling already: try again in a few seconds")
     digest = hashlib.sha256(b"12345678").hexdigest()
@@ -311,6 +317,15 @@ def turn_until(server: ControlServer, dealer: zmq.Socket, done, timeout_s: float
         turn(server)
 
 
+def next_reply(server: ControlServer, dealer: zmq.Socket, timeout_s: float = 120):
+    """The next message to ``dealer`` that is not the answer to one of its heartbeats (see turn_until)."""
+    while True:
+        turn_until(server, dealer, lambda: dealer.poll(0), timeout_s)
+        message = c.CODEC.decode(dealer.recv()).message
+        if not isinstance(message, c.Alive):
+            return message
+
+
 def test_a_compile_stalls_neither_the_server_nor_its_uploaders_lease(control_server, monkeypatch, clock):
     """A new program compiles on a worker thread (here held until the test lets it go): meanwhile the
     server answers requests and runs instances (an echo answers), a second upload of the same client is
@@ -360,9 +375,10 @@ def test_a_compile_stalls_neither_the_server_nor_its_uploaders_lease(control_ser
 
 def test_a_launch_that_must_compile_again_stalls_nothing(control_server, monkeypatch):
     """A stored program whose code is not in memory and whose compiled file is unusable (as after a
-    wasmtime upgrade) is compiled again on the worker thread when launched (held here until the test
-    lets it go): meanwhile the server serves other clients, and two launches of it share one load. Both
-    are answered once it is loaded; its compiled file is written again, and a later launch starts at once."""
+    wasmtime upgrade) is compiled again on a loader thread when launched (held here until the test lets
+    it go): meanwhile the server serves other clients and launches other programs, and two launches of it
+    share one load. Both are answered once it is loaded; its compiled file is written again, and a later
+    launch starts at once."""
     programs = control_server.loop.programs
     digest = programs.add(fresh_program("echo"), "stale-echo")
     programs._components.pop(digest)  # a restarted server holds no code in memory
@@ -371,30 +387,22 @@ def test_a_launch_that_must_compile_again_stalls_nothing(control_server, monkeyp
     load_now = programs.load
 
     def held_load(digest_: str):
-        loads.append(digest_)
-        loading.set()
-        assert release.wait(120)
+        if digest_ == digest:
+            loads.append(digest_)
+            loading.set()
+            assert release.wait(120)
         return load_now(digest_)
     monkeypatch.setattr(programs, "load", held_load)
     first, second, other = (dealer_at(control_server.endpoint, name) for name in (b"first", b"second", b"other"))
     first.send(c.CODEC.encode(c.Launch("stale-echo", []), 1))
     second.send(c.CODEC.encode(c.Launch(digest, []), 1))
-    for _ in range(400):
-        turn(control_server)
-        if loading.is_set():
-            break
+    turn_until(control_server, first, loading.is_set)
     theirs = request(control_server, other, c.Launch("echo", []), 1).instance_id
     assert isinstance(request(control_server, other, c.SendMessage(theirs, "hi"), 2), c.Ok)
     turn_until(control_server, other, lambda: messages(control_server.loop, theirs) == ["echo: hi"])
     assert loads == [digest] and not first.poll(0) and not second.poll(0)
     release.set()
-    launched = []
-    for dealer in (first, second):
-        for _ in range(400):
-            turn(control_server)
-            if dealer.poll(0):
-                break
-        launched.append(c.CODEC.decode(dealer.recv()).message)
+    launched = [next_reply(control_server, dealer) for dealer in (first, second)]  # after a compile: seconds
     assert all(isinstance(reply, c.Launched) for reply in launched) and loads == [digest]
     assert {control_server.loop.record(reply.instance_id).program for reply in launched} == {digest}
     assert programs._read_compiled(digest) is not None  # written again, by this store
