@@ -99,20 +99,26 @@ def random_prompts(num: int, length: int, seed: int) -> list[list[int]]:
     return np.random.default_rng(seed).integers(0, 32000, size=(num, length)).tolist()
 
 
+def device_seconds(work, reps: int, warmup: int) -> float:
+    """Median device seconds of ``work()``, timed by CUDA events around each of ``reps`` calls after
+    ``warmup`` untimed ones."""
+    times = []
+    for rep in range(warmup + reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        end.record()
+        end.synchronize()
+        if rep >= warmup:
+            times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
 def copy_bandwidth(gib: float, reps: int = 10) -> float:
     """Device memory bandwidth in bytes/s: a large copy reads and writes its size once, timed by CUDA events."""
     src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    times = []
-    for rep in range(reps + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        if rep >= 3:
-            times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / statistics.median(times)
+    return 2 * src.numel() / device_seconds(lambda: dst.copy_(src), reps, warmup=3)
 
 
 @torch.inference_mode()
@@ -214,22 +220,10 @@ def profile_steps(step, path: Path, steps: int = 20) -> None:
 
 
 def replay_times(engine: Engine, args) -> dict[int, float]:
-    """Median device seconds of one replay of each captured decode graph (the model's forward alone), by
-    CUDA events over ``args.reps`` replays."""
-    out = {}
+    """Median device seconds of one replay of each captured decode graph (the model's forward alone)."""
     graphs = engine.decode_graphs.graphs if engine.decode_graphs is not None else {}
-    for bucket, entry in sorted(graphs.items()):
-        times = []
-        for rep in range(args.warmup + args.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            entry.graph.replay()
-            end.record()
-            end.synchronize()
-            if rep >= args.warmup:
-                times.append(start.elapsed_time(end) / 1e3)
-        out[bucket] = statistics.median(times)
-    return out
+    return {bucket: device_seconds(entry.graph.replay, args.reps, args.warmup)
+            for bucket, entry in sorted(graphs.items())}
 
 
 def step_weight_bytes(model) -> int:

@@ -82,8 +82,8 @@ class ProgramRequests:
                                                "in a few seconds")
 
     def _compile_later(self, caller: Caller, req: c.UploadChunk, data: bytes, namespace: str):
-        """Compile ``data`` on the worker thread, then store it and answer, on the loop thread."""
-        self._check_compile_slot(caller)
+        """Compile ``data`` on the worker thread, then store it and answer, on the loop thread (``_upload``
+        checked the compile slot before it took the last chunk)."""
         self._compiling.add(caller.name)
         reply = self._reply_later()
 
@@ -124,13 +124,12 @@ class ProgramRequests:
             else:
                 failure = None
             for reply, make_answer in waiters:
-                if failure is not None:
-                    reply(failure)
-                    continue
-                try:
-                    reply(make_answer())
-                except RequestFailed as exc:
-                    reply(exc.reply)
+                if failure is None:
+                    try:
+                        answer = make_answer()
+                    except RequestFailed as exc:
+                        answer = exc.reply
+                reply(failure or answer)
 
         future = self._loader.submit(self.loop.programs.load, digest)
         future.add_done_callback(lambda done: self.loop.post(lambda: answer_all(done)))

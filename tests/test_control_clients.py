@@ -362,11 +362,7 @@ def test_a_compile_stalls_neither_the_server_nor_its_uploaders_lease(control_ser
     assert control_server.loop.record(kept) is not None  # waiting for the server is not silence
     assert control_server.loop.ended(theirs).error == "its client went away (lease expired)"  # silence is
     release.set()
-    for _ in range(400):
-        turn(control_server)
-        if uploader.poll(0):
-            break
-    reply = c.CODEC.decode(uploader.recv()).message
+    reply = next_reply(control_server, uploader)
     assert reply == c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True) and programs.has(reply.sha256)
     assert isinstance(request(control_server, uploader, c.Launch(reply.sha256, []), 3), c.Launched)
     for dealer in (uploader, other):
