@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from oven.client.build import Inferlet
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
 from oven.client.generate import greedy_generate
@@ -29,10 +30,13 @@ PROGRAM_DIR = str(Path(default_program_dir()).parent / "test-programs")
 
 
 def built(name: str) -> bytes:
-    path = inferlets_dir() / name / f"{name}.wasm"
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: run setup.sh, which builds the inferlets")
-    return path.read_bytes()
+    """A library inferlet's component; one older than its sources fails the test rather than test old code."""
+    inferlet = Inferlet.at(inferlets_dir() / name)
+    if not inferlet.output.is_file():
+        pytest.fail(f"{inferlet.output} is missing: run setup.sh, which builds the inferlets")
+    if not inferlet.up_to_date():
+        pytest.fail(f"{inferlet.output} is older than its sources: run setup.sh (or `oven build inferlets/{name}`)")
+    return inferlet.output.read_bytes()
 
 
 @contextmanager
