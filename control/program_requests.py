@@ -124,12 +124,7 @@ class ProgramRequests:
             else:
                 failure = None
             for reply, make_answer in waiters:
-                if failure is None:
-                    try:
-                        answer = make_answer()
-                    except RequestFailed as exc:
-                        answer = exc.reply
-                reply(failure or answer)
+                reply(failure if failure is not None else self._answered("Launch", make_answer))
 
         future = self._loader.submit(self.loop.programs.load, digest)
         future.add_done_callback(lambda done: self.loop.post(lambda: answer_all(done)))

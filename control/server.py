@@ -153,18 +153,24 @@ class ControlServer(AdapterRequests, ProgramRequests):
             envelope = c.CODEC.decode(payload)
         except ProtocolError as exc:
             return c.CODEC.encode(c.ControlError("malformed", str(exc)), c.CODEC.peek_request_id(payload))
-        handler = self._handlers.get(type(envelope.message))
+        handler, kind = self._handlers.get(type(envelope.message)), type(envelope.message).__name__
         self._replying_to = (caller.route, envelope.request_id)
-        try:
-            if handler is None:
-                raise RequestFailed("not_a_request", f"{type(envelope.message).__name__} is not a request")
-            reply = handler(caller, envelope.message)
-        except RequestFailed as exc:
-            reply = exc.reply
-        except Exception as exc:  # a bug in a handler must not take the server down
-            log.exception("request %s failed", type(envelope.message).__name__)
-            reply = c.ControlError("internal", f"{type(exc).__name__}: {exc}")
+        if handler is None:
+            reply = c.ControlError("not_a_request", f"{kind} is not a request")
+        else:
+            reply = self._answered(kind, lambda: handler(caller, envelope.message))
         return None if reply is LATER else c.CODEC.encode(reply, envelope.request_id)
+
+    def _answered(self, kind: str, make: Callable[[], object]) -> object:
+        """``make()``, a request's reply (or LATER); a RequestFailed is its error reply, and any other
+        exception an ``internal`` one, logged: a bug in a handler must not take the server down."""
+        try:
+            return make()
+        except RequestFailed as exc:
+            return exc.reply
+        except Exception as exc:
+            log.exception("request %s failed", kind)
+            return c.ControlError("internal", f"{type(exc).__name__}: {exc}")
 
     def _reply_later(self) -> Callable[[object], None]:
         """For a handler that returns LATER: what sends its reply when it has one. Meanwhile the client
