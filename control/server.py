@@ -48,6 +48,10 @@ DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
 # Connections dropped while they held something, remembered (oldest forgotten first) so that the next
 # heartbeat of one that comes back is told what it lost, instead of it waiting for events that never come.
 MAX_DROPPED_ROUTES = 4096
+# Requests served per turn: past it the loop steps (inferlets run, batches go out, slow and silent
+# clients are dealt with) before the rest are read, so a client that floods requests cannot stall
+# every other client's instances. ROUTER fair-queues its connections, so each turn's share is fair too.
+MAX_REQUESTS_PER_TURN = 256
 
 
 class ControlServer(AdapterRequests, ProgramRequests):
@@ -137,7 +141,9 @@ class ControlServer(AdapterRequests, ProgramRequests):
             self._held = held
 
     def _drain(self) -> None:
-        while self.sock.poll(0):
+        for _ in range(MAX_REQUESTS_PER_TURN):
+            if not self.sock.poll(0):
+                break
             frames = self.sock.recv_multipart(copy=False)
             if len(frames) < 2:
                 continue

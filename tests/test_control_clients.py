@@ -140,6 +140,24 @@ def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_se
     dealer.close(0)
 
 
+def test_a_flood_of_requests_is_served_a_share_per_turn(control_server, monkeypatch):
+    """A client that sends faster than the server answers is served MAX_REQUESTS_PER_TURN requests a
+    turn, and the loop steps between (other clients' instances run, slow clients are dropped)."""
+    monkeypatch.setattr(server_module, "MAX_REQUESTS_PER_TURN", 4)
+    served = []
+    heartbeat = control_server._handlers[c.Heartbeat]
+    control_server._handlers[c.Heartbeat] = lambda caller, req: served.append(req) or heartbeat(caller, req)
+    dealer = dealer_at(control_server.endpoint, b"flooder")
+    for request_id in range(1, 11):
+        dealer.send(c.CODEC.encode(c.Heartbeat(), request_id))
+    counts = []
+    for _ in range(3):
+        turn(control_server)
+        counts.append(len(served))
+    assert counts == [4, 8, 10]
+    dealer.close(0)
+
+
 def request(server: ControlServer, dealer: zmq.Socket, message, request_id: int):
     dealer.send(c.CODEC.encode(message, request_id))
     for _ in range(100):
