@@ -28,7 +28,8 @@ class ProgramRequests:
     """Part of ``ControlServer`` (it supplies ``loop`` and ``_reply_later``)."""
 
     def _init_programs(self) -> None:
-        self._uploads: dict[tuple[bytes, str], bytearray] = {}  # (route, sha256) -> bytes so far
+        # (route, client name, sha256) -> bytes so far: a connection's, counted against its client
+        self._uploads: dict[tuple[bytes, str, str], bytearray] = {}
         self._compiling: set[str] = set()  # clients with a program compiling (one each)
         # digest -> the launches waiting for its code: (what sends the answer, what makes it)
         self._loading: dict[str, list[tuple[Callable[[object], None], Callable[[], object]]]] = {}
@@ -66,7 +67,7 @@ class ProgramRequests:
                 self._check_compile_slot(caller)  # refused before the last chunk is taken: only it is resent
             data = self._buffer_chunk(caller, req)
             if data is None:
-                return c.UploadReply(req.sha256, len(self._uploads[(caller.route, req.sha256)]), False)
+                return c.UploadReply(req.sha256, len(self._uploads[(caller.route, caller.name, req.sha256)]), False)
             if programs.has(req.sha256):  # stored while this one was uploading
                 return recorded(len(data))
         except ProgramError as exc:
@@ -132,8 +133,9 @@ class ProgramRequests:
 
     def _buffer_chunk(self, caller: Caller, req: c.UploadChunk) -> bytes | None:
         """Add a chunk to the caller's upload; the whole program once complete and checked, else None."""
-        key = (caller.route, req.sha256)
-        mine = sum(len(b) for (route, _), b in self._uploads.items() if route == caller.route)
+        key = (caller.route, caller.name, req.sha256)
+        # per client, not per connection: one client's many connections share one program's worth
+        mine = sum(len(b) for (_, name, _), b in self._uploads.items() if name == caller.name)
         if mine + len(req.data) > MAX_UPLOAD_BYTES:
             raise RequestFailed("upload_busy", f"this client has {mine / 2**20:.1f} MiB of unfinished uploads; "
                                                f"finish them first (at most {MAX_UPLOAD_BYTES >> 20} MiB at once)")

@@ -18,6 +18,7 @@ from oven.control import program_requests, server as server_module
 from oven.proto.endpoints import private_endpoint
 from oven.control.outbox import ClientOutbox
 from oven.control.keyring import Keyring
+from oven.control.requests import Caller
 from oven.control.server import ControlServer
 from oven.proto import control as c
 
@@ -183,19 +184,23 @@ def test_unfinished_uploads_are_bounded_and_go_with_their_client(control_server,
 
 
 def test_one_client_cannot_take_the_whole_upload_buffer(control_server, monkeypatch):
-    """Each client may have at most one program's worth (MAX_UPLOAD_BYTES) half uploaded: holding that
-    much, it gets upload_busy, and another client's upload still goes through."""
+    """Each client may have at most one program's worth (MAX_UPLOAD_BYTES) half uploaded, over all its
+    connections: holding that much, it gets upload_busy on another, and another client's upload still
+    goes through."""
     monkeypatch.setattr(program_requests, "MAX_UPLOAD_BYTES", 8)
-    hog, other = (dealer_at(control_server.endpoint, identity) for identity in (b"hog", b"other"))
-    reply = request(control_server, hog, c.UploadChunk("a", "a" * 64, 6, 0, b"12345"), 1)
+
+    def upload(route: bytes, name: str, sha: str):
+        chunk = c.UploadChunk(sha, sha * 64, 6, 0, b"12345")
+        return control_server._answered("UploadChunk", lambda: control_server._upload(Caller(route, name), chunk))
+
+    reply = upload(b"hog-1", "mallory", "a")
     assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
-    reply = request(control_server, hog, c.UploadChunk("b", "b" * 64, 6, 0, b"12345"), 2)
-    assert isinstance(reply, c.ControlError) and reply.code == "upload_busy" and reply.message.startswith(
-        "this client has 0.0 MiB of unfinished uploads")
-    reply = request(control_server, other, c.UploadChunk("b", "b" * 64, 6, 0, b"12345"), 1)
+    for route in (b"hog-1", b"hog-2"):
+        reply = upload(route, "mallory", "b")
+        assert isinstance(reply, c.ControlError) and reply.code == "upload_busy" and reply.message.startswith(
+            "this client has 0.0 MiB of unfinished uploads")
+    reply = upload(b"other", "alice", "b")
     assert isinstance(reply, c.UploadReply) and reply.received_bytes == 5
-    hog.close(0)
-    other.close(0)
 
 
 def test_a_last_chunk_refused_for_want_of_a_compile_slot_is_all_that_is_sent_again(control_server, monkeypatch):
