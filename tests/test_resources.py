@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from oven.control.resources import exports as exports_module
 from oven.control.resources import (
     DEVICE,
     HOST,
@@ -376,8 +377,26 @@ def test_export_errors_change_nothing(pools):
     for bad_name in ("", "n" * (MAX_NAME_BYTES + 1), 7):
         with pytest.raises(ResourceError, match="export name"):
             pools.exports.export_kvpages(owner, bad_name, [a])
+    with pytest.raises(ResourceError, match="export 'y' names no kvpage"):  # it would cost nothing to hoard
+        pools.exports.export_kvpages(owner, "y", [])
     assert pools.exports.list_exports() == [("x", 1)]
     assert pools.kv.refcount(0) == 2  # only the owner and "x"
+
+
+def test_a_client_holds_at_most_max_exports_per_client(pools, monkeypatch):
+    """Exports outlive their exporter, so a client's are bounded in number (many names on one page
+    cost no KV); another client's are not affected, and releasing one makes room."""
+    monkeypatch.setattr(exports_module, "MAX_EXPORTS_PER_CLIENT", 3)
+    owner = pools.table(1)
+    (page,) = owner.alloc_kvpages(1)
+    for name in ("a", "b", "c"):
+        pools.exports.export_kvpages(owner, name, [page], namespace="mallory")
+    with pytest.raises(ResourceError, match="this client has 3 exports already: release some first"):
+        pools.exports.export_kvpages(owner, "d", [page], namespace="mallory")
+    pools.exports.export_kvpages(owner, "d", [page], namespace="alice")
+    pools.exports.drop("a", "mallory")
+    pools.exports.export_kvpages(owner, "d", [page], namespace="mallory")
+    assert len(pools.exports) == 4
 
 
 def test_import_errors(pools):

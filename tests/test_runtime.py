@@ -9,6 +9,7 @@ import pytest
 
 from harness import assert_pools_full, direct_greedy, messages, run
 
+from oven.control.runtime import futures as futures_module
 from oven.control.runtime.instance import State
 
 
@@ -117,3 +118,20 @@ def test_an_ended_instance_frees_its_store_at_once(loop, program, args):
         assert store() is None
     finally:
         gc.enable()
+
+
+def test_an_ended_instance_leaves_no_timers(loop):
+    """Sleeps an inferlet never waited for go with it: a far deadline must not keep it in memory."""
+    before = len(loop.timers)
+    (inst,) = run(loop, "hostile", [["sleepers", "100"]])
+    assert (inst.state, inst.exit_code, messages(loop, inst)) == (State.FINISHED, 0, ["100 sleeps started"])
+    assert len(loop.timers) == before
+
+
+def test_an_instance_past_max_futures_dies_alone(loop, monkeypatch):
+    monkeypatch.setattr(futures_module, "MAX_FUTURES", 50)
+    before = len(loop.timers)
+    (inst,) = run(loop, "hostile", [["sleepers", "100"]])
+    assert inst.state is State.FAILED and "50 futures are held already" in inst.error
+    assert len(loop.timers) == before
+    assert_pools_full(loop)

@@ -32,6 +32,9 @@ from .slab import ResourceError
 from .table import ResourceTable
 
 MAX_NAME_BYTES = 256  # names are kept in control memory for as long as the export lives
+# Exports one client's inferlets may hold together: an export outlives its exporter, so without a
+# bound an inferlet could leave any number behind (many names on one page cost no KV at all).
+MAX_EXPORTS_PER_CLIENT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ class ExportRegistry:
     def __init__(self, kv_pool: PhysicalPool):
         self.kv_pool = kv_pool
         self._export_by_name: dict[tuple[str, str], Export] = {}
+        self._count_by_namespace: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._export_by_name)
@@ -63,19 +67,24 @@ class ExportRegistry:
     def export_kvpages(self, owner: ResourceTable, name: str, handles: Iterable[int], namespace: str = "") -> None:
         """Publish the owner's device pages under ``name``; the owner keeps its handles.
 
-        Raises ResourceError for a taken or malformed name, an unknown,
-        repeated or host-resident handle; nothing changes then.
+        Raises ResourceError for a taken or malformed name, no handle, an unknown, repeated or
+        host-resident handle, or the client's MAX_EXPORTS_PER_CLIENT reached; nothing changes then.
         """
         self._check_pool(owner)
         _check_name(name)
         if (namespace, name) in self._export_by_name:
             raise ResourceError(f"export name {name!r} is taken")
+        if self._count_by_namespace[namespace] >= MAX_EXPORTS_PER_CLIENT:
+            raise ResourceError(f"this client has {MAX_EXPORTS_PER_CLIENT} exports already: release some first")
         handles = list(handles)
+        if not handles:
+            raise ResourceError(f"export {name!r} names no kvpage")
         if len(set(handles)) != len(handles):
             raise ResourceError(f"export {name!r} names a kvpage handle twice")
         page_ids = owner.physical_pages(handles)
         self.kv_pool.retain(page_ids)
         self._export_by_name[(namespace, name)] = Export(name, owner.instance_id, tuple(page_ids), namespace)
+        self._count_by_namespace[namespace] += 1
 
     def import_kvpages(self, importer: ResourceTable, name: str, namespace: str = "") -> list[int]:
         """Fresh handles in the importer's space for the pages of ``name``, in export order.
@@ -101,6 +110,9 @@ class ExportRegistry:
         """Release ``name`` whoever exported it (the runtime's own call, not an inferlet's); the pages freed."""
         export = self._get(name, namespace)
         del self._export_by_name[(namespace, name)]
+        self._count_by_namespace[namespace] -= 1
+        if not self._count_by_namespace[namespace]:
+            del self._count_by_namespace[namespace]
         return self.kv_pool.release(export.page_ids)
 
     def get(self, name: str, namespace: str = "") -> Export:

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 UNIT, HANDLES, DISTS, TOKEN, TEXT, HTTP = "unit", "handles", "dists", "token", "text", "http"
+# Futures one instance may hold at once (issued, not yet taken or dropped): each is control memory,
+# and an inferlet that issues calls it never takes must hurt only itself (it is trapped past this).
+MAX_FUTURES = 1 << 16
 
 
 class FutureError(ValueError):
@@ -39,6 +42,8 @@ class FutureTable:
         return len(self._futures)
 
     def create(self, kind: str, io: bool = False) -> Future:
+        if len(self._futures) >= MAX_FUTURES:
+            raise FutureError(f"{MAX_FUTURES} futures are held already: take or drop some before issuing more")
         fut = Future(self._next_handle, kind, io)
         self._next_handle += 1
         self._futures[fut.handle] = fut

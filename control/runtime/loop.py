@@ -172,6 +172,7 @@ class ControlLoop:
         inst.resources.release_all()
         inst.release_store()
         self.topics.forget(inst.instance_id)
+        self.timers.forget(inst.instance_id)
         self.instances.pop(inst.instance_id, None)
         self.finished[inst.instance_id] = inst.record()
         while len(self.finished) > self.config.finished_instances:  # oldest first (dicts keep insertion order)

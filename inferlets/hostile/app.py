@@ -13,6 +13,8 @@ Argument: one of
   flood N         send N messages "m<i>" and print N lines "line <i>", waiting 0 ms after each:
                   output faster than a slow client reads (the server holds it back, losing nothing)
   deaf            sleep for an hour, never reading what clients send (its inbox must stay bounded)
+  sleepers N      start N sleeps of an hour, wait for none and exit: its timers must go with it (and
+                  past the futures an instance may hold, the host kills it)
 Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
@@ -48,6 +50,10 @@ def main():
         return
     if mode == "deaf":
         yield from wait_all([runtime.sleep(3_600_000)])
+        return
+    if mode == "sleepers":
+        naps = [runtime.sleep(3_600_000) for _ in range(int(runtime.arguments()[1]))]
+        messaging.send(f"{len(naps)} sleeps started")
         return
     if mode == "quota":
         f = kvpages.alloc_kvpages(0, 1 << 20)

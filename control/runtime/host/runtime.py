@@ -9,7 +9,7 @@ from .. import futures as f
 
 def sleep(inst, ms: int) -> int:
     fut = inst.futures.create(f.UNIT, io=True)
-    inst.host.timers.add(time.monotonic() + ms / 1000.0, lambda: inst.futures.complete(fut))
+    inst.host.timers.add(time.monotonic() + ms / 1000.0, lambda: inst.futures.complete(fut), inst.instance_id)
     return fut.handle
 
 
