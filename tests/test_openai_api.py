@@ -227,3 +227,21 @@ def test_control_refusals_map_to_openai_statuses():
                 for code in ("too_many_instances", "upload_busy", "forbidden", "dropped", "internal")}
     assert statuses == {"too_many_instances": 429, "upload_busy": 429, "forbidden": 403, "dropped": 503,
                         "internal": 500}
+
+
+def test_a_body_past_the_cap_is_413_before_it_is_read_whole(monkeypatch):
+    """Whoever reaches the port costs the front end MAX_BODY_BYTES at most, declared or chunked; a
+    well-formed key is enough to get that far, so the cap comes before any question to the server."""
+    from starlette.testclient import TestClient
+
+    from oven.client.openai_api import app as app_module
+
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
+    key = f"oven-{'2' * 64}-{'1' * 64}"  # well formed; no server is asked
+    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL]))
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    body = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
+    for content in (body, iter([body[:600], body[600:]])):  # declared, then chunked (no Content-Length)
+        reply = client.post("/v1/completions", content=content, headers=headers)
+        assert reply.status_code == 413, reply.text
+        assert reply.json()["error"]["message"] == "The request body is larger than this server takes (0 MiB)."

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from oven.client.rpc import OvenClient
 from oven.proto.auth import AuthError, Token
+from oven.proto.control import UPLOAD_CHUNK_BYTES
 
 from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key
 from .requests import Job, parse_body, parse_job
@@ -62,7 +63,7 @@ class Api:
 
     async def _complete(self, request: Request, chat: bool):
         token = api_key(request)
-        job = parse_job(parse_body(await request.body()), chat)
+        job = parse_job(parse_body(await read_body(request)), chat)
         if job.model not in self.models:
             raise self._unknown_model(job.model)
         session = Session(self.endpoint, token, self.program, [job.inferlet_request()])
@@ -196,6 +197,28 @@ class Reply:
 
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
+
+
+# A request's inferlet argument travels in one control message, which holds no more: anyone who
+# reaches the port, with a well-formed key or not, costs the front end this much memory at most.
+MAX_BODY_BYTES = UPLOAD_CHUNK_BYTES
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body; 413 past MAX_BODY_BYTES, as declared or as read (a chunked body declares none)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise _too_large()
+    return bytes(body)
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, f"The request body is larger than this server takes ({MAX_BODY_BYTES >> 20} MiB).")
 
 
 def api_key(request: Request) -> Token:

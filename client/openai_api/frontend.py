@@ -23,6 +23,9 @@ from pathlib import Path
 from oven.proto.lifeline import die_with_parent, lifeline_env
 
 PROGRAM_NAME = "chat-completion"
+# Connections served at once (uvicorn answers 503 past it): with the body cap (app.MAX_BODY_BYTES),
+# what a flood of requests can make the front end hold.
+MAX_CONNECTIONS = 256
 log = logging.getLogger(__name__)
 
 
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("OVEN_TOKEN", None)  # requests use their own keys; the operator's is not needed again
     sock = socket.socket(fileno=args.fd)
     server = uvicorn.Server(uvicorn.Config(create_app(args.endpoint, digest, models), log_level="warning",
-                                           access_log=False, lifespan="off", timeout_graceful_shutdown=5))
+                                           access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+                                           limit_concurrency=MAX_CONNECTIONS))
     print(f"oven: OpenAI API on {args.url} (API key: an oven token)", file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     return 0
