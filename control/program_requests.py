@@ -17,7 +17,7 @@ from typing import Callable
 from oven.proto import control as c
 
 from .requests import LATER, Caller, RequestFailed
-from .runtime.programs import DIGEST, LIBRARY, ProgramError, check_name
+from .runtime.programs import DIGEST, LIBRARY, ProgramError
 
 MAX_UPLOAD_BYTES = 256 << 20  # one program; also what one client may have half uploaded at once
 MAX_BUFFERED_UPLOAD_BYTES = 1 << 30  # partial uploads of all clients together
@@ -56,8 +56,7 @@ class ProgramRequests:
             programs.record_upload(req.sha256, req.name or None, uploader=caller.name, namespace=namespace)
             return c.UploadReply(req.sha256, size, True)
         try:
-            if req.name:
-                check_name(req.name)
+            programs.check_name_room(namespace, req.name or None)  # before the bytes, not after a compile
             if programs.has(req.sha256) and req.offset + len(req.data) == req.total_bytes == len(req.data):
                 # Stored already, and this one chunk is the whole program: it proves the caller has the bytes.
                 if hashlib.sha256(req.data).hexdigest() != req.sha256:
@@ -154,9 +153,10 @@ class ProgramRequests:
             raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
         return data
 
-    def _drop_uploads(self, route: bytes) -> None:
-        """Forget the unfinished uploads of a connection that went: nobody will finish them."""
-        for key in [key for key in self._uploads if key[0] == route]:
+    def _drop_uploads(self, route: bytes | None = None, client: str | None = None) -> None:
+        """Forget the unfinished uploads of a connection that went, or of a client removed: nobody will
+        finish them."""
+        for key in [key for key in self._uploads if key[0] == route or key[1] == client]:
             del self._uploads[key]
 
     def _list_programs(self, caller: Caller, _req) -> c.ProgramList:

@@ -69,6 +69,9 @@ class ControlServer(AdapterRequests, ProgramRequests):
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, c.UPLOAD_CHUNK_BYTES + (1 << 20))
         self._admission = Admission(ctx, keyring.admitted())
+        # Names admitted now: a connection keeps the name its handshake gave it, so a client removed
+        # meanwhile is refused here, request by request (OPERATOR: in-process peers, never removed).
+        self._clients = set(keyring.names()) | {OPERATOR}
         secure_server(self.sock, keyring.server, self._admission)
         bind(self.sock, endpoint)
         self.outbox = ClientOutbox(self.sock)
@@ -161,7 +164,9 @@ class ControlServer(AdapterRequests, ProgramRequests):
             return c.CODEC.encode(c.ControlError("malformed", str(exc)), c.CODEC.peek_request_id(payload))
         handler, kind = self._handlers.get(type(envelope.message)), type(envelope.message).__name__
         self._replying_to = (caller.route, envelope.request_id)
-        if handler is None:
+        if caller.name not in self._clients:
+            reply = c.ControlError("forbidden", f"client {caller.name!r} was removed: its token no longer works")
+        elif handler is None:
             reply = c.ControlError("not_a_request", f"{kind} is not a request")
         else:
             reply = self._answered(kind, lambda: handler(caller, envelope.message))
@@ -314,6 +319,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
         except AuthError as exc:
             raise RequestFailed("bad_client", str(exc)) from None
         self._admission.update(self.keyring.admitted())
+        self._clients.add(req.name)
         return c.ClientToken(req.name, str(token))
 
     def _remove_client(self, caller: Caller, req: c.RemoveClient) -> c.Ok:
@@ -323,7 +329,22 @@ class ControlServer(AdapterRequests, ProgramRequests):
         except AuthError as exc:
             raise RequestFailed("bad_client", str(exc)) from None
         self._admission.update(self.keyring.admitted())
+        self._clients.discard(req.name)
+        self._forget_client(req.name)
         return c.Ok()
+
+    def _forget_client(self, name: str) -> None:
+        """What a removed client held goes with it, so a client given its name later starts with nothing:
+        its instances (detached too) and their records, its exports, its program names and unfinished
+        uploads."""
+        for inst in [inst for inst in self.loop.instances.values() if inst.owner == name]:
+            self.loop.terminate(inst.instance_id, "its client was removed", exit_code=143)
+        self.loop.forget_ended(name)
+        self.output.keep_only(lambda i: self.loop.record(i) is not None or self.loop.ended(i) is not None)
+        for export in [export for export in self.loop.exports.exports() if export.namespace == name]:
+            self.loop.drop_export(export.name, namespace=name)
+        self.loop.programs.forget_client(name)
+        self._drop_uploads(client=name)
 
     def _list_clients(self, caller: Caller, _req) -> c.ClientList:
         self._operator_only(caller)

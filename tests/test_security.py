@@ -18,6 +18,7 @@ import zmq
 
 from oven.client.generate import greedy_generate
 from oven.client.rpc import ControlRequestError, OvenClient, ServerRestarted
+from oven.control.runtime import programs as programs_module
 from oven.control.runtime.programs import ProgramError, ProgramStore, engine_config
 from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
@@ -104,6 +105,25 @@ def test_names_belong_to_their_client(store):
     assert restarted.resolve("echo", "alice") == echo and restarted.resolve("echo", "mallory") == hostile
 
 
+def test_a_client_has_at_most_max_names_and_a_removed_one_none(store, monkeypatch):
+    """Each name rewrites names.json, so a client's are bounded; the bound is checked before the bytes
+    are compiled or stored. A removed client's names and uploads are forgotten, its programs kept."""
+    monkeypatch.setattr(programs_module, "MAX_NAMES_PER_CLIENT", 2)
+    echo = store.add(built("echo"), "one", uploader="mallory")
+    store.add(built("echo"), "two", uploader="mallory")
+    store.add(built("echo"), "two", uploader="mallory")  # a name it has already: no new one
+    with pytest.raises(ProgramError, match="2 program names are taken in 'mallory' already"):
+        store.check_name_room("mallory", "three")
+    with pytest.raises(ProgramError, match="2 program names are taken in 'mallory' already"):
+        store.add(built("hostile"), "three", uploader="mallory")
+    assert len(store.entries()) == 1  # refused before it was compiled and stored
+    store.add(built("echo"), "three", uploader="alice")  # another client's names are its own
+    store.forget_client("mallory")
+    with pytest.raises(ProgramError, match="no program named or hashed"):
+        store.resolve(echo, "mallory")
+    assert store.resolve("three", "alice") == echo and store.has(echo)
+
+
 # -- authentication -------------------------------------------------------------------------------------
 
 def test_a_client_without_a_known_key_gets_nothing(server):
@@ -166,6 +186,28 @@ def test_another_local_user_reaches_neither_socket_nor_token(server):
 
 
 # -- ownership --------------------------------------------------------------------------------------------
+
+def test_a_removed_client_loses_its_connections_and_everything_it_held(server):
+    """A connection keeps the name its handshake gave it: once the client is removed, that open
+    connection is refused too, its detached instance and exports are gone, and a client given the
+    same name later starts with nothing of the first one's."""
+    with server.client() as operator:
+        token = operator.add_client("eve")
+    with server.client(token) as eve, server.client() as operator:
+        echo = eve.upload(built("echo"), "eves-echo")
+        instance_id = eve.launch(echo, [], detach=True)
+        operator.remove_client("eve")
+        with pytest.raises(ControlRequestError, match="forbidden: client 'eve' was removed: its token no longer"):
+            eve.instances()
+        assert instance_id not in [i.instance_id for i in operator.instances()]  # killed, and its record gone
+        with server.client(operator.add_client("eve")) as new_eve:
+            assert new_eve.instances() == [] and new_eve.exports() == [] and new_eve.programs() == []
+            with pytest.raises(ControlRequestError, match="unknown_program: no program named or hashed 'eves-echo'"):
+                new_eve.launch("eves-echo", [])
+            with pytest.raises(ControlRequestError, match="unknown_program"):
+                new_eve.launch(echo, [])  # the first eve uploaded it, not this one
+        operator.remove_client("eve")
+
 
 def test_one_client_cannot_touch_another_clients_instances(server, alice, bob):
     with server.client(alice) as a, server.client(bob) as b, server.client() as operator:

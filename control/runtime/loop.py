@@ -201,6 +201,11 @@ class ControlLoop:
         """The ended instance ``instance_id``, if it is among the ``finished_instances`` newest, or None."""
         return self.finished.get(instance_id)
 
+    def forget_ended(self, owner: str) -> None:
+        """Forget the records of client ``owner``'s ended instances (a client removed from the server)."""
+        for instance_id in [i for i, record in self.finished.items() if record.owner == owner]:
+            del self.finished[instance_id]
+
     def num_instances(self, owner: str | None = None) -> int:
         """Instances running (launched by client ``owner``, if given)."""
         if owner is None:

@@ -43,6 +43,7 @@ WASM_MAGIC = b"\x00asm"
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 PROGRAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LIBRARY = ""  # the namespace of shared programs
+MAX_NAMES_PER_CLIENT = 1024  # program names in one namespace (names.json is rewritten whole on each change)
 _CWASM_MAGIC = b"oven-cwasm-1\n"
 
 
@@ -114,8 +115,7 @@ class ProgramStore:
         """Store a component for ``uploader``; return its hash. Compiles first, so a bad upload fails
         here, leaving nothing on disk, not at launch. ``name`` goes in ``namespace`` (default: the
         uploader's own)."""
-        if name:
-            check_name(name)
+        self.check_name_room(uploader if namespace is None else namespace, name)
         digest = hashlib.sha256(wasm).hexdigest()
         if self.has(digest):
             self.record_upload(digest, name, uploader=uploader, namespace=namespace)
@@ -136,8 +136,7 @@ class ProgramStore:
     def add_compiled(self, compiled: Compiled, name: str | None = None, *, uploader: str = OPERATOR,
                      namespace: str | None = None) -> str:
         """Store what :meth:`compile` made, as :meth:`add` does; return its hash."""
-        if name:
-            check_name(name)
+        self.check_name_room(uploader if namespace is None else namespace, name)
         digest = compiled.digest
         if not self.has(digest):  # only a program that compiled is ever written
             self._write_compiled(digest, compiled.code)
@@ -150,16 +149,38 @@ class ProgramStore:
                       namespace: str | None = None) -> None:
         """``uploader`` has the bytes of stored program ``digest`` (it sent them): it may launch it,
         and ``name`` names it in ``namespace``."""
-        if name:
-            check_name(name)
+        namespace = uploader if namespace is None else namespace
+        self.check_name_room(namespace, name)
         changed = False
         if uploader not in self._uploaders.setdefault(digest, []):
             self._uploaders[digest].append(uploader)
             changed = True
-        names = self._names.setdefault(uploader if namespace is None else namespace, {})
+        names = self._names.setdefault(namespace, {})
         if name and names.get(name) != digest:
             names[name] = digest
             changed = True
+        if changed:
+            self._save_names()
+
+    def check_name_room(self, namespace: str, name: str | None) -> None:
+        """ProgramError unless ``name`` may name a program in ``namespace``: a valid name, and a new one
+        only below MAX_NAMES_PER_CLIENT (every name is rewritten to disk with each change)."""
+        if not name:
+            return
+        check_name(name)
+        names = self._names.get(namespace, {})
+        if name not in names and len(names) >= MAX_NAMES_PER_CLIENT:
+            raise ProgramError(f"{MAX_NAMES_PER_CLIENT} program names are taken in {namespace!r} already; "
+                               "name this one like an earlier one, or upload it without a name")
+
+    def forget_client(self, client: str) -> None:
+        """Forget ``client``'s names and that it uploaded anything (a removed client): whoever is given
+        its name later starts with nothing. The programs stay stored."""
+        changed = self._names.pop(client, None) is not None
+        for uploaders in self._uploaders.values():
+            if client in uploaders:
+                uploaders.remove(client)
+                changed = True
         if changed:
             self._save_names()
 
