@@ -5,12 +5,15 @@ or not; sampling parameters, usage and errors as OpenAI's clients expect them.""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -245,3 +248,34 @@ def test_a_body_past_the_cap_is_413_before_it_is_read_whole(monkeypatch):
         reply = client.post("/v1/completions", content=content, headers=headers)
         assert reply.status_code == 413, reply.text
         assert reply.json()["error"]["message"] == "The request body is larger than this server takes (0 MiB)."
+
+
+def front_end_pid(url: str) -> int | None:
+    """The pid of the OpenAI front end serving ``url`` (a process running openai_api.frontend), if any."""
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"oven.client.openai_api.frontend" in args and url.encode() in args:
+            return int(proc.name)
+    return None
+
+
+def test_a_front_end_that_dies_is_started_again(server):
+    """``oven serve`` watches its front end like its inference process: one that dies is started again
+    (said on stderr), rather than leaving the port accepting connections nobody serves."""
+    url, operator, _, _ = server
+    first = front_end_pid(url)
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, "no front end came back"
+        second = front_end_pid(url)
+        if second not in (None, first):
+            try:
+                if http("GET", f"{url}/models", key=operator)[0] == 200:
+                    break
+            except OSError:  # the new one is not serving yet
+                pass
+        time.sleep(0.5)

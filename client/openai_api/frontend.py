@@ -17,12 +17,17 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from oven.proto.lifeline import die_with_parent, lifeline_env
 
 PROGRAM_NAME = "chat-completion"
+# Times a front end that exits is started again before ``oven serve`` gives the API up (and closes its
+# port, so that callers are refused at once instead of waiting on a socket nobody serves).
+RESTARTS = 5
+API_OFF = 3  # the front end's exit status when it could not publish its inferlet: starting it again would not help
 # Connections served at once (uvicorn answers 503 past it): with the body cap (app.MAX_BODY_BYTES),
 # what a flood of requests can make the front end hold.
 MAX_CONNECTIONS = 256
@@ -57,6 +62,8 @@ class FrontEnd:
         self.config, self.program = config, program
         self.sock: socket.socket | None = None
         self.proc: subprocess.Popen | None = None
+        self._args: tuple[str, str] = ("", "")  # (control endpoint, operator token), for a restart
+        self._stopping, self._lock = False, threading.Lock()  # the lock orders a restart against stop()
 
     def bind(self) -> None:
         """Listen on the configured address now; raises :class:`FrontEndError` (one line) if it cannot."""
@@ -73,14 +80,38 @@ class FrontEnd:
         self.sock = sock
 
     def start(self, endpoint: str, operator_token: str) -> None:
-        """Start serving for the control server at ``endpoint``."""
+        """Start serving for the control server at ``endpoint``; a front end that exits is started again
+        (RESTARTS times at most), its exit said on stderr."""
+        self._args = (endpoint, operator_token)
+        self._spawn()
+        threading.Thread(target=self._watch, name="openai-front-end", daemon=True).start()
+
+    def _spawn(self) -> None:
+        endpoint, operator_token = self._args
         fd = self.sock.fileno()
         cmd = [sys.executable, "-m", "oven.client.openai_api.frontend", "--fd", str(fd), "--endpoint", endpoint,
                "--program", str(self.program), "--url", self.config.url]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(fd,),
                                      env={**os.environ, "OVEN_TOKEN": operator_token, **lifeline_env()})
 
+    def _watch(self) -> None:
+        for restart in range(1, RESTARTS + 2):
+            status = self.proc.wait()
+            with self._lock:
+                if self._stopping:
+                    return
+                if status == API_OFF or restart > RESTARTS:
+                    why = "" if status == API_OFF else f" ({RESTARTS} restarts used)"
+                    _say(f"the OpenAI API on {self.config.url} is off: its front end exited with status {status}{why}")
+                    self.sock.close()
+                    self.sock = None
+                    return
+                _say(f"the OpenAI front end exited with status {status}: starting it again ({restart} of {RESTARTS})")
+                self._spawn()
+
     def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
         if self.proc is not None:
             self.proc.terminate()
             try:
@@ -90,6 +121,10 @@ class FrontEnd:
                 self.proc.wait()
         if self.sock is not None:
             self.sock.close()
+
+
+def _say(message: str) -> None:
+    print(f"oven: {message}", file=sys.stderr, flush=True)
 
 
 def publish(endpoint: str, program: Path) -> tuple[str, list[str]]:
@@ -117,14 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         digest, models = publish(args.endpoint, args.program)
     except Exception as exc:  # noqa: BLE001 - said in one line; oven serve goes on without the API
-        print(f"oven: the OpenAI API is off: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        _say(f"the OpenAI API is off: {type(exc).__name__}: {exc}")
+        return API_OFF
     os.environ.pop("OVEN_TOKEN", None)  # requests use their own keys; the operator's is not needed again
     sock = socket.socket(fileno=args.fd)
     server = uvicorn.Server(uvicorn.Config(create_app(args.endpoint, digest, models), log_level="warning",
                                            access_log=False, lifespan="off", timeout_graceful_shutdown=5,
                                            limit_concurrency=MAX_CONNECTIONS))
-    print(f"oven: OpenAI API on {args.url} (API key: an oven token)", file=sys.stderr, flush=True)
+    _say(f"OpenAI API on {args.url} (API key: an oven token)")
     server.run(sockets=[sock])
     return 0
 
