@@ -197,3 +197,55 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(data_fi
     assert config(data_file, tmp_path, precision="fp32").settings()["precision"] == "fp32"
     with pytest.raises(ValueError, match="precision must be one of auto, bf16, fp32"):
         config(data_file, tmp_path, precision="fp16")
+
+
+def refused(capsys, *argv: str) -> str:
+    """Run ``oven *argv``; assert it fails with one ``oven VERB: error:`` line and return that line."""
+    from oven.client.cli import main
+
+    assert main(list(argv)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"oven {argv[0]}: error: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_train_refuses_bad_arguments_and_other_files_before_any_work(data_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["asynclm-train", str(data_file), "--out", str(out), "--model", "tiny"]
+    (tmp_path / "file").write_text("")
+    assert refused(capsys, *args[:2], "--out", str(tmp_path / "file" / "sub"), "--model", "tiny").endswith(
+        f"{tmp_path / 'file'} is a file, not a folder")
+    assert refused(capsys, *args, "--max-steps", "0").endswith("max_steps must be >= 1, got 0")
+    assert refused(capsys, *args, "--threads", "0").endswith("threads must be >= 1, got 0")
+    assert refused(capsys, *args, "--resume", "--overwrite").endswith("--overwrite starts again: give one")
+    assert refused(capsys, "asynclm-train", str(tmp_path), "--out", str(out)).endswith(
+        f"{tmp_path}: a folder, not a JSONL file of samples")
+    for text, why in (("garbage\n", "1: not JSON (Expecting value)"),
+                      ("[1, 2]\n", "1: not an AsyncLM sample ([1, 2] is not a JSON object)"),
+                      ('\n{"a": 1}\n', "2: not an AsyncLM sample (missing 'id')")):
+        (tmp_path / "other.jsonl").write_text(text)
+        assert refused(capsys, "asynclm-train", str(tmp_path / "other.jsonl"), "--out", str(out)).endswith(
+            f"other.jsonl:{why}")
+    (tmp_path / "other.jsonl").write_text(json.dumps({**records_of(data_file)[0], "loss_spans": []}) + "\n")
+    assert refused(capsys, *args[:1], str(tmp_path / "other.jsonl"), *args[2:]).endswith(
+        "no sample has tokens to learn (every loss_spans is empty)")
+    assert not out.exists()
+
+
+def test_a_second_run_into_an_earlier_runs_folder_needs_resume_or_overwrite(data_file, tmp_path, capsys):
+    from oven.client.cli import main
+
+    out = tmp_path / "out"
+    args = ["asynclm-train", str(data_file), "--out", str(out), "--model", "tiny", "--rank", "4", "--alpha", "8",
+            "--threads", "1", "--batch-samples", "4", "--max-steps", "1", "--checkpoint-every", "100"]
+    assert main(args) == 0
+    capsys.readouterr()  # the progress bar
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert CHECKPOINT in before
+    assert refused(capsys, *args).endswith(f"--resume goes on from its {CHECKPOINT}, --overwrite starts again, "
+                                           "or give another --out")
+    assert refused(capsys, *args, "--init", str(out), "--overwrite").endswith(
+        "the run would overwrite the adapter it starts from (--init); give another --out")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*args, "--overwrite", "--seed", "1"]) == 0
+    assert json.loads((out / "training.json").read_text())["seed"] == 1

@@ -301,3 +301,29 @@ def test_bfcl_calls_are_trained_in_keyword_form_only():
         assert not any(call.args for call in written)
         assert written == [registry.named(call) for call in given]
     assert positional > 0  # the training side has positional calls to name
+
+
+def test_the_verb_refuses_an_out_it_cannot_use_or_would_overwrite_before_any_work(tmp_path, capsys):
+    from oven.client.cli import main
+
+    def refused(*argv: str) -> str:
+        assert main(["asynclm-data", *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("oven asynclm-data: error: ") and err.count("\n") == 1, err
+        return err.strip()
+
+    small = ["--model", "tiny", "--sources", "demo", "--demo-train", "1", "--demo-eval", "1"]
+    (tmp_path / "file").write_text("")
+    assert refused("--out", str(tmp_path / "file"), *small).endswith(f"{tmp_path / 'file'} is a file, not a folder")
+    assert refused("--out", str(tmp_path / "new"), "--max-tokens", "0", *small).endswith("max_tokens must be >= 1, got 0")
+    assert refused("--out", str(tmp_path / "new"), "--max-tokens", "10", *small).endswith(
+        "all 4 samples are longer than --max-tokens 10; nothing written")
+    assert not (tmp_path / "new").exists()
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "train.jsonl").write_text("mine\n")
+    assert refused("--out", str(earlier), *small).endswith(
+        "holds an earlier run's train.jsonl: --overwrite writes over it, or give another --out")
+    assert [p.name for p in earlier.iterdir()] == ["train.jsonl"] and (earlier / "train.jsonl").read_text() == "mine\n"
+    assert main(["asynclm-data", "--out", str(earlier), "--overwrite", *small]) == 0
+    assert (earlier / "train.jsonl").read_text() != "mine\n" and (earlier / "data.json").is_file()

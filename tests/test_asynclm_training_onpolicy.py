@@ -152,3 +152,35 @@ def test_the_verb_rolls_out_bfcl_compositions_with_source(tmp_path):
     assert sample["source"] == "multi_step_parallel" and sample["corrections"] and sample["loss_spans"]
     assert sorted(sample["calls"]) == sorted(s.call(k, []) for s in task.subtasks for k in range(len(s.steps)))
     assert json.loads((tmp_path / "out" / "data.json").read_text())["args"]["source"] == "multi_step_parallel"
+
+
+def test_the_verb_refuses_bad_inputs_in_one_line_naming_them_before_the_engine_starts(tmp_path, capsys):
+    from oven.client.asynclm.training.model import LoraSettings, with_lora
+    from oven.client.cli import main
+
+    def refused(*argv: str) -> str:
+        assert main(["asynclm-onpolicy", "--seed", "3", "--model", "tiny", *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("oven asynclm-onpolicy: error: ") and err.count("\n") == 1, err
+        return err.strip().removeprefix("oven asynclm-onpolicy: error: ")
+
+    adapter, out = tmp_path / "adapter", str(tmp_path / "out")
+    with_lora(load_base("tiny", 0)[0], LoraSettings(rank=4)).save_pretrained(adapter)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "adapter_config.json").write_text("{")
+    assert refused("--adapter", str(tmp_path / "bad"), "--out", out).startswith(
+        f"{tmp_path / 'bad'}: adapter_config.json is not valid JSON")
+    assert refused("--adapter", str(adapter), "--out", out, "--exclude", "/nonexist") == \
+        "--exclude: /nonexist: no such file"
+    assert refused("--adapter", str(adapter), "--out", out, "--replay", "/nonexist", "--replay-samples", "1") == \
+        "--replay: /nonexist: no such file"
+    assert refused("--adapter", str(adapter), "--out", out, "--threads", "0") == \
+        "tasks, parallel and threads must be >= 1, got 200, 32 and 0"
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "train.jsonl").write_text("mine\n")
+    assert refused("--adapter", str(adapter), "--out", str(earlier)) == (
+        f"--out {earlier} holds an earlier run's train.jsonl: --overwrite writes over it, or give another --out")
+    assert refused("--adapter", str(adapter), "--out", str(earlier), "--overwrite", "--replay",
+                   str(earlier / "train.jsonl")) == f"--out {earlier}: this run reads its train.jsonl; give another --out"
+    assert (earlier / "train.jsonl").read_text() == "mine\n" and not (tmp_path / "out").exists()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from oven.client.asynclm.training.model import LoraSettings, load_base, with_lora
 from oven.client.asynclm.training.soup import SoupConfig, make_soup
@@ -90,3 +90,47 @@ def test_bad_soups_are_refused_with_one_line(parts, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("oven asynclm-soup: error: ") and "not a PEFT adapter folder" in err
     assert err.count("\n") == 1 and not (tmp_path / "s").exists()
+
+
+def refused(capsys, *argv: str) -> str:
+    assert main(["asynclm-soup", *argv, "--model", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("oven asynclm-soup: error: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_a_soup_that_cannot_be_made_or_adds_nothing_is_refused_before_any_work(parts, tmp_path, capsys):
+    a, b = str(parts[0]), str(parts[1])
+    out = str(tmp_path / "s")
+    (tmp_path / "file").write_text("")
+    assert refused(capsys, a, b, "--out", str(tmp_path / "file")).endswith("is a file, not a folder")
+    assert refused(capsys, a, b, "--out", out, "--weights", "0,0").endswith(
+        "weights 0, 0: an average needs finite weights with a sum other than 0")
+    assert refused(capsys, a, b, "--out", out, "--weights", "1,x").endswith(
+        "--weights 1,x: expected numbers separated by commas")
+    # tiny: k_proj and v_proj map 64 features to 32; the parts' ranks (4 each) sum to 8
+    assert refused(capsys, a, b, "--out", out, "--rank", "100000").endswith(
+        "rank 100000: at most 8 here (the parts' ranks sum to 8, the smallest target matrix has 32 rows or columns); "
+        "more adds nothing")
+    other = tmp_path / "other"  # an adapter of a model with other shapes
+    random_adapter(other, 4)
+    weights = load_file(other / "adapter_model.safetensors")
+    key = next(k for k in weights if "q_proj.lora_A" in k)
+    weights[key] = weights[key][:, :32].contiguous()
+    save_file(weights, other / "adapter_model.safetensors")
+    assert refused(capsys, a, str(other), "--out", out).endswith(
+        f"{other}: its LoRA of model.layers.0.self_attn.q_proj is 32x64 (in x out), that of --model tiny 64x64: "
+        "an adapter of another model")
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_soup_writes_over_an_earlier_one_only_with_overwrite(parts, tmp_path, capsys):
+    a, b = str(parts[0]), str(parts[1])
+    assert main(["asynclm-soup", a, b, "--out", str(tmp_path), "--model", "tiny", "--weights", "1,0"]) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert refused(capsys, a, b, "--out", str(tmp_path)).endswith(
+        "holds an earlier run's adapter_config.json, adapter_model.safetensors, training.json: --overwrite writes "
+        "over it, or give another --out")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert main(["asynclm-soup", a, b, "--out", str(tmp_path), "--model", "tiny", "--overwrite"]) == 0
+    assert [p["weight"] for p in json.loads((tmp_path / "training.json").read_text())["parts"]] == [0.5, 0.5]

@@ -8,11 +8,28 @@ from pathlib import Path
 
 DEFAULT_DATA_DIR = "asynclm-data"
 DEFAULT_ADAPTER_DIR = "asynclm-adapter"
+ONPOLICY_FILES = ("train.jsonl", "data.json")  # what `oven asynclm-onpolicy` writes
 
 
 def _fail(verb: str, exc: Exception) -> int:
     print(f"oven {verb}: error: {exc}", file=sys.stderr)
     return 1
+
+
+def _check_out(out: Path, writes: tuple[str, ...], overwrite: bool, again: str = "--overwrite writes over it") -> None:
+    """Refuse ``--out`` before any slow work: a file where the folder goes, or a folder holding an
+    earlier run's results (``writes``, which this run would replace) unless ``overwrite``."""
+    existing = next(p for p in (out, *out.parents) if p.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is a file, not a folder")
+    earlier = [name for name in writes if (out / name).exists()] if not overwrite else []
+    if earlier:
+        raise ValueError(f"--out {out} holds an earlier run's {', '.join(earlier)}: {again}, or give another --out")
+
+
+def _add_overwrite_option(parser: argparse.ArgumentParser, what: str = "write over them") -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"where --out holds an earlier run's files, {what} (without it: an error)")
 
 
 def _add_mix_options(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +77,7 @@ def add_parsers(sub, default_model: str) -> None:
                     "as the inferlet builds its context: OUT/train.jsonl, OUT/eval.jsonl and OUT/data.json "
                     "(arguments, counts, SHA-256). Evaluation samples use held-out BFCL ids and demo entities.")
     data.add_argument("--out", default=DEFAULT_DATA_DIR, help="output folder (default %(default)s)")
+    _add_overwrite_option(data)
     data.add_argument("--seed", type=int, default=defaults.seed, help="default %(default)s")
     data.add_argument("--demo-train", type=int, default=defaults.demo_train, help="demo tasks for training "
                       "(default %(default)s)")
@@ -89,7 +107,8 @@ def add_parsers(sub, default_model: str) -> None:
         "asynclm-train", help="LoRA fine-tuning on AsyncLM samples",
         description="Fine-tune LoRA adapters of the served model on DATA (a train.jsonl of `oven asynclm-data`) "
                     "on the CPU and write a PEFT adapter folder (bf16) with training.json (command, seed, data "
-                    "hash, settings, loss curve). Checkpoints every --checkpoint-every steps; --resume goes on.")
+                    "hash, settings, loss curve). Checkpoints every --checkpoint-every steps; --resume goes on, "
+                    "--overwrite starts again in an OUT that holds an earlier run.")
     train.add_argument("data", nargs="?", default=f"{DEFAULT_DATA_DIR}/train.jsonl", metavar="DATA",
                        help="training samples (default %(default)s)")
     train.add_argument("--out", default=DEFAULT_ADAPTER_DIR, help="adapter folder (default %(default)s)")
@@ -115,6 +134,7 @@ def add_parsers(sub, default_model: str) -> None:
     train.add_argument("--max-steps", type=int, default=None,
                        help="stop after this many steps, writing the adapter so far (resumable)")
     train.add_argument("--resume", action="store_true", help="go on from OUT/checkpoint.pt")
+    _add_overwrite_option(train, "start again, writing over them")
     train.add_argument("--init", default=None, metavar="ADAPTER",
                        help="start from this adapter folder (an earlier run's OUT) instead of a fresh adapter: "
                             "a second stage on new samples; training.json keeps the earlier run's summary")
@@ -138,6 +158,7 @@ def add_parsers(sub, default_model: str) -> None:
     onpolicy.add_argument("--rollouts", metavar="DIR", help="instead of running an adapter, take the corrected "
                           "samples of an earlier run's OUT (to mix them again with other --repeat or --replay)")
     onpolicy.add_argument("--out", required=True, help="output folder")
+    _add_overwrite_option(onpolicy)
     onpolicy.add_argument("--seed", type=int, required=True, help="of the tasks; use one that no data set used")
     onpolicy.add_argument("--tasks", type=int, default=200, help="training tasks (default %(default)s)")
     onpolicy.add_argument("--source", choices=ROLLOUT_SOURCES, default="demo",
@@ -166,6 +187,7 @@ def add_parsers(sub, default_model: str) -> None:
                     "keeps each part's weight, hash and own training.json.")
     soup.add_argument("adapters", nargs="+", metavar="ADAPTER", help="PEFT adapter folders (two or more)")
     soup.add_argument("--out", required=True, help="output folder")
+    _add_overwrite_option(soup)
     soup.add_argument("--weights", help="comma-separated, one per adapter (default: all equal, summing to 1)")
     soup.add_argument("--rank", type=int, default=None, help="the soup's LoRA rank (default: the parts' largest)")
     soup.add_argument("--model", default=default_model, help="base model spec (default %(default)s)")
@@ -178,7 +200,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     from oven.inference.models import resolve_model
 
     from ..tools import ToolError
-    from .data import DataConfig, build, parse_weights, write
+    from .data import DATA_FILES, DataConfig, build, parse_weights, write
     from .segments import Encoder
 
     try:
@@ -188,9 +210,13 @@ def cmd_data(args: argparse.Namespace) -> int:
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
                             sources=tuple(s for s in args.sources.split(",") if s),
                             mix=_mix(args))
+        _check_out(Path(args.out), DATA_FILES, args.overwrite)
         encoder = Encoder(Tokenizer(resolve_model(args.model).tokenizer))
         evaluation, eval_dropped = build("eval", config, encoder)
         train, train_dropped = build("train", config, encoder, frozenset(r["question"] for r in evaluation))
+        too_long = train_dropped["too long"] + eval_dropped["too long"]
+        if too_long and not train and not evaluation:
+            raise ValueError(f"all {too_long} samples are longer than --max-tokens {args.max_tokens}; nothing written")
     except (ValueError, FileNotFoundError, ModuleNotFoundError, ToolError) as exc:
         return _fail("asynclm-data", exc)
     counts = {}
@@ -212,10 +238,9 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     import logging
-    import os
 
     from .model import LoraSettings
-    from .train import TrainConfig, train
+    from .train import CHECKPOINT, OUT_FILES, TrainConfig, train
 
     logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
     try:
@@ -225,10 +250,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             batch_tokens=args.batch_tokens,
             lora=LoraSettings(args.rank, args.alpha, tuple(t for t in args.targets.split(",") if t)),
             precision=args.precision,
-            variants=tuple(v for v in args.variants.split(",") if v), threads=args.threads or os.cpu_count() or 1,
+            variants=tuple(v for v in args.variants.split(",") if v), threads=_threads(args),
             checkpoint_every=args.checkpoint_every, max_steps=args.max_steps,
             init=Path(args.init) if args.init else None, call_weight=args.call_weight,
             reject_weight=args.reject_weight)
+        if args.resume and args.overwrite:
+            raise ValueError("--resume goes on from OUT's checkpoint, --overwrite starts again: give one")
+        again = "--overwrite starts again"
+        if (config.out / CHECKPOINT).is_file():
+            again = f"--resume goes on from its {CHECKPOINT}, {again}"
+        _check_out(config.out, OUT_FILES, args.overwrite or args.resume, again)
         summary = train(config, resume=args.resume, command=_command_line("asynclm-train"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return _fail("asynclm-train", exc)
@@ -260,12 +291,28 @@ _ROLLOUT_OPTIONS = ("adapter", "tasks", "source", "dependent_weight", "made_up",
                     "parallel", "threads")
 
 
-def cmd_onpolicy(args: argparse.Namespace) -> int:
+def _threads(args: argparse.Namespace) -> int:
+    """``--threads``, or one per core where not given (0 stays 0, for the config to refuse)."""
     import os
+
+    return (os.cpu_count() or 1) if args.threads is None else args.threads
+
+
+def _read_samples(flag: str, path: str) -> list[dict]:
+    """The samples in ``flag``'s file; an error names the flag as well as the file."""
+    from .data import read_records
+
+    try:
+        return read_records(Path(path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+
+
+def cmd_onpolicy(args: argparse.Namespace) -> int:
     import random
     import time
 
-    from .data import read_records, write
+    from .data import write
     from .onpolicy import OnPolicyConfig, collect
 
     started = time.monotonic()
@@ -279,7 +326,12 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
             raise ValueError("--repeat must be >= 1, --replay-samples >= 0, and --replay-samples needs --replay")
         if (args.adapter is None) == (args.rollouts is None):
             raise ValueError("give either --adapter (run it) or --rollouts (an earlier run's samples)")
-        replay = read_records(Path(args.replay)) if args.replay else []
+        _check_out(Path(args.out), ONPOLICY_FILES, args.overwrite)
+        written = (Path(args.out) / "train.jsonl").resolve()
+        reads = [args.replay, args.exclude, args.rollouts and str(Path(args.rollouts) / "train.jsonl")]
+        if written in {Path(r).resolve() for r in reads if r}:
+            raise ValueError(f"--out {args.out}: this run reads its train.jsonl; give another --out")
+        replay = _read_samples("--replay", args.replay) if args.replay else []
         if args.replay_samples > len(replay):
             raise ValueError(f"--replay-samples {args.replay_samples}: {args.replay} holds {len(replay)} samples")
         if args.rollouts:
@@ -289,8 +341,8 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
             config = OnPolicyConfig(
                 adapter=Path(args.adapter), seed=args.seed, tasks=args.tasks, source=args.source, model=args.model,
                 mix=_mix(args), decoder=args.decoder, parallel=args.parallel,
-                threads=args.threads or os.cpu_count() or 1,
-                exclude=frozenset(r["question"] for r in read_records(Path(args.exclude))) if args.exclude
+                threads=_threads(args),
+                exclude=frozenset(r["question"] for r in _read_samples("--exclude", args.exclude)) if args.exclude
                 else frozenset())
             corrected, num_tasks = collect(config, progress)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as exc:
@@ -311,11 +363,16 @@ def cmd_onpolicy(args: argparse.Namespace) -> int:
 
 def cmd_soup(args: argparse.Namespace) -> int:
     from .soup import SoupConfig, make_soup
+    from .train import ADAPTER_FILES
 
     try:
-        weights = tuple(float(w) for w in args.weights.split(",")) if args.weights else ()
+        try:
+            weights = tuple(float(w) for w in args.weights.split(",")) if args.weights else ()
+        except ValueError:
+            raise ValueError(f"--weights {args.weights}: expected numbers separated by commas") from None
         config = SoupConfig(parts=tuple(Path(a) for a in args.adapters), out=Path(args.out), model=args.model,
                             weights=weights, rank=args.rank)
+        _check_out(config.out, ADAPTER_FILES, args.overwrite)
         record = make_soup(config, command=_command_line("asynclm-soup"))
     except (ValueError, FileNotFoundError, KeyError, ModuleNotFoundError) as exc:
         return _fail("asynclm-soup", exc)

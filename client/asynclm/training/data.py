@@ -38,6 +38,7 @@ VARIANTS = ("async", "sync-cml", "sync")
 SOURCES = ("demo",) + BFCL_KINDS
 DEFAULT_WEIGHTS = {"async": 0.8, "sync-cml": 0.2, "sync": 0.0}
 MIN_TPOT_MS, MAX_TPOT_MS = 5.0, 30.0
+DATA_FILES = ("train.jsonl", "eval.jsonl", "data.json")  # what `oven asynclm-data` writes
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
-                     "multi_step_eval", "max_tokens", "group"):
+                     "multi_step_eval", "group"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_tokens < 1:  # every sample would be left out
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.sources or set(self.sources) - set(SOURCES):
             raise ValueError(f"sources must be some of {', '.join(SOURCES)}, got {', '.join(self.sources)}")
         unknown = [v for v, _ in self.weights if v not in VARIANTS]
@@ -188,9 +191,46 @@ def write(records_by_split: dict[str, list[dict]], out_dir: Path, meta: dict) ->
 def read_meta(out_dir: Path) -> dict:
     """The ``data.json`` that ``write`` left in ``out_dir`` ({} where there is none)."""
     path = out_dir / "data.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+# What every consumer of samples reads: training (ids, spans), --variants, --exclude, --rollouts.
+SAMPLE_FIELDS = {"id": (str, "a string"), "variant": (str, "a string"), "question": (str, "a string"),
+                 "system_tokens": (int, "an integer"), "ids": (list, "an array"), "loss_spans": (list, "an array")}
 
 
 def read_records(path: Path) -> list[dict]:
+    """The samples of a JSONL file of ``write``. A wrong file fails here, before any slow work, in one
+    line naming it (and the line in it): FileNotFoundError where it is missing, else ValueError."""
+    if path.is_dir():
+        raise ValueError(f"{path}: a folder, not a JSONL file of samples")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    records = []
     with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        try:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    records.append(_checked_sample(json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"{path}:{number}: not an AsyncLM sample ({exc.args[0]})") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text") from None
+    return records
+
+
+def _checked_sample(value) -> dict:
+    """``value`` if it is an object with :data:`SAMPLE_FIELDS`; else TypeError or KeyError saying what is wrong."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{json.dumps(value)[:40]} is not a JSON object")
+    for name, (kind, described) in SAMPLE_FIELDS.items():
+        if name not in value:
+            raise KeyError(f"missing {name!r}")
+        if not isinstance(value[name], kind):
+            raise TypeError(f"{name!r} is not {described}")
+    return value

@@ -117,7 +117,7 @@ class EngineDecoder:
         if adapter is not None:
             reply = self.engine.handle(p.LoadAdapterRequest(1, adapter.name or "adapter", str(adapter)))
             if isinstance(reply, p.ErrorReply):
-                raise ValueError(f"{adapter}: {reply.message}")
+                raise ValueError(reply.message)  # it names the folder
             self.adapter_id = 1
         self.free_pages = list(range(max_sessions * pages_each))
         self.gather_s = gather_s

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from oven.proto.peft_folder import WEIGHTS_FILE, read_config
+
 from .data import DataConfig, random_timing, record, tasks_for
 from .decoder import DECODERS, make_decoder
 from .demo_tasks import TRAINING_MIX, TrainingMix
@@ -152,8 +154,9 @@ class OnPolicyConfig:
             raise ValueError(f"source must be one of {', '.join(ROLLOUT_SOURCES)}, not {self.source!r}")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
-        if not (self.adapter / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"{self.adapter}: not an adapter folder (no adapter_config.json)")
+        read_config(self.adapter)  # a bad folder fails here, in one line, not after the engine starts
+        if not (self.adapter / WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"{self.adapter}: not an adapter folder (no {WEIGHTS_FILE})")
 
 
 def collect(config: OnPolicyConfig, progress=lambda done, total, task_id, corrections: None) -> tuple[list[dict], int]:

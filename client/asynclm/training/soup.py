@@ -12,6 +12,7 @@ size that the engine serves like any other. ``training.json`` keeps each part's 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,9 @@ class SoupConfig:
             raise ValueError(f"{len(self.weights)} weights for {len(self.parts)} adapters")
         if self.rank is not None and self.rank < 1:
             raise ValueError(f"rank must be >= 1, got {self.rank}")
+        if self.weights and (not all(map(math.isfinite, self.weights)) or sum(self.weights) == 0):
+            raise ValueError(f"weights {', '.join(f'{w:g}' for w in self.weights)}: an average needs finite "
+                             "weights with a sum other than 0")
         for part in self.parts:
             if not (part / "adapter_config.json").is_file() or not (part / "adapter_model.safetensors").is_file():
                 raise FileNotFoundError(f"{part}: not a PEFT adapter folder (adapter_config.json and "
@@ -46,17 +50,24 @@ class SoupConfig:
 
 def make_soup(config: SoupConfig, command: str | None = None) -> dict:
     """Write ``config.out`` (the PEFT folder, bf16, and training.json); the record written."""
+    from oven.proto.peft_folder import read_config
+
     from .model import load_base, with_adapters
     from .train import file_sha256, save_adapter
 
-    configs = [json.loads((p / "adapter_config.json").read_text()) for p in config.parts]
+    configs = [read_config(p) for p in config.parts]  # its error names the folder
     for part, part_config in zip(config.parts, configs):
         if part_config.get("peft_type") != "LORA":
             raise ValueError(f"{part}: a {part_config.get('peft_type')} adapter, not LoRA")
         if part_config.get("base_model_name_or_path") != config.model:
             raise ValueError(f"{part}: an adapter of {part_config.get('base_model_name_or_path')!r}, not of "
                              f"{config.model!r} (--model)")
+    shapes = [_lora_shapes(part) for part in config.parts]
+    if config.rank is not None:
+        _check_rank(config.rank, shapes)
     model, _ = load_base(config.model, seed=0)
+    for part, part_shapes in zip(config.parts, shapes):  # PEFT's own error is a traceback of tensor sizes
+        _check_fits(model, part, part_shapes, config.model)
     peft_model, names = with_adapters(model, config.parts)
     rank = config.rank or max(c["r"] for c in configs)
     peft_model.add_weighted_adapter(names, list(config.part_weights()), SOUP_NAME, combination_type="svd",
@@ -79,6 +90,49 @@ def make_soup(config: SoupConfig, command: str | None = None) -> dict:
     }
     (config.out / "training.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
+
+
+def _lora_shapes(part: Path) -> dict[str, tuple[int, int, int]]:
+    """Per module the LoRA of ``part`` adapts (its name in the base model): (rank, in features, out
+    features), from the weights file's header alone."""
+    from safetensors import SafetensorError, safe_open
+
+    a_shapes, b_shapes = {}, {}
+    try:
+        with safe_open(part / "adapter_model.safetensors", "pt") as f:
+            for key in f.keys():
+                module, _, kind = key.removeprefix("base_model.model.").rpartition(".lora_")
+                if kind in ("A.weight", "B.weight"):
+                    (a_shapes if kind == "A.weight" else b_shapes)[module] = f.get_slice(key).get_shape()
+    except (OSError, SafetensorError) as exc:
+        raise ValueError(f"{part}: adapter_model.safetensors is unreadable ({exc})") from None
+    shapes = {m: (a[0], a[1], b_shapes[m][0]) for m, a in a_shapes.items() if m in b_shapes}
+    if not shapes:
+        raise ValueError(f"{part}: adapter_model.safetensors holds no LoRA weights")
+    return shapes
+
+
+def _check_rank(rank: int, shapes: list[dict[str, tuple[int, int, int]]]) -> None:
+    """The weighted sum of the deltas has rank at most the parts' ranks summed, and at most the smaller
+    side of each matrix: a soup of higher rank holds only zeros beyond that, and at a rank in the
+    thousands PEFT's matrices alone fill the memory."""
+    summed = sum(max(r for r, _, _ in part.values()) for part in shapes)
+    smallest = min(min(n_in, n_out) for part in shapes for _, n_in, n_out in part.values())
+    if rank > min(summed, smallest):
+        raise ValueError(f"rank {rank}: at most {min(summed, smallest)} here (the parts' ranks sum to {summed}, the "
+                         f"smallest target matrix has {smallest} rows or columns); more adds nothing")
+
+
+def _check_fits(model, part: Path, shapes: dict[str, tuple[int, int, int]], model_spec: str) -> None:
+    for module, (_, n_in, n_out) in shapes.items():
+        try:
+            target = model.get_submodule(module)
+        except AttributeError:
+            raise ValueError(f"{part}: adapts {module}, which --model {model_spec} does not have") from None
+        want = (getattr(target, "in_features", None), getattr(target, "out_features", None))
+        if (n_in, n_out) != want:
+            raise ValueError(f"{part}: its LoRA of {module} is {n_in}x{n_out} (in x out), that of --model "
+                             f"{model_spec} {want[0]}x{want[1]}: an adapter of another model")
 
 
 def _with_alpha(folder: Path, alpha: float, rank: int) -> None:

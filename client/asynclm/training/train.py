@@ -33,6 +33,8 @@ from .model import LoraSettings, batch_loss, load_base, with_lora
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "training.json")
+OUT_FILES = ADAPTER_FILES + (CHECKPOINT, "loss.png")  # what a run writes in OUT
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
@@ -72,6 +74,11 @@ class TrainConfig:
         for name in ("epochs", "batch_samples", "batch_tokens", "threads", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.init is not None and self.init.resolve() == self.out.resolve():
+            raise ValueError(f"{self.out}: the run would overwrite the adapter it starts from (--init); "
+                             "give another --out")
         if self.call_weight <= 0:
             raise ValueError(f"call_weight must be > 0, got {self.call_weight}")
         if self.reject_weight < 0:
@@ -98,7 +105,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _load_records(config: TrainConfig) -> list[dict]:
-    if not config.data.is_file():
+    if not config.data.exists():
         raise FileNotFoundError(f"{config.data}: no such file (write it with `oven asynclm-data`)")
     records = [r for r in read_records(config.data) if not config.variants or r["variant"] in config.variants]
     if not records:
@@ -118,10 +125,15 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
     import torch
     from tqdm import tqdm
 
+    checkpoint = config.out / CHECKPOINT
+    if resume and not checkpoint.is_file():  # before loading anything
+        raise FileNotFoundError(f"{checkpoint}: no checkpoint to resume from")
     torch.set_num_threads(config.threads)
     records = _load_records(config)
     model, source = load_base(config.model, config.seed)
     batches = make_batches(records, config.batch_samples, config.batch_tokens, _weighing(config, source))
+    if not batches:
+        raise ValueError(f"{config.data}: no sample has tokens to learn (every loss_spans is empty)")
     total = config.epochs * len(batches)
     torch.manual_seed(config.seed)
     model = with_lora(model, config.lora)
@@ -132,7 +144,6 @@ def train(config: TrainConfig, resume: bool = False, command: str | None = None,
     # A checkpoint is made from the data and the starting adapter: resume checks both.
     made_from = data_sha + (f"+{init['weights_sha256']}" if init else "")
     state = {"step": 0, "losses": [], "elapsed_s": 0.0, "tokens": 0}
-    checkpoint = config.out / CHECKPOINT
     if resume:
         state = _restore(checkpoint, model, optimizer, config, made_from)
     config.out.mkdir(parents=True, exist_ok=True)
@@ -218,8 +229,6 @@ def _save_checkpoint(path: Path, model, optimizer, config: TrainConfig, data_sha
 def _restore(path: Path, model, optimizer, config: TrainConfig, data_sha: str) -> dict:
     import torch
 
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no checkpoint to resume from")
     saved = torch.load(path, weights_only=False)
     if saved["settings"] != config.settings():
         raise ValueError(f"{path} was made with other settings; run without --resume to start over")
