@@ -62,6 +62,11 @@ class ProgramRequests:
                 if hashlib.sha256(req.data).hexdigest() != req.sha256:
                     raise RequestFailed("bad_upload", "the uploaded bytes do not match their SHA-256")
                 return recorded(req.total_bytes)
+            if req.offset == 0 and not programs.has(req.sha256):
+                try:
+                    programs.check_room_for(caller.name, req.total_bytes)
+                except ProgramError as exc:
+                    raise RequestFailed("program_quota", str(exc)) from None
             if req.offset + len(req.data) == req.total_bytes:
                 self._check_compile_slot(caller)  # refused before the last chunk is taken: only it is resent
             data = self._buffer_chunk(caller, req)
@@ -158,6 +163,18 @@ class ProgramRequests:
         finish them."""
         for key in [key for key in self._uploads if key[0] == route or key[1] == client]:
             del self._uploads[key]
+
+    def _remove_program(self, caller: Caller, req: c.RemoveProgram) -> c.Ok:
+        programs = self.loop.programs
+        try:
+            digest = programs.resolve(req.program, caller.name)
+        except ProgramError as exc:
+            raise RequestFailed("unknown_program", str(exc)) from None
+        if not caller.operator and not programs.holds(digest, caller.name):
+            raise RequestFailed("forbidden", f"{req.program!r} is the shared library's: only the operator may "
+                                             "remove it")
+        programs.remove(digest, caller.name)
+        return c.Ok()
 
     def _list_programs(self, caller: Caller, _req) -> c.ProgramList:
         return c.ProgramList([c.ProgramEntry(h, names, size) for h, names, size in self.loop.programs.entries(caller.name)])

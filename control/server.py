@@ -84,7 +84,8 @@ class ControlServer(AdapterRequests, ProgramRequests):
         # route -> (why it was dropped, instances killed, instances watched); MAX_DROPPED_ROUTES, oldest first
         self._dropped: dict[bytes, tuple[str, int, set[str]]] = {}
         self._handlers = {
-            c.UploadChunk: self._upload, c.ListPrograms: self._list_programs, c.Launch: self._launch,
+            c.UploadChunk: self._upload, c.ListPrograms: self._list_programs, c.RemoveProgram: self._remove_program,
+            c.Launch: self._launch,
             c.ListInstances: self._list_instances, c.SendMessage: self._send, c.Attach: self._attach,
             c.Terminate: self._terminate, c.ListExports: self._list_exports, c.DropExport: self._drop_export,
             c.ServerInfo: self._server_info, c.Stats: self._stats,

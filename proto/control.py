@@ -76,6 +76,15 @@ class ProgramList:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoveProgram:
+    """Forget a program: the caller's names for it and its right to launch it by hash (the operator's
+    removal takes it from every client and the library). Its files go once no client has it; running
+    instances keep their code."""
+
+    program: str  # a name of the caller's (the library's too, for the operator) or a SHA-256
+
+
+@dataclass(frozen=True, slots=True)
 class Launch:
     """Answered ``Launched`` at once when the server holds the program's code in memory, else once it has
     loaded it (its compiled file, or a compile of seconds when that file is unusable)."""
@@ -334,7 +343,7 @@ class Ok:
 @dataclass(frozen=True, slots=True)
 class ControlError:
     # malformed | forbidden | unknown_program | unknown_instance | unknown_export | bad_upload | bad_program |
-    # upload_busy | launch_failed | too_many_instances | inbox_full | bad_client | bad_adapter |
+    # upload_busy | program_quota | launch_failed | too_many_instances | inbox_full | bad_client | bad_adapter |
     # dropped (to a heartbeat: the lease lapsed, or the client stopped reading, while it held instances) | ...
     code: str
     message: str
@@ -357,6 +366,7 @@ CODEC = Codec(
         "upload_reply": UploadReply,
         "list_programs": ListPrograms,
         "program_list": ProgramList,
+        "remove_program": RemoveProgram,
         "launch": Launch,
         "launched": Launched,
         "list_instances": ListInstances,

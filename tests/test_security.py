@@ -124,6 +124,47 @@ def test_a_client_has_at_most_max_names_and_a_removed_one_none(store, monkeypatc
     assert store.resolve("three", "alice") == echo and store.has(echo)
 
 
+def test_a_client_removes_what_it_stored_and_no_more(store):
+    """Removing forgets the caller's names and upload; the files go with the last client that has the
+    program. The operator's removal takes it from everyone, the library included."""
+    echo = store.add(built("echo"), "mine", uploader="alice")
+    store.add(built("echo"), "also-mine", uploader="bob")
+    assert store.remove(echo, "alice") is False  # bob still has it
+    with pytest.raises(ProgramError, match="no program named or hashed 'mine'"):
+        store.resolve("mine", "alice")
+    assert store.resolve("also-mine", "bob") == echo and not store.holds(echo, "alice")
+    assert store.remove(echo, "bob") is True and not store.has(echo)
+    assert list(store.root.glob(f"{echo}*")) == []  # the .wasm and the compiled code
+    hostile = store.add(built("hostile"), "tool", uploader="carol")
+    store.add(built("hostile"), "tool", namespace="")  # the operator publishes it
+    assert store.remove(hostile, "operator") is True and not store.has(hostile)
+
+
+def test_a_client_stores_at_most_its_quota(store, monkeypatch):
+    monkeypatch.setattr(programs_module, "MAX_PROGRAMS_PER_CLIENT", 1)
+    echo = store.add(built("echo"), uploader="mallory")
+    with pytest.raises(ProgramError, match=r"this client stores 1 programs \(.* MiB; at most 1 and"):
+        store.check_room_for("mallory", 100)
+    store.check_room_for("alice", 100)
+    store.check_room_for("operator", 100)  # exempt
+    store.remove(echo, "mallory")
+    store.check_room_for("mallory", 100)
+    monkeypatch.setattr(programs_module, "MAX_STORED_BYTES_PER_CLIENT", 99)
+    with pytest.raises(ProgramError, match="remove some first"):
+        store.check_room_for("mallory", 100)
+
+
+def test_removing_a_program_over_the_wire(server, alice, bob):
+    with server.client(alice) as a, server.client(bob) as b:
+        digest = a.upload(built("echo"), "to-remove")
+        with pytest.raises(ControlRequestError, match="unknown_program: no program named or hashed 'to-remove'"):
+            b.request(c.RemoveProgram("to-remove"))  # alice's name means nothing to bob
+        a.request(c.RemoveProgram("to-remove"))
+        with pytest.raises(ControlRequestError, match="unknown_program: no program named or hashed 'to-remove'"):
+            a.launch("to-remove", [])
+        assert digest not in [p.sha256 for p in a.programs()]
+
+
 # -- authentication -------------------------------------------------------------------------------------
 
 def test_a_client_without_a_known_key_gets_nothing(server):

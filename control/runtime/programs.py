@@ -44,6 +44,10 @@ DIGEST = re.compile(r"^[0-9a-f]{64}$")
 PROGRAM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LIBRARY = ""  # the namespace of shared programs
 MAX_NAMES_PER_CLIENT = 1024  # program names in one namespace (names.json is rewritten whole on each change)
+# What one client may keep stored (the operator exempt); past it an upload of a new program is refused
+# until the client removes some (RemoveProgram), so the disk every client shares cannot be filled by one.
+MAX_PROGRAMS_PER_CLIENT = 256
+MAX_STORED_BYTES_PER_CLIENT = 4 << 30
 _CWASM_MAGIC = b"oven-cwasm-1\n"
 
 
@@ -183,6 +187,41 @@ class ProgramStore:
                 changed = True
         if changed:
             self._save_names()
+
+    def remove(self, digest: str, client: str) -> bool:
+        """``client`` forgets stored program ``digest``: its names for it and its upload (the operator's
+        removal: every client's names, the library's and uploads). The files go once no client has
+        uploaded or names it (a running instance keeps its code in memory); True if they went."""
+        for namespace in (list(self._names) if client == OPERATOR else [client]):
+            table = self._names.get(namespace, {})
+            for name in [name for name, d in table.items() if d == digest]:
+                del table[name]
+        uploaders = self._uploaders.get(digest, [])
+        uploaders[:] = [] if client == OPERATOR else [who for who in uploaders if who != client]
+        gone = not uploaders and not any(digest in table.values() for table in self._names.values())
+        if gone:
+            self._uploaders.pop(digest, None)
+            self._components.pop(digest, None)
+            for path in (self._compiled_path(digest), self.root / f"{digest}.wasm"):
+                path.unlink(missing_ok=True)
+        self._save_names()
+        return gone
+
+    def holds(self, digest: str, client: str) -> bool:
+        """Whether ``client`` uploaded ``digest`` or names it (what its removal would take away)."""
+        return client in self._uploaders.get(digest, ()) or digest in self._names.get(client, {}).values()
+
+    def check_room_for(self, client: str, num_bytes: int) -> None:
+        """ProgramError unless ``client`` may store one more program of ``num_bytes`` (MAX_PROGRAMS_PER_CLIENT,
+        MAX_STORED_BYTES_PER_CLIENT; the operator exempt)."""
+        if client == OPERATOR:
+            return
+        mine = [p for p in self.root.glob("*.wasm") if client in self._uploaders.get(p.stem, ())]
+        stored = sum(p.stat().st_size for p in mine)
+        if len(mine) >= MAX_PROGRAMS_PER_CLIENT or stored + num_bytes > MAX_STORED_BYTES_PER_CLIENT:
+            raise ProgramError(f"this client stores {len(mine)} programs ({stored / 2**20:.1f} MiB; at most "
+                               f"{MAX_PROGRAMS_PER_CLIENT} and {MAX_STORED_BYTES_PER_CLIENT >> 20} MiB): remove "
+                               "some first (oven ps --programs --drop PROGRAM)")
 
     # -- finding --------------------------------------------------------------------------------
 
