@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from oven.proto.config_loader import blocking_file
+
 from . import pycheck
 from .paths import sdk_dir, templates_dir, wit_dir
 
@@ -116,6 +118,7 @@ def build(folder: Path, output: Path | None = None, force: bool = False, log: Lo
     left as it was.
     """
     inferlet = Inferlet.at(folder, output)
+    _check_writable_at(inferlet.output)
     if not force and inferlet.up_to_date():
         return False
     started = time.monotonic()
@@ -133,6 +136,16 @@ def build(folder: Path, output: Path | None = None, force: bool = False, log: Lo
     shown_size = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
     log(f"built {shown_path(inferlet.output)} ({shown_size}) in {time.monotonic() - started:.1f} s")
     return True
+
+
+def _check_writable_at(output: Path) -> None:
+    """Raise BuildError, before a build of seconds, if a folder or a file stands where ``output`` goes."""
+    if output.is_dir():
+        raise BuildError(f"cannot write the component to {shown_path(output)}: it is a folder")
+    blocker = blocking_file(output.parent)
+    if blocker is not None:
+        raise BuildError(f"cannot write the component to {shown_path(output)}: {shown_path(blocker)} is a file, "
+                         "not a folder")
 
 
 # -- Python -------------------------------------------------------------------------------------
@@ -316,6 +329,9 @@ def new_inferlet(lang: str, name: str, parent: Path) -> Path:
     if lang == "rust" and name.replace("-", "_") in ("oven", "oven_raw"):
         raise BuildError(f"{name!r} is the SDK crate's own name; choose another")
     folder = (parent / name).resolve()
+    blocker = blocking_file(folder.parent)
+    if blocker is not None:
+        raise BuildError(f"cannot create {shown_path(folder)}: {shown_path(blocker)} is a file, not a folder")
     if folder.exists():
         raise BuildError(f"{shown_path(folder)} already exists")
     values = {"name": name, "crate": name.replace("-", "_"), "rust_sdk": (RUST_SDK_LINK / "oven").as_posix()}

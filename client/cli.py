@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig
 from oven.proto.config_loader import add_config_arguments
@@ -25,24 +27,27 @@ from oven.proto.config_loader import add_config_arguments
 from . import commands
 from .connect import EXIT_USAGE, add_client_args
 from .openai_api.frontend import OpenAIConfig
+from .rpc import malformed_endpoint
 from oven.control.config import ControlConfig
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generate import GenerationError, greedy_generate
-    from oven.control.inference_client import InferenceClient
     from oven.control.inference_process import start_inference_process
     from oven.proto.endpoints import private_endpoint
     from oven.control.tokenizer import Tokenizer
 
     process = None
     if args.endpoint:
-        client = InferenceClient(args.endpoint, timeout_s=args.timeout)
         try:
+            client = _inference_client(args.endpoint, args.timeout)
             info = client.info()
         except TimeoutError:
             print(f"oven: no inference server answers at {args.endpoint}", file=sys.stderr)
             return 1
+        except ValueError as exc:
+            _say(str(exc))
+            return EXIT_USAGE
     else:
         config = InferenceConfig(model=args.model, endpoint=private_endpoint(), torch_threads=args.threads,
                                  num_kv_pages=args.num_kv_pages)
@@ -101,17 +106,27 @@ class _TextStream:
         sys.stdout.flush()
 
 
-def cmd_info(args: argparse.Namespace) -> int:
+def _inference_client(endpoint: str, timeout_s: float):
+    """A client of the inference process at ``endpoint``; a malformed one is a ValueError naming it."""
     from oven.control.inference_client import InferenceClient
+
+    with malformed_endpoint(endpoint):
+        return InferenceClient(endpoint, timeout_s=timeout_s)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
     from oven.proto.endpoints import default_inference_endpoint
 
     endpoint = args.endpoint or default_inference_endpoint()
-    with InferenceClient(endpoint, timeout_s=args.timeout) as client:
-        try:
+    try:
+        with _inference_client(endpoint, args.timeout) as client:
             info = client.info()
-        except TimeoutError:
-            print(f"oven: no inference server answers at {endpoint}", file=sys.stderr)
-            return 1
+    except TimeoutError:
+        print(f"oven: no inference server answers at {endpoint}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
     for name in info.__dataclass_fields__:
         if name != "tokenizer":
             print(f"{name:18} {getattr(info, name)}")
@@ -125,8 +140,14 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     from oven.inference.models import resolve_model
 
     logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
-    source = resolve_model(args.model, progress=lambda msg: print(f"oven: {msg}", file=sys.stderr))
-    cfg = source.config
+    try:
+        cfg = resolve_model(args.model, progress=_say).config
+    except (ValueError, OSError) as exc:  # an unknown spec, a file that is no GGUF, a folder transformers refuses
+        _say(_naming(args.model, str(exc)))
+        return 1
+    except Exception as exc:  # transformers reads a malformed config.json into TypeError, ZeroDivisionError, ...
+        _say(_naming(args.model, f"not a usable model ({type(exc).__name__}: {exc})"))
+        return 1
     print(f"oven: {cfg.name} ready: {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"vocab {cfg.vocab_size}, {cfg.num_params() / 1e6:.0f}M parameters", file=sys.stderr)
     return 0
@@ -134,6 +155,26 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
 
 def _say(message: str) -> None:
     print(f"oven: {message}", file=sys.stderr, flush=True)
+
+
+def _naming(spec: str, message: str) -> str:
+    """``message`` on one line (transformers' span several), beginning with ``spec`` unless it names it."""
+    line = " ".join(message.split())
+    return line if spec in line else f"{spec}: {line}"
+
+
+def _positive(kind: type) -> Callable[[str], int | float]:
+    """An argparse type for a finite number above 0; a bad one reads ``invalid positive int value: '0'``."""
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if not 0 < value < math.inf:  # a negative timeout would wait forever; NaN fails too
+            raise ValueError(text)
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+positive_int, positive_float = _positive(int), _positive(float)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -185,12 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", metavar="PROMPT")
     gen.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
     gen.add_argument("--endpoint", help="use the inference process at this ZeroMQ endpoint instead of starting one")
-    gen.add_argument("--max-new-tokens", type=int, default=128, help="default 128")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="default 128")
     gen.add_argument("--system", help="system message (default: the chat template's own)")
     gen.add_argument("--raw", action="store_true", help="feed PROMPT as plain text, without the chat template")
-    gen.add_argument("--threads", type=int, default=None, help="torch threads in the inference process")
-    gen.add_argument("--num-kv-pages", type=int, default=None, help="KV pages to allocate (default: memory budget)")
-    gen.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one reply")
+    gen.add_argument("--threads", type=positive_int, default=None, help="torch threads in the inference process")
+    gen.add_argument("--num-kv-pages", type=positive_int, default=None,
+                     help="KV pages to allocate (default: memory budget)")
+    gen.add_argument("--timeout", type=positive_float, default=600.0, help="seconds to wait for any one reply")
     gen.add_argument("-v", "--verbose", action="store_true", help="show the inference process's log")
     gen.set_defaults(func=cmd_generate)
 
@@ -200,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show what a running inference process serves")
     info.add_argument("--endpoint", default=None,
                       help="default: the stand-alone `oven inference` of this user (ipc in its state directory)")
-    info.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
+    info.add_argument("--timeout", type=positive_float, default=5.0, help="seconds to wait (default 5)")
     info.set_defaults(func=cmd_info)
 
     serve = sub.add_parser("serve", help="run the inference and control processes",

@@ -18,6 +18,7 @@ from oven.control.config import ControlConfig
 from oven.inference.config import InferenceConfig
 from oven.proto.auth import AuthError
 from oven.proto.config_loader import config_from_args
+from oven.proto.endpoints import listening
 
 from .connect import EXIT_FAILURE, EXIT_USAGE, NoServer, client_of, connected, target_of
 from .programs import LocalProgram, ProgramNotFound, library_program, local_program, not_found
@@ -91,6 +92,8 @@ def upload(client: OvenClient, program: LocalProgram, name: str, shared: bool = 
 def cmd_run(args: argparse.Namespace) -> int:
     local = local_program(args.program)
     target = target_of(args)
+    if args.detach and not listening(target.endpoint):  # an embedded server would end, and the instance with it
+        raise NoServer(f"--detach needs a server that outlives this command: {target.no_server()}")
     instance_id = None
     with connected(target, args.model) as client:
         try:
@@ -145,20 +148,12 @@ def stream(client: OvenClient, instance_id: str) -> int:
 
 @_verb
 def cmd_asynclm(args: argparse.Namespace) -> int:
-    from .asynclm.session import (StreamPrinter, bfcl_workload, demo_workload, read_user_interrupts, run_session,
-                                  session_spec, summary_lines)
+    from .asynclm.session import StreamPrinter, read_user_interrupts, run_session, session_spec, summary_lines
 
     program = library_program("asynclm")
     try:
-        if args.tools == "demo":
-            workload = demo_workload(args.task, plan=args.plan)
-        else:
-            workload = bfcl_workload(args.tools.split(":", 1)[1], args.sample)
-            if args.task:
-                workload.task = args.task
-            if not args.plan:
-                workload.plan = None
-    except (FileNotFoundError, ValueError, IndexError) as exc:
+        workload = _workload(args)
+    except (FileNotFoundError, ValueError) as exc:
         say(str(exc))
         return EXIT_USAGE
     adapter = None if args.no_adapter else args.adapter
@@ -188,6 +183,27 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workload(args: argparse.Namespace):
+    """The workload ``--tools`` and ``--sample`` name; a ValueError says which forms and samples there are."""
+    from .asynclm.session import bfcl_workload, demo_workload
+    from .asynclm.tools.bfcl import KINDS, load_scenarios
+
+    if args.tools == "demo":
+        return demo_workload(args.task, plan=args.plan)
+    kind = args.tools.removeprefix("bfcl:")
+    if kind == args.tools or kind not in KINDS:
+        raise ValueError(f"--tools {args.tools!r}: expected demo or bfcl:KIND, KIND one of {', '.join(KINDS)}")
+    count = len(load_scenarios(kind))
+    if not 0 <= args.sample < count:
+        raise ValueError(f"--sample {args.sample}: bfcl:{kind} has samples 0 to {count - 1}")
+    workload = bfcl_workload(kind, args.sample)
+    if args.task:
+        workload.task = args.task
+    if not args.plan:
+        workload.plan = None
+    return workload
+
+
 def _with_client(action: Callable[[argparse.Namespace, OvenClient], None]) -> Callable[[argparse.Namespace], int]:
     """A verb that needs a running server (none answering is said at once)."""
     @_verb
@@ -197,12 +213,14 @@ def _with_client(action: Callable[[argparse.Namespace, OvenClient], None]) -> Ca
     return run
 
 
-@_with_client
-def cmd_upload(args: argparse.Namespace, client: OvenClient) -> None:
-    local = local_program(args.program)
+@_verb
+def cmd_upload(args: argparse.Namespace) -> int:
+    local = local_program(args.program)  # a bad path is said before the server is asked anything
     if local is None:
         raise not_found(args.program, [])
-    print(upload(client, local, args.name or local.name, args.shared))
+    with client_of(target_of(args)) as client:
+        print(upload(client, local, args.name or local.name, args.shared))
+    return 0
 
 
 @_with_client

@@ -35,11 +35,14 @@ def local_program(ref: str) -> LocalProgram | None:
     if ref.endswith(".wasm"):
         if not path.is_file():
             raise ProgramNotFound(f"{ref}: no such file")
+        if path.stat().st_size == 0:
+            raise ProgramNotFound(f"{ref}: an empty file, not a component")
         return LocalProgram(path, path.stem)
     if path.is_dir():
         return _built(path, ref, fresh=True)
     if "/" in ref or ref.startswith("."):
-        raise ProgramNotFound(f"{ref}: no such file or folder")
+        what = "not a .wasm component nor an inferlet folder" if path.exists() else "no such file or folder"
+        raise ProgramNotFound(f"{ref}: {what}")
     library = inferlets_dir() / ref
     if library.is_dir():
         return _built(library, str(library), fresh=False)

@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -41,6 +42,16 @@ def default_endpoint() -> str:
     return os.environ.get("OVEN_CONTROL_ENDPOINT") or default_control_endpoint()
 
 
+@contextmanager
+def malformed_endpoint(endpoint: str) -> Iterator[None]:
+    """Around a ZeroMQ connect: its refusal of a malformed ``endpoint`` becomes a ValueError naming it."""
+    try:
+        yield
+    except zmq.ZMQError as exc:
+        raise ValueError(f"bad endpoint {endpoint!r}: {os.strerror(exc.errno)} (expected ipc://PATH or "
+                         "tcp://HOST:PORT)") from None
+
+
 def find_token(explicit: str | None = None, state_dir: Path | None = None) -> Token:
     """The token to connect with: ``explicit`` or ``OVEN_TOKEN`` (a token, or @FILE holding one), else the
     operator token a server of this user wrote into its state directory (default: the default one)."""
@@ -54,7 +65,10 @@ def find_token(explicit: str | None = None, state_dir: Path | None = None) -> To
         text, source = path.read_text(), str(path)
     if text.startswith("@"):
         source = text[1:].strip()
-        text = Path(source).read_text()
+        try:
+            text = Path(source).read_bytes().decode(errors="replace")  # a binary file: "not an oven token" below
+        except OSError as exc:
+            raise AuthError(f"cannot read the token from {source}: {exc.strerror}") from None
     try:
         return Token.parse(text)
     except AuthError as exc:
@@ -77,7 +91,8 @@ class OvenClient:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
-        self._sock.connect(self.endpoint)
+        with malformed_endpoint(self.endpoint):
+            self._sock.connect(self.endpoint)
         self._ids = itertools.count(1)
         self._events: list[c.InstanceEvent] = []
         self._last_sent = time.monotonic()
@@ -129,6 +144,8 @@ class OvenClient:
         """Store ``wasm`` (named ``name`` among this client's programs, or the library's if ``shared``).
         A chunk refused ``upload_busy`` (the server's upload buffers or compile slots are full; it keeps
         what it took) is sent again after a pause, for up to ``busy_wait_s`` in all."""
+        if not wasm:  # no chunk to send: the server would store nothing, yet the digest would look like success
+            raise ValueError("the program is empty")
         digest = hashlib.sha256(wasm).hexdigest()
         give_up, pause = time.monotonic() + busy_wait_s, 0.5
         for offset in range(0, len(wasm), c.UPLOAD_CHUNK_BYTES):

@@ -11,6 +11,7 @@ from oven.control.runtime.http_allow import AllowList
 from oven.control.scheduling.interception import InterceptionPolicy
 from oven.control.scheduling.policy import DEFAULT_K, DEFAULT_T_S, DispatchPolicy
 from oven.proto.auth import default_cache_dir, default_state_dir
+from oven.proto.config_loader import blocking_file
 
 
 def default_program_dir() -> str:
@@ -70,6 +71,12 @@ class ControlConfig:
         }
         for name, value in parsed.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
+        # A file where a folder must be fails here, naming the setting, not after the model has loaded.
+        for name, folder in (("state_dir", self.state_path), ("program_dir", self.programs_path),
+                             ("adapter_dir", self.adapters_path)):
+            file = blocking_file(folder)
+            if file is not None:
+                raise ValueError(f"{name} {folder}: {'it' if file == folder else file} is a file, not a folder")
 
     @property
     def programs_path(self) -> Path:

@@ -188,3 +188,125 @@ def test_a_closed_pipe_ends_quietly(home, env, server):
         proc.stdout.close()  # `| head` that has read enough before a byte was written
         _, stderr = proc.communicate(timeout=120)
         assert (proc.returncode, stderr) == (141, ""), stderr
+
+
+# -- mistakes said in one line, before any slow work, losing nothing (no server, no model load) --------------
+
+TOKEN = "oven-" + "ab" * 32 + "-" + "cd" * 32
+UNKNOWN_MODEL = ("oven: unknown model {!r}: expected smollm2-135m-instruct, tiny, dummy:<shape>, a .gguf file or a "
+                 "Hugging Face folder with config.json")
+BAD_ENDPOINT = "oven: bad endpoint 'garbage': Invalid argument (expected ipc://PATH or tcp://HOST:PORT)"
+BFCL_TOOLS = ("oven: --tools {!r}: expected demo or bfcl:KIND, KIND one of parallel, live_parallel, multi_turn, "
+              "multi_step_parallel")
+MISTAKES = [  # (argv, extra environment, status, the last line of stderr: a string, or a pattern)
+    # a config file's setting of the wrong type, or a section that is no table
+    (["ps", "--config", "wrong-type.toml"], {}, 2,
+     "oven: wrong-type.toml: [control] max_instances: expected int, got str 'x'"),
+    (["serve", "--model", "tiny", "--config", "wrong-type.toml"], {}, 2,
+     "oven: wrong-type.toml: [control] max_instances: expected int, got str 'x'"),
+    (["ps", "--config", "not-a-table.toml"], {}, 2,
+     "oven: not-a-table.toml: control must be a table ([control]), not int"),
+    (["serve", "--model", "tiny", "--config", "int-for-bool.toml"], {}, 2,
+     "oven: int-for-bool.toml: [inference] cpu_packed_weights: expected a boolean, got int 1"),
+    (["serve", "--cpu-packed-weights", "maybe"], {}, 2,
+     "oven serve: error: argument --cpu-packed-weights: invalid boolean value: 'maybe'"),
+    # prepare-model of what is no model (GGUF files say first that they convert)
+    (["prepare-model", "nosuch"], {}, 1, UNKNOWN_MODEL.format("nosuch")),
+    (["prepare-model", ""], {}, 1, UNKNOWN_MODEL.format("")),
+    (["prepare-model", "no-config"], {}, 1, UNKNOWN_MODEL.format("no-config")),
+    (["prepare-model", "missing.gguf"], {}, 1, UNKNOWN_MODEL.format("missing.gguf")),
+    (["prepare-model", "dummy:foo"], {}, 1,
+     "oven: unknown dummy model 'dummy:foo'; choose one of dummy:llama-3.2-1b, dummy:llama-3.2-3b, dummy:llama-3.1-8b"),
+    (["prepare-model", "three-bytes.gguf"], {}, 1,
+     "oven: ./three-bytes.gguf does not start with the GGUF magic bytes, so it is not a GGUF file."),
+    (["prepare-model", "empty.gguf"], {}, 1, "oven: empty.gguf: cannot mmap an empty file"),
+    (["prepare-model", "garbage-config"], {}, 1,
+     "oven: It looks like the config file at 'garbage-config/config.json' is not a valid JSON file."),
+    (["prepare-model", "empty-config"], {}, 1, re.compile(r"oven: empty-config: Couldn't instantiate the backend "
+                                                          r"tokenizer from one of: .*")),
+    (["prepare-model", "list-config"], {}, 1, re.compile(r"oven: list-config: not a usable model \(TypeError: .*"
+                                                         r"must be a mapping, not list\)")),
+    # numbers that must be positive, endpoints and token files that are no such thing
+    *[(["generate", "hi", flag, value], {}, 2,
+       f"oven generate: error: argument {flag}: invalid positive int value: '{value}'")
+      for flag in ("--threads", "--num-kv-pages", "--max-new-tokens") for value in ("0", "-1")],
+    (["generate", "hi", "--endpoint", "tcp://127.0.0.1:1", "--timeout", "-1"], {}, 2,
+     "oven generate: error: argument --timeout: invalid positive float value: '-1'"),
+    (["info", "--timeout", "-1"], {}, 2, "oven info: error: argument --timeout: invalid positive float value: '-1'"),
+    (["generate", "hi", "--endpoint", "garbage"], {}, 2, BAD_ENDPOINT),
+    (["info", "--endpoint", "garbage"], {}, 2, BAD_ENDPOINT),
+    (["ps", "--server", "garbage", "--token", TOKEN], {}, 2, BAD_ENDPOINT),
+    (["ps", "--server", "garbage", "--token", "@nonexist"], {}, 1,
+     "oven: cannot read the token from nonexist: No such file or directory"),
+    (["ps", "--server", "garbage", "--token", "@out"], {}, 1, "oven: cannot read the token from out: Is a directory"),
+    # a file where a folder goes: said before the model loads or a build starts
+    (["serve", "--model", "tiny", "--state-dir", "file"], {}, 2, "oven: state_dir file: it is a file, not a folder"),
+    (["serve", "--model", "tiny", "--program-dir", "file/programs"], {}, 2,
+     "oven: program_dir file/programs: file is a file, not a folder"),
+    (["run", "echo"], {"OVEN_STATE_DIR": "file"}, 2, "oven: state_dir file: it is a file, not a folder"),
+    (["adapters", "add", "x", "out"], {"OVEN_ADAPTER_DIR": "file"}, 2,
+     "oven: adapter_dir file: it is a file, not a folder"),
+    (["new", "ok2", "--dir", "file"], {}, 1, "oven: error: cannot create file/ok2: file is a file, not a folder"),
+    (["build", "inferlet", "-o", "out"], {}, 1, "oven: error: cannot write the component to out: it is a folder"),
+    # programs that are none
+    (["upload", "empty.wasm"], {}, 2, "oven: empty.wasm: an empty file, not a component"),
+    (["run", "./inferlet/app.py"], {}, 2, "oven: ./inferlet/app.py: not a .wasm component nor an inferlet folder"),
+    (["upload", "./inferlet/app.py"], {}, 2, "oven: ./inferlet/app.py: not a .wasm component nor an inferlet folder"),
+    (["asynclm", "--tools", "garbage"], {}, 2, BFCL_TOOLS.format("garbage")),
+    (["asynclm", "--tools", "bfcl:"], {}, 2, BFCL_TOOLS.format("bfcl:")),
+    (["asynclm", "--tools", "bfcl:parallel", "--sample", "999999"], {}, 2,
+     "oven: --sample 999999: bfcl:parallel has samples 0 to 199"),
+    (["asynclm", "--tools", "bfcl:parallel", "--sample", "-1"], {}, 2,
+     "oven: --sample -1: bfcl:parallel has samples 0 to 199"),
+    # an embedded server would end with the command, and a detached instance with it
+    (["run", "--detach", "echo"], {}, 1, "oven: --detach needs a server that outlives this command: no server answers "
+                                         "at ipc://{root}/state/control.sock (start one with `oven serve`)"),
+]
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory) -> Path:
+    """A folder of things that are not what a verb wants."""
+    root = tmp_path_factory.mktemp("mistakes")
+    files = {"file": "not a folder\n", "wrong-type.toml": '[control]\nmax_instances = "x"\n',
+             "not-a-table.toml": "control = 3\n", "int-for-bool.toml": "[inference]\ncpu_packed_weights = 1\n",
+             "three-bytes.gguf": "abc", "empty.gguf": "", "empty.wasm": "", "inferlet/app.py": "",
+             "garbage-config/config.json": "garbage{", "empty-config/config.json": "{}",
+             "list-config/config.json": "[]"}
+    for name, text in files.items():
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_text(text)
+    (root / "no-config").mkdir()
+    (root / "out").mkdir()
+    return root
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("argv, extra_env, status, said", MISTAKES, ids=[" ".join(m[0]) for m in MISTAKES])
+def test_a_mistake_is_one_line_and_changes_nothing(mistakes, argv, extra_env, status, said):
+    own = ("OVEN_CONTROL_ENDPOINT", "OVEN_CONFIG", "OVEN_TOKEN", "OVEN_ADAPTER_DIR", "OVEN_PROGRAM_DIR")
+    env = {**{k: v for k, v in os.environ.items() if k not in own}, "OVEN_STATE_DIR": str(mistakes / "state"),
+           "OVEN_CACHE_DIR": str(mistakes / "cache"), **extra_env}
+    before = tree(mistakes)
+    done = oven(*argv, cwd=mistakes, env=env, status=status, timeout_s=120)
+    *first, last = done.stderr.splitlines()
+    if isinstance(said, str):
+        assert last == said.format(root=mistakes), done.stderr
+    else:
+        assert said.fullmatch(last), done.stderr
+    # Before it only argparse's usage, or a GGUF file's "converting" (it is found to be none while converting).
+    assert all(line.startswith(("usage:", " ", "oven: converting ")) for line in first), done.stderr
+    assert "Traceback" not in done.stderr and tree(mistakes) == before
+
+
+def test_a_token_file_that_cannot_be_read_is_named_and_nothing_empty_is_uploaded(home, env, server):
+    for token, why in (("@nonexist", "No such file or directory"), (f"@{home}", "Is a directory")):
+        done = oven("ps", "--token", token, cwd=home, env=env, status=1)
+        assert done.stderr == f"oven: cannot read the token from {token[1:]}: {why}\n"
+    state = Path(env["OVEN_STATE_DIR"])
+    with OvenClient(env["OVEN_CONTROL_ENDPOINT"], token=(state / "operator.token").read_text()) as client:
+        with pytest.raises(ValueError, match="^the program is empty$"):  # no chunk: the server would store nothing
+            client.upload(b"", "nothing")
