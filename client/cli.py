@@ -321,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description="List your running instances and the most recently ended ones (oven serve "
                                     "--finished-instances): finished, failed (a trap or an exception) or killed.")
     ps.add_argument("--programs", action="store_true", help="list uploaded programs instead")
+    ps.add_argument("--drop", nargs="+", default=[], metavar="PROGRAM",
+                    help="with --programs: forget these programs (your names for them and your uploads; the "
+                         "operator's drop takes them from every client); the server deletes a program no "
+                         "client has any more")
     add_client_args(ps)
     ps.set_defaults(func=commands.cmd_ps)
 

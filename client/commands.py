@@ -225,6 +225,13 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 @_with_client
 def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
+    if args.drop and not args.programs:
+        raise ValueError("--drop forgets programs: give it with --programs")
+    for program in args.drop:
+        client.remove_program(program)
+        print(f"dropped {program}")
+    if args.drop:
+        return
     if args.programs:
         for entry in client.programs():
             print(f"{entry.sha256[:16]}  {entry.size_bytes / 1e6:7.1f} MB  {', '.join(entry.names)}")

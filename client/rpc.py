@@ -195,6 +195,10 @@ class OvenClient:
     def exports(self) -> list[c.ExportEntry]:
         return self.request(c.ListExports()).exports
 
+    def remove_program(self, program: str) -> None:
+        """Forget ``program`` (a name or SHA-256): this client's names for it and its upload."""
+        self.request(c.RemoveProgram(program))
+
     def drop_export(self, name: str, owner: str = "") -> None:
         self.request(c.DropExport(name, owner))
 

@@ -157,6 +157,17 @@ def test_upload_by_name_then_run_by_name_and_a_typo(home, env, server):
     assert missing.stderr == "oven: hello/nothing.wasm: no such file\n"
 
 
+def test_a_dropped_program_is_gone(home, env, server):
+    digest = oven("upload", "echo", "--name", "to-drop", cwd=home, env=env).stdout.strip()
+    assert "to-drop" in oven("ps", "--programs", cwd=home, env=env).stdout
+    assert oven("ps", "--programs", "--drop", "to-drop", cwd=home, env=env).stdout == "dropped to-drop\n"
+    assert digest[:16] not in oven("ps", "--programs", cwd=home, env=env).stdout  # no client had it any more
+    gone = oven("ps", "--programs", "--drop", "to-drop", cwd=home, env=env, status=1)
+    assert gone.stderr == "oven: unknown_program: no program named or hashed 'to-drop'\n"
+    assert oven("ps", "--drop", "x", cwd=home, env=env, status=2).stderr == (
+        "oven: --drop forgets programs: give it with --programs\n")
+
+
 def test_detach_send_attach_kill_and_ps(home, env, server):
     first = oven("run", "--detach", "echo", cwd=home, env=env).stdout.strip()
     assert oven("send", first, "hello", cwd=home, env=env).stdout == f"sent 5 bytes to {first}\n"
