@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from harness import PROGRAM_DIR
 
+from oven.client.programs import library_program
 from oven.client.rpc import OvenClient
 
 HOST_FRAME = re.compile(r'^  File "(?!/\d+/)', re.M)
@@ -166,6 +167,23 @@ def test_a_dropped_program_is_gone(home, env, server):
     assert gone.stderr == "oven: unknown_program: no program named or hashed 'to-drop'\n"
     assert oven("ps", "--drop", "x", cwd=home, env=env, status=2).stderr == (
         "oven: --drop forgets programs: give it with --programs\n")
+
+
+def test_ctrl_c_in_an_asynclm_session_stops_its_instance(home, env, server):
+    """As `oven run` does: an instance left running would hold its pages until the lease lapsed."""
+    from oven.client.asynclm.session import demo_workload, run_session, session_spec
+
+    def interrupt(_message):
+        raise KeyboardInterrupt
+
+    token = (Path(env["OVEN_STATE_DIR"]) / "operator.token").read_text()
+    with OvenClient(env["OVEN_CONTROL_ENDPOINT"], token=token) as client:
+        program = client.upload(library_program("asynclm").path.read_bytes(), "asynclm")
+        workload = demo_workload(None, plan=True)
+        with pytest.raises(KeyboardInterrupt):
+            run_session(client, program, workload, session_spec(workload, "async", max_tokens=64), interrupt)
+        (killed,) = [i for i in client.instances() if i.program == "asynclm"]
+        assert (killed.state, killed.exit_code, killed.error) == ("killed", 143, "terminated by a client")
 
 
 def test_detach_send_attach_kill_and_ps(home, env, server):

@@ -8,6 +8,7 @@ comes back as JSON trace events, printed live and summed up at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -15,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..rpc import OvenClient
+from ..rpc import ControlRequestError, OvenClient
 from .tools import ToolExecutor, ToolRegistry, demo_registry, load_scenarios
 
 DEMO_TASK = "What is the weather in Paris and in Tokyo, and what is 250 USD in EUR?"
@@ -90,22 +91,27 @@ def run_session(client: OvenClient, program: str, workload: Workload, spec: dict
 
     with ToolExecutor(workload.registry, timeout_s=timeout_s, latency=workload.latency) as executor:
         session = Session(client.launch(program, [json.dumps(spec)]))
-        for event in client.events(poll_s=0.002):
-            while not results.empty():
-                client.send(session.instance_id, json.dumps(results.get()))
-            if event is None or event.instance_id != session.instance_id:
-                continue
-            if event.kind == "message":
-                message = json.loads(event.text)
-                session.trace.append(message)
-                if message["type"] == "call" and "via" not in message:
-                    executor.submit(message["id"], message["call"], answered)
-                on_event(message)
-            elif event.kind in ("stdout", "stderr"):
-                sys.stderr.write(event.text)
-            elif event.kind == "exit":
-                session.exit_code, session.error = event.exit_code, event.text
-                break
+        try:
+            for event in client.events(poll_s=0.002):
+                while not results.empty():
+                    client.send(session.instance_id, json.dumps(results.get()))
+                if event is None or event.instance_id != session.instance_id:
+                    continue
+                if event.kind == "message":
+                    message = json.loads(event.text)
+                    session.trace.append(message)
+                    if message["type"] == "call" and "via" not in message:
+                        executor.submit(message["id"], message["call"], answered)
+                    on_event(message)
+                elif event.kind in ("stdout", "stderr"):
+                    sys.stderr.write(event.text)
+                elif event.kind == "exit":
+                    session.exit_code, session.error = event.exit_code, event.text
+                    break
+        except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C, or `| head` read enough: the instance stops too
+            with contextlib.suppress(ControlRequestError):  # it may have ended meanwhile
+                client.terminate(session.instance_id)
+            raise
         session.timings = executor.timings()
     return session
 
