@@ -17,7 +17,7 @@ from oven.client.generate import greedy_generate
 from oven.proto.endpoints import private_endpoint
 from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
-from oven.proto.auth import secure_client
+from oven.proto.auth import default_state_dir, secure_client
 
 LEASE_S = 2.0
 
@@ -30,8 +30,14 @@ def server(tmp_path_factory):
            "--program-dir", str(tmp_path_factory.mktemp("programs")), "--lease-s", str(LEASE_S)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
+    deadline = time.monotonic() + 120
+    # The server writes this user's operator token into the default state directory when it starts; on a
+    # fresh machine, a client made before then has no token to connect with.
+    while not (default_state_dir() / "operator.token").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "oven serve wrote no operator token"
+        time.sleep(0.2)
     with OvenClient(control) as client:
-        deadline = time.monotonic() + 120
         while not client.reachable(timeout_s=1.0):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "oven serve did not come up"
