@@ -127,9 +127,10 @@ def client_for(allow: str, **limits):
 class Outcome:
     """(status, body) or an error message, once the fetch calls back."""
 
-    def __init__(self, client: HttpClient, url: str, owner: str = "a", headers=()):
+    def __init__(self, client: HttpClient, url: str, owner: str = "a", headers=(), of: str = ""):
+        """``of``: the client whose instance ``owner`` is."""
         self.value, self.done = None, threading.Event()
-        client.fetch(owner, "GET", url, list(headers), b"", on_done=self._set, on_error=self._set)
+        client.fetch(owner, "GET", url, list(headers), b"", on_done=self._set, on_error=self._set, client=of)
 
     def _set(self, *value) -> None:
         self.value = value if len(value) > 1 else value[0]
@@ -209,6 +210,20 @@ def test_a_flood_from_one_instance_leaves_workers_for_another(server):
         assert server.paths.count("/hold") == 2
         server.release.set()
         assert [o.wait() for o in flood] == [(200, b"held")] * 20
+    assert server.max_holding == 2
+
+
+def test_one_clients_instances_leave_half_the_workers_to_others(server):
+    """A client's instances together hold at most half the workers, whatever their number; its queued
+    fetches go on as its running ones end, another instance's of it too."""
+    url = f"http://127.0.0.1:{server.port}"
+    with client_for(url.removeprefix("http://"), per_instance=2, workers=4) as client:
+        flood = [Outcome(client, f"{url}/hold", owner=f"m{i}", of="mallory") for i in range(4) for _ in range(2)]
+        server.wait_holding(2)  # half of 4 workers, though its 4 instances may have 2 each
+        assert Outcome(client, f"{url}/quick", owner="a", of="alice").wait() == (200, b"secret of /quick")
+        assert server.paths.count("/hold") == 2
+        server.release.set()
+        assert [o.wait() for o in flood] == [(200, b"held")] * 8
     assert server.max_holding == 2
 
 

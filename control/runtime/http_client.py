@@ -24,7 +24,7 @@ import socket
 import ssl
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -41,8 +41,9 @@ class _Fetch:
     """One request on its way; ``cut`` may be called from any thread to end it early."""
 
     def __init__(self, owner: str, target: Target, method: str, headers: dict[str, str], body: bytes,
-                 on_done: Callable[[int, bytes], None], on_error: Callable[[str], None]):
+                 on_done: Callable[[int, bytes], None], on_error: Callable[[str], None], client: str = ""):
         self.owner, self.target, self.method, self.headers, self.body = owner, target, method, headers, body
+        self.client = client  # whose instance ``owner`` is: a client's instances share its part of the workers
         self.on_done, self.on_error = on_done, on_error
         self.deadline = float("inf")
         self.cut_reason: str | None = None
@@ -106,7 +107,11 @@ class _Watchdog:
 
 
 class HttpClient:
-    """Fetches for many instances (``owner`` = instance id) on ``workers`` shared threads."""
+    """Fetches for many instances (``owner`` = instance id) of many clients on ``workers`` shared threads.
+
+    An instance has at most ``per_instance`` fetches in flight, and a client's instances together at most
+    half the workers (at least one): however many instances one client runs, the others find workers.
+    """
 
     def __init__(self, allow: AllowList, post: Callable[[Callable[[], None]], None], *, timeout_s: float = 30.0,
                  per_instance: int = 2, queue_per_instance: int = 64, workers: int = 8,
@@ -114,31 +119,33 @@ class HttpClient:
         self.allow, self._post = allow, post
         self._timeout_s, self._max_body_bytes = timeout_s, max_body_bytes
         self._per_instance, self._queue_per_instance = per_instance, queue_per_instance
+        self._per_client = max(1, workers // 2)
         self._tls = ssl.create_default_context()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="oven-http")
         self._timeout_reason = f"no complete response within {timeout_s:g} s (oven serve --http-timeout-s)"
         self._watchdog = _Watchdog(self._timeout_reason)
-        self._lock = threading.Lock()  # guards the two maps below
+        self._lock = threading.Lock()  # guards the three maps below
         self._running_by_owner: dict[str, set[_Fetch]] = {}  # handed to the pool (started or about to be)
         self._queued_by_owner: dict[str, deque[_Fetch]] = {}
+        self._running_by_client: Counter[str] = Counter()
 
     def fetch(self, owner: str, method: str, url: str, headers: list[str], body: bytes,
-              on_done: Callable[[int, bytes], None], on_error: Callable[[str], None]) -> None:
-        """Start (or queue) a fetch for instance ``owner``. Exactly one callback runs, on the loop thread (at
-        once for a request refused here, else through ``post``), unless ``owner`` is forgotten first."""
+              on_done: Callable[[int, bytes], None], on_error: Callable[[str], None], client: str = "") -> None:
+        """Start (or queue) a fetch for instance ``owner`` of ``client``. Exactly one callback runs, on the loop
+        thread (at once for a request refused here, else through ``post``), unless ``owner`` is forgotten first."""
         try:
             job = _Fetch(owner, self.allow.check(url), _method(method), _header_map(headers), body,
-                         on_done, on_error)
+                         on_done, on_error, client)
         except HttpRefused as exc:
             on_error(str(exc))
             return
         with self._lock:
-            running = self._running_by_owner.setdefault(owner, set())
+            self._running_by_owner.setdefault(owner, set())
             queued = self._queued_by_owner.setdefault(owner, deque())
-            starts = len(running) < self._per_instance
+            starts = not queued and self._may_start(job)
             fits = starts or len(queued) < self._queue_per_instance
             if starts:
-                running.add(job)
+                self._start(job)
             elif fits:
                 queued.append(job)
         if starts:
@@ -152,14 +159,21 @@ class HttpClient:
         with self._lock:
             running = self._running_by_owner.pop(owner, set())
             self._queued_by_owner.pop(owner, None)
+            following = []
+            for job in running:
+                self._running_by_client[job.client] -= 1
+                following += self._next_of(job.client)
         for job in running:
             job.cut("the instance ended")
+        for job in following:
+            self._pool.submit(self._run, job)
 
     def close(self) -> None:
         with self._lock:
             running = [job for jobs in self._running_by_owner.values() for job in jobs]
             self._running_by_owner.clear()
             self._queued_by_owner.clear()
+            self._running_by_client.clear()
         for job in running:
             job.cut("the server is shutting down")
         self._watchdog.close()
@@ -201,21 +215,44 @@ class HttpClient:
             conn.close()
 
     def _finish(self, job: _Fetch) -> bool:
-        """Retire ``job`` and start its owner's next queued fetch; False if the owner was forgotten."""
+        """Retire ``job`` and start the next queued fetch its slot allows (its owner's first, else another
+        instance's of its client); False if the owner was forgotten."""
         with self._lock:
             running = self._running_by_owner.get(job.owner)
             if running is None or job not in running:
                 return False
             running.discard(job)
-            queued = self._queued_by_owner[job.owner]
-            following = queued.popleft() if queued else None
-            if following is not None:
-                running.add(following)
-            elif not running:  # nothing left for this owner: keep the maps as small as the live fetches
+            self._running_by_client[job.client] -= 1
+            following = self._next_of(job.client, first=job.owner)
+            if not running and not self._queued_by_owner[job.owner]:
+                # nothing left for this owner: keep the maps as small as the live fetches
                 del self._running_by_owner[job.owner], self._queued_by_owner[job.owner]
-        if following is not None:
-            self._pool.submit(self._run, following)
+        for job in following:
+            self._pool.submit(self._run, job)
         return True
+
+    # -- under self._lock ------------------------------------------------------------------------
+
+    def _may_start(self, job: _Fetch) -> bool:
+        return (len(self._running_by_owner[job.owner]) < self._per_instance
+                and self._running_by_client[job.client] < self._per_client)
+
+    def _start(self, job: _Fetch) -> None:
+        self._running_by_owner[job.owner].add(job)
+        self._running_by_client[job.client] += 1
+
+    def _next_of(self, client: str, first: str | None = None) -> list[_Fetch]:
+        """Queued fetches of ``client``'s instances that may start now (``first``'s before the others'),
+        marked running; the caller submits them."""
+        owners = [first] if first is not None else []
+        owners += [o for o, q in self._queued_by_owner.items() if o != first and q and q[0].client == client]
+        started = []
+        for owner in owners:
+            queued = self._queued_by_owner.get(owner)
+            while queued and self._may_start(queued[0]):
+                started.append(queued.popleft())
+                self._start(started[-1])
+        return started
 
 
 def _method(method: str) -> str:

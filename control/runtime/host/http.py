@@ -9,7 +9,7 @@ def fetch(inst, method: str, url: str, headers: list[str], body: bytes | list[in
     fut = inst.futures.create(f.HTTP, io=True)
     inst.host.http.fetch(inst.instance_id, method, url, headers, bytes(body),
                          on_done=lambda status, data: inst.futures.complete(fut, (status, data)),
-                         on_error=lambda message: inst.futures.fail(fut, message))
+                         on_error=lambda message: inst.futures.fail(fut, message), client=inst.owner)
     return fut.handle
 
 
