@@ -39,8 +39,10 @@ class InferenceProcess:
         server_keys, self._client_keys = Keypair.generate(), Keypair.generate()
         self.token = Token(server_keys.public, self._client_keys)
         env = {**os.environ, **inference_keys_env(server_keys, self._client_keys.public), **lifeline_env()}
+        # A session of its own: a Ctrl-C at the terminal goes to its parent alone, which stops it (its
+        # lifeline ends it if the parent dies), rather than killing it mid-batch as if it had crashed.
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+                                     stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         self._pump = threading.Thread(target=self._read_stderr, args=(echo_stderr,), daemon=True)
         self._pump.start()
         self.info: p.InfoReply | None = None

@@ -109,7 +109,8 @@ class InferenceServer:
                     log.warning("the process that started this server is gone: exiting")
                     break
                 if not wire.is_alive():
-                    log.error("the wire thread died: exiting")
+                    if not self._stopping:  # (after stop() it ends of itself)
+                        log.error("the wire thread died: exiting")
                     break
                 continue
             self._replies.append((job, self._run(job)))

@@ -91,7 +91,9 @@ class FrontEnd:
         fd = self.sock.fileno()
         cmd = [sys.executable, "-m", "oven.client.openai_api.frontend", "--fd", str(fd), "--endpoint", endpoint,
                "--program", str(self.program), "--url", self.config.url]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(fd,),
+        # A session of its own: a Ctrl-C at the terminal goes to `oven serve` alone, which stops it (and its
+        # lifeline ends it if `oven serve` dies), instead of ending it first and being taken for a crash.
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=(fd,), start_new_session=True,
                                      env={**os.environ, "OVEN_TOKEN": operator_token, **lifeline_env()})
 
     def _watch(self) -> None:
