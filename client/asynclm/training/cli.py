@@ -19,9 +19,10 @@ def _fail(verb: str, exc: Exception) -> int:
 def _check_out(out: Path, writes: tuple[str, ...], overwrite: bool, again: str = "--overwrite writes over it") -> None:
     """Refuse ``--out`` before any slow work: a file where the folder goes, or a folder holding an
     earlier run's results (``writes``, which this run would replace) unless ``overwrite``."""
-    existing = next(p for p in (out, *out.parents) if p.exists())  # "." or "/" at the latest
-    if not existing.is_dir():
-        raise ValueError(f"--out {out}: {existing} is a file, not a folder")
+    from oven.proto.config_loader import blocking_file
+
+    if (file := blocking_file(out)) is not None:
+        raise ValueError(f"--out {out}: {file} is a file, not a folder")
     earlier = [name for name in writes if (out / name).exists()] if not overwrite else []
     if earlier:
         raise ValueError(f"--out {out} holds an earlier run's {', '.join(earlier)}: {again}, or give another --out")
