@@ -39,15 +39,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     process = None
     if args.endpoint:
-        try:
-            client = _inference_client(args.endpoint, args.timeout)
-            info = client.info()
-        except TimeoutError:
-            print(f"oven: no inference server answers at {args.endpoint}", file=sys.stderr)
-            return 1
-        except ValueError as exc:
-            _say(str(exc))
-            return EXIT_USAGE
+        asked = _ask_inference(args.endpoint, args.timeout)
+        if isinstance(asked, int):
+            return asked
+        client, info = asked
     else:
         config = InferenceConfig(model=args.model, endpoint=private_endpoint(), torch_threads=args.threads,
                                  num_kv_pages=args.num_kv_pages)
@@ -106,27 +101,33 @@ class _TextStream:
         sys.stdout.flush()
 
 
-def _inference_client(endpoint: str, timeout_s: float):
-    """A client of the inference process at ``endpoint``; a malformed one is a ValueError naming it."""
+def _ask_inference(endpoint: str, timeout_s: float):
+    """(a client of the inference process at ``endpoint``, its info); or, said in one line, the exit
+    status for a malformed endpoint or one where no inference process answers."""
     from oven.control.inference_client import InferenceClient
 
-    with malformed_endpoint(endpoint):
-        return InferenceClient(endpoint, timeout_s=timeout_s)
+    try:
+        with malformed_endpoint(endpoint):
+            client = InferenceClient(endpoint, timeout_s=timeout_s)
+    except ValueError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    try:
+        return client, client.info()
+    except TimeoutError:
+        client.close()
+        _say(f"no inference server answers at {endpoint}")
+        return 1
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     from oven.proto.endpoints import default_inference_endpoint
 
-    endpoint = args.endpoint or default_inference_endpoint()
-    try:
-        with _inference_client(endpoint, args.timeout) as client:
-            info = client.info()
-    except TimeoutError:
-        print(f"oven: no inference server answers at {endpoint}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        _say(str(exc))
-        return EXIT_USAGE
+    asked = _ask_inference(args.endpoint or default_inference_endpoint(), args.timeout)
+    if isinstance(asked, int):
+        return asked
+    client, info = asked
+    client.close()
     for name in info.__dataclass_fields__:
         if name != "tokenizer":
             print(f"{name:18} {getattr(info, name)}")

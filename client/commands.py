@@ -94,25 +94,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     target = target_of(args)
     if args.detach and not listening(target.endpoint):  # an embedded server would end, and the instance with it
         raise NoServer(f"--detach needs a server that outlives this command: {target.no_server()}")
-    instance_id = None
     with connected(target, args.model) as client:
+        program = upload(client, local, local.name) if local else args.program
         try:
-            program = upload(client, local, local.name) if local else args.program
-            try:
-                instance_id = client.launch(program, args.args, detach=args.detach)
-            except ControlRequestError as exc:
-                if exc.code == "unknown_program" and local is None:
-                    raise not_found(args.program, [n for p in client.programs() for n in p.names]) from None
-                raise
-            if args.detach:
-                print(instance_id)
-                return 0
-            return stream(client, instance_id)
-        except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C, or `| head` has read enough: stop it too
-            if instance_id and not args.detach:
-                with contextlib.suppress(ControlRequestError):  # it may have ended meanwhile
-                    client.terminate(instance_id)
+            instance_id = client.launch(program, args.args, detach=args.detach)
+        except ControlRequestError as exc:
+            if exc.code == "unknown_program" and local is None:
+                raise not_found(args.program, [n for p in client.programs() for n in p.names]) from None
             raise
+        if args.detach:
+            print(instance_id)
+            return 0
+        with client.ending_with_caller(instance_id):
+            return stream(client, instance_id)
 
 
 @_verb
@@ -193,10 +187,12 @@ def _workload(args: argparse.Namespace):
     kind = args.tools.removeprefix("bfcl:")
     if kind == args.tools or kind not in KINDS:
         raise ValueError(f"--tools {args.tools!r}: expected demo or bfcl:KIND, KIND one of {', '.join(KINDS)}")
-    count = len(load_scenarios(kind))
-    if not 0 <= args.sample < count:
-        raise ValueError(f"--sample {args.sample}: bfcl:{kind} has samples 0 to {count - 1}")
-    workload = bfcl_workload(kind, args.sample)
+    workload = None
+    if args.sample >= 0:
+        with contextlib.suppress(IndexError):  # past the last one (only then are all loaded, to say how many)
+            workload = bfcl_workload(kind, args.sample)
+    if workload is None:
+        raise ValueError(f"--sample {args.sample}: bfcl:{kind} has samples 0 to {len(load_scenarios(kind)) - 1}")
     if args.task:
         workload.task = args.task
     if not args.plan:
@@ -225,12 +221,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 @_with_client
 def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
-    if args.drop and not args.programs:
-        raise ValueError("--drop forgets programs: give it with --programs")
-    for program in args.drop:
-        client.remove_program(program)
-        print(f"dropped {program}")
     if args.drop:
+        if not args.programs:
+            raise ValueError("--drop forgets programs: give it with --programs")
+        for program in args.drop:
+            client.remove_program(program)
+            print(f"dropped {program}")
         return
     if args.programs:
         for entry in client.programs():

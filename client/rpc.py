@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import os
 import time
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -191,6 +192,17 @@ class OvenClient:
 
     def terminate(self, instance_id: str) -> None:
         self.request(c.Terminate(instance_id))
+
+    @contextmanager
+    def ending_with_caller(self, instance_id: str) -> Iterator[None]:
+        """Within it, a Ctrl-C (or a reader that closed its pipe, ``| head``) terminates ``instance_id``
+        before it goes on up: an instance its caller stopped watching would otherwise run until the lease lapsed."""
+        try:
+            yield
+        except (KeyboardInterrupt, BrokenPipeError):
+            with contextlib.suppress(ControlRequestError):  # it may have ended meanwhile
+                self.terminate(instance_id)
+            raise
 
     def exports(self) -> list[c.ExportEntry]:
         return self.request(c.ListExports()).exports

@@ -66,6 +66,10 @@ class Keyring:
     def names(self) -> list[str]:
         return sorted(self._clients)
 
+    def __contains__(self, name: str) -> bool:
+        """Whether client ``name`` is admitted now (the operator always is)."""
+        return name in self._clients
+
     def admitted(self) -> dict[bytes, str]:
         """Public key (z85) -> client name, for the ZAP handler."""
         return {z85.encode(bytes.fromhex(entry["public"])): name for name, entry in self._clients.items()}

@@ -69,9 +69,6 @@ class ControlServer(AdapterRequests, ProgramRequests):
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, c.UPLOAD_CHUNK_BYTES + (1 << 20))
         self._admission = Admission(ctx, keyring.admitted())
-        # Names admitted now: a connection keeps the name its handshake gave it, so a client removed
-        # meanwhile is refused here, request by request (OPERATOR: in-process peers, never removed).
-        self._clients = set(keyring.names()) | {OPERATOR}
         secure_server(self.sock, keyring.server, self._admission)
         bind(self.sock, endpoint)
         self.outbox = ClientOutbox(self.sock)
@@ -110,7 +107,11 @@ class ControlServer(AdapterRequests, ProgramRequests):
         if kind == "exit":
             for route in self._watchers.pop(inst.instance_id, ()):
                 self._owned[route].discard(inst.instance_id)
-            self.output.keep_only(lambda i: self.loop.record(i) is not None or self.loop.ended(i) is not None)
+            self._prune_output()
+
+    def _prune_output(self) -> None:
+        """Keep the output only of instances the loop still knows (running, or among the recently ended)."""
+        self.output.keep_only(lambda i: self.loop.record(i) is not None or self.loop.ended(i) is not None)
 
     def serve_forever(self, should_stop: Callable[[], bool]) -> None:
         while not should_stop():
@@ -165,7 +166,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
             return c.CODEC.encode(c.ControlError("malformed", str(exc)), c.CODEC.peek_request_id(payload))
         handler, kind = self._handlers.get(type(envelope.message)), type(envelope.message).__name__
         self._replying_to = (caller.route, envelope.request_id)
-        if caller.name not in self._clients:
+        if caller.name not in self.keyring:  # a connection keeps its handshake's name: its client may be gone
             reply = c.ControlError("forbidden", f"client {caller.name!r} was removed: its token no longer works")
         elif handler is None:
             reply = c.ControlError("not_a_request", f"{kind} is not a request")
@@ -320,7 +321,6 @@ class ControlServer(AdapterRequests, ProgramRequests):
         except AuthError as exc:
             raise RequestFailed("bad_client", str(exc)) from None
         self._admission.update(self.keyring.admitted())
-        self._clients.add(req.name)
         return c.ClientToken(req.name, str(token))
 
     def _remove_client(self, caller: Caller, req: c.RemoveClient) -> c.Ok:
@@ -330,7 +330,6 @@ class ControlServer(AdapterRequests, ProgramRequests):
         except AuthError as exc:
             raise RequestFailed("bad_client", str(exc)) from None
         self._admission.update(self.keyring.admitted())
-        self._clients.discard(req.name)
         self._forget_client(req.name)
         return c.Ok()
 
@@ -341,7 +340,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
         for inst in [inst for inst in self.loop.instances.values() if inst.owner == name]:
             self.loop.terminate(inst.instance_id, "its client was removed", exit_code=143)
         self.loop.forget_ended(name)
-        self.output.keep_only(lambda i: self.loop.record(i) is not None or self.loop.ended(i) is not None)
+        self._prune_output()
         for export in [export for export in self.loop.exports.exports() if export.namespace == name]:
             self.loop.drop_export(export.name, namespace=name)
         self.loop.programs.forget_client(name)

@@ -8,7 +8,6 @@ comes back as JSON trace events, printed live and summed up at the end.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import queue
 import sys
@@ -16,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..rpc import ControlRequestError, OvenClient
+from ..rpc import OvenClient
 from .tools import ToolExecutor, ToolRegistry, demo_registry, load_scenarios
 
 DEMO_TASK = "What is the weather in Paris and in Tokyo, and what is 250 USD in EUR?"
@@ -91,7 +90,7 @@ def run_session(client: OvenClient, program: str, workload: Workload, spec: dict
 
     with ToolExecutor(workload.registry, timeout_s=timeout_s, latency=workload.latency) as executor:
         session = Session(client.launch(program, [json.dumps(spec)]))
-        try:
+        with client.ending_with_caller(session.instance_id):
             for event in client.events(poll_s=0.002):
                 while not results.empty():
                     client.send(session.instance_id, json.dumps(results.get()))
@@ -108,10 +107,6 @@ def run_session(client: OvenClient, program: str, workload: Workload, spec: dict
                 elif event.kind == "exit":
                     session.exit_code, session.error = event.exit_code, event.text
                     break
-        except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C, or `| head` read enough: the instance stops too
-            with contextlib.suppress(ControlRequestError):  # it may have ended meanwhile
-                client.terminate(session.instance_id)
-            raise
         session.timings = executor.timings()
     return session
 

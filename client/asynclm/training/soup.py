@@ -97,18 +97,20 @@ def _lora_shapes(part: Path) -> dict[str, tuple[int, int, int]]:
     features), from the weights file's header alone."""
     from safetensors import SafetensorError, safe_open
 
+    from oven.proto.peft_folder import WEIGHTS_FILE
+
     a_shapes, b_shapes = {}, {}
     try:
-        with safe_open(part / "adapter_model.safetensors", "pt") as f:
+        with safe_open(part / WEIGHTS_FILE, "pt") as f:
             for key in f.keys():
                 module, _, kind = key.removeprefix("base_model.model.").rpartition(".lora_")
                 if kind in ("A.weight", "B.weight"):
                     (a_shapes if kind == "A.weight" else b_shapes)[module] = f.get_slice(key).get_shape()
     except (OSError, SafetensorError) as exc:
-        raise ValueError(f"{part}: adapter_model.safetensors is unreadable ({exc})") from None
+        raise ValueError(f"{part}: {WEIGHTS_FILE} is unreadable ({exc})") from None
     shapes = {m: (a[0], a[1], b_shapes[m][0]) for m, a in a_shapes.items() if m in b_shapes}
     if not shapes:
-        raise ValueError(f"{part}: adapter_model.safetensors holds no LoRA weights")
+        raise ValueError(f"{part}: {WEIGHTS_FILE} holds no LoRA weights")
     return shapes
 
 

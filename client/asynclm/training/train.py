@@ -27,13 +27,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from oven.proto.peft_folder import CONFIG_FILE, WEIGHTS_FILE
+
 from .batches import Weighing, epoch_order, make_batches
 from .data import read_meta, read_records
 from .model import LoraSettings, batch_loss, load_base, with_lora
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "training.json")
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE, "training.json")
 OUT_FILES = ADAPTER_FILES + (CHECKPOINT, "loss.png")  # what a run writes in OUT
 PRECISIONS = ("auto", "bf16", "fp32")
 
