@@ -68,6 +68,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n")
         self.trickle(b"." * 400)
 
+    def answer_host(self):
+        self.reply(200, self.headers["Host"].encode())
+
     def answer_big(self):
         self.reply(200, b"x" * int(self.path.split("=")[1]))
 
@@ -183,6 +186,21 @@ def test_userinfo_odd_urls_and_bad_headers_are_refused_before_any_connection(ser
         injected = Outcome(client, f"http://127.0.0.1:{server.port}/", headers=["X-A: 1\r\nX-B: 2"]).wait()
         assert injected == "header 'X-A: 1\\r\\nX-B: 2' is not a 'Name: value' line"
     assert server.paths == []
+
+
+@pytest.mark.parametrize("header", ["Host: intranet.example", "host :intranet.example", "Content-Length: 0",
+                                    "Transfer-Encoding: chunked", "Connection: Upgrade", "Upgrade: websocket",
+                                    "Keep-Alive: timeout=600", "TE: trailers"])
+def test_an_inferlet_cannot_set_the_host_or_how_its_request_is_framed(server, header):
+    """Refused before any connection, with the reason the inferlet's future fails with; a fetch beside it
+    with headers of its own is sent, with the Host of the target the allow-list checked."""
+    url = f"http://127.0.0.1:{server.port}/host"
+    with client_for(f"127.0.0.1:{server.port}") as client:
+        name = header.partition(":")[0].strip()
+        assert Outcome(client, url, headers=["X-Mine: 1", header]).wait() == (
+            f"header {name!r} is set by oven, not by an inferlet")
+        assert Outcome(client, url, headers=["X-Mine: 1"]).wait() == (200, f"127.0.0.1:{server.port}".encode())
+    assert server.paths == ["/host"]
 
 
 @pytest.mark.parametrize("path", ["/trickle-headers", "/trickle-body"])

@@ -31,6 +31,12 @@ from typing import Callable
 from .http_allow import AllowList, HttpRefused, Target
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: method and header names
+# Headers that name the host, frame the body or steer the connection are http.client's to write, from the
+# target the allow-list checked: an inferlet's Host would reach another virtual host behind an allowed
+# proxy, its Content-Length or Transfer-Encoding would split one request into two (RFC 9110 7.6.1's
+# hop-by-hop fields besides).
+_CONNECTION_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+                                 "proxy-connection", "te", "trailer", "upgrade"})
 
 
 class _FetchFailed(Exception):
@@ -267,6 +273,8 @@ def _header_map(lines: list[str]) -> dict[str, str]:
         name, sep, value = line.partition(":")
         if not sep or _TOKEN.fullmatch(name.strip()) is None or any(c in value for c in "\r\n\0"):
             raise HttpRefused(f"header {line!r} is not a 'Name: value' line")
+        if name.strip().lower() in _CONNECTION_HEADERS:
+            raise HttpRefused(f"header {name.strip()!r} is set by oven, not by an inferlet")
         headers[name.strip()] = value.strip()
     return headers
 
