@@ -14,6 +14,7 @@ lapses, their non-detached instances are terminated (see proto/control.py).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import secrets
 import time
@@ -65,10 +66,14 @@ class ControlServer(AdapterRequests, ProgramRequests):
         self.loop, self.endpoint, self.keyring, self._clock = loop, endpoint, keyring, clock
         self.server_id = secrets.token_hex(8)
         ctx = zmq.Context.instance()
+        # The ROUTER draws the first id it gives an id-less peer from libc's rand(), which nothing seeds; seeded,
+        # the ids it gives cannot be foreseen should a peer's own id get past ZAP's (see proto/auth.py).
+        ctypes.CDLL(None).srand(secrets.randbits(32))
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, c.UPLOAD_CHUNK_BYTES + (1 << 20))
         self._admission = Admission(ctx, keyring.admitted())
+        # Routing ids are ZAP's, not a peer's own: one that a peer chose could crash this ROUTER (proto/auth.py).
         secure_server(self.sock, keyring.server, self._admission)
         bind(self.sock, endpoint)
         self.outbox = ClientOutbox(self.sock)

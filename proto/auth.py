@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+from zmq.auth.base import VERSION as ZAP_VERSION
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
@@ -154,12 +155,24 @@ class Admission:
 
 
 class _Authenticator(ThreadAuthenticator):
-    """One ZAP handler per context, answering for every server socket (domain) in it."""
+    """One ZAP handler per context, answering for every server socket (domain) in it.
+
+    It also names each connection it admits for the ROUTER: a ZAP reply's ``Identity`` property
+    replaces the routing id the peer chose (ZMQ_ROUTING_ID). A peer's own id must not reach a ROUTER:
+    libzmq gives id-less peers ``0x00`` + a counter that starts at the same value in every process
+    (rand() is never seeded), and a ROUTER that auto-assigns an id a peer already chose aborts the
+    whole process (``Assertion failed: ok (src/socket_base.cpp:2113)``). ROUTER_HANDOVER does not
+    help: it covers a chosen id meeting a chosen id, not an assigned one. Ours never start with 0x00,
+    so they meet neither libzmq's nor each other. (A reply that is back before libzmq has read the
+    peer's handshake metadata loses to the peer's id: a rare race, for which the control server
+    seeds the counter.)
+    """
 
     def __init__(self, ctx: zmq.Context):
         super().__init__(ctx)
         self.admissions: dict[str, Admission] = {}
         self._last_name = ""
+        self._routing_ids = itertools.count(1)
 
     async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
         admission = self.admissions.get(domain)
@@ -169,6 +182,15 @@ class _Authenticator(ThreadAuthenticator):
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self._last_name
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes, user_id: str = "") -> None:
+        """pyzmq's reply (RFC 27), with a routing id of ours in its metadata when the peer is admitted."""
+        metadata = user = b""
+        if status_code == b"200":
+            user = user_id.encode()
+            routing_id = b"\x01" + next(self._routing_ids).to_bytes(8, "big")
+            metadata = bytes([8]) + b"Identity" + len(routing_id).to_bytes(4, "big") + routing_id  # ZMTP property
+        self.zap_socket.send_multipart([ZAP_VERSION, request_id, status_code, status_text, user, metadata])
 
 
 _AUTHENTICATORS: dict[int, _Authenticator] = {}
