@@ -300,7 +300,8 @@ class ControlServer(AdapterRequests, ProgramRequests):
         info = self.loop.info
         return c.ServerInfoReply([info.model_name], list(info.traits), info.page_size, info.num_kv_pages,
                                  info.num_embeds, info.device, self.loop.config.dispatch_policy,
-                                 self.loop.num_instances(), self.loop.config.lease_s, self.server_id, caller.name)
+                                 self.loop.num_instances(), self.loop.config.lease_s, self.server_id, caller.name,
+                                 info.max_position)
 
     def _stats(self, _caller, _req) -> c.StatsReply:
         snapshot = self.loop.snapshot()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 3  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter)
+CONTROL_PROTOCOL_VERSION = 4  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -186,6 +186,7 @@ class ServerInfoReply:
     lease_s: float  # talk at least this often to keep non-detached instances alive
     server_id: str  # new at every start of the server
     client: str  # the name the server knows the caller by
+    max_context: int = 0  # the model's positions: a prompt and its completion together take at most this many tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,12 +124,12 @@ GOLDEN = [
       "401491a7666f727761726495a27b7da0a33c733ea43c2f733e91020090")),
     # A dataclass where an int belongs: the walker always sent it as a nested array.
     (p.CODEC, p.IdleNotice(DIST), 0, "9405a469646c65009192c40401000000c4040000803f"),
-    # Control protocol 2 (authenticated clients; instances carry their owner), now 3 (adapters).
+    # Control protocol 2 (authenticated clients; instances carry their owner), 3 (adapters), now 4 (max_context).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
-     ("9403ad696e7374616e63655f6c69737403919297a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c69636597"
+     ("9404ad696e7374616e63655f6c69737403919297a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c69636597"
       "a3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72")),
-    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9403a66c61756e63680493a470726f6791a32d2d78c3"),
-    (c.CODEC, c.Ok(), 5, "9403a26f6b0590"),
+    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9404a66c61756e63680493a470726f6791a32d2d78c3"),
+    (c.CODEC, c.Ok(), 5, "9404a26f6b0590"),
 ]
 
 

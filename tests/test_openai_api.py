@@ -195,6 +195,100 @@ def test_bad_api_keys_are_401(server):
     assert status == 401 and "You didn't provide an API key" in body["error"]["message"]
 
 
+def test_a_refused_key_is_told_no_path_of_the_server(server):
+    """Whoever sends a key the server does not admit is no client of it: its 401 names no socket or file."""
+    url, operator, control, _ = server
+    unknown = f"oven-{operator.split('-')[1]}-{'1' * 64}"
+    api = openai.OpenAI(base_url=url, api_key=unknown, max_retries=0)
+    for ask in (api.models.list, lambda: api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)):
+        with pytest.raises(openai.AuthenticationError) as caught:
+            ask()
+        assert caught.value.body["message"] == (
+            "Incorrect API key provided: this server does not admit it. An API key of this server is an oven "
+            "token that its operator made (see `oven token add`).")
+        assert control.removeprefix("ipc://") not in json.dumps(caught.value.body)
+
+
+def test_max_tokens_is_bounded_by_the_context(server, api):
+    """As OpenAI: a prompt and its completion fit the model's context together, or the request is a 400
+    before any token is generated; a max_tokens that leaves no room for any prompt, before any launch."""
+    url, operator, control, _ = server
+    with OvenClient(control, token=operator) as client:
+        context = client.info().max_context
+    assert context == 8192  # the tiny model's positions
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10**12)
+    assert caught.value.body == {
+        "message": f"This model's maximum context length is {context} tokens. However, you requested {10**12} "
+                   "tokens for the completion alone. Please reduce max_tokens.",
+        "type": "invalid_request_error", "param": "max_tokens", "code": "context_length_exceeded"}
+    prompt_tokens = api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                                max_tokens=1).usage.prompt_tokens
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as caught:
+            api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+                                        max_tokens=context - prompt_tokens + 1, stream=stream)
+        assert caught.value.body["message"] == (
+            f"This model's maximum context length is {context} tokens. However, you requested {context + 1} tokens "
+            f"({prompt_tokens} in the messages, {context - prompt_tokens + 1} in the completion). Please reduce "
+            "the length of the messages or completion.")
+        assert (caught.value.body["param"], caught.value.body["code"]) == ("messages", "context_length_exceeded")
+    reply = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)  # the next request is served
+    assert reply.usage.completion_tokens == 2
+
+
+def test_max_tokens_past_the_context_is_refused_without_asking_the_server():
+    from starlette.testclient import TestClient
+
+    from oven.client.openai_api import app as app_module
+
+    key = f"oven-{'2' * 64}-{'1' * 64}"  # well formed; no server is there to ask
+    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL], 8192))
+    reply = client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                        json={"model": MODEL, "prompt": PROMPT, "max_tokens": 8192})
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_connections_slow_to_send_a_request_neither_lock_others_out_nor_stay(server):
+    """Slowloris from one address (every local user's, 127.0.0.1): 300 connections that send half a
+    request's headers and wait. Past MAX_WAITING_PER_PEER the oldest are closed; a request on a new
+    connection from the same address is answered meanwhile; the rest are closed at REQUEST_TIMEOUT_S.
+    (An idle keep-alive connection waits for a request too, so it may be closed, as after uvicorn's
+    keep-alive timeout: hence a client of its own here.)"""
+    from oven.client.openai_api.app import MAX_WAITING_PER_PEER, REQUEST_TIMEOUT_S
+
+    url, operator, _, _ = server
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+    try:
+        for sock in slow:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        api = openai.OpenAI(base_url=url, api_key=operator, max_retries=0)
+        assert [m.id for m in api.models.list()] == [MODEL]  # not a 503
+        for sock in slow:
+            sock.setblocking(False)
+        assert sum(_open(sock) for sock in slow) <= MAX_WAITING_PER_PEER
+        for sock in slow:
+            sock.settimeout(REQUEST_TIMEOUT_S + 60)
+            try:
+                assert sock.recv(1) == b""  # closed by the front end, having answered nothing
+            except ConnectionResetError:
+                pass
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+def _open(sock: socket.socket) -> bool:
+    """Is ``sock``'s peer still connected (nothing to read, no end of stream)?"""
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionResetError:
+        return False
+
+
 def test_malformed_bodies_and_unknown_routes_get_openai_errors(server):
     url, operator, _, _ = server
     status, body = http("POST", f"{url}/chat/completions", b"{nope", key=operator)
@@ -241,7 +335,7 @@ def test_a_body_past_the_cap_is_413_before_it_is_read_whole(monkeypatch):
 
     monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
     key = f"oven-{'2' * 64}-{'1' * 64}"  # well formed; no server is asked
-    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL]))
+    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL], 8192))
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     body = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
     for content in (body, iter([body[:600], body[600:]])):  # declared, then chunked (no Content-Length)

@@ -14,19 +14,22 @@ import asyncio
 import json
 import secrets
 import time
+from collections import defaultdict
 
+import h11
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from oven.client.rpc import OvenClient
 from oven.proto.auth import AuthError, Token
 from oven.proto.control import UPLOAD_CHUNK_BYTES
 
-from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key
-from .requests import Job, parse_body, parse_job
+from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key, not_answering, refused_key
+from .requests import Job, check_context, parse_body, parse_job
 from .session import InferletFailed, Session
 from .tools import parse_reply
 
@@ -34,8 +37,8 @@ from .tools import parse_reply
 class Api:
     """The routes' shared state: where the oven server is and what it serves."""
 
-    def __init__(self, endpoint: str, program: str, models: list[str]):
-        self.endpoint, self.program, self.models = endpoint, program, models
+    def __init__(self, endpoint: str, program: str, models: list[str], max_context: int):
+        self.endpoint, self.program, self.models, self.max_context = endpoint, program, models, max_context
         self.created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------------
@@ -63,7 +66,7 @@ class Api:
 
     async def _complete(self, request: Request, chat: bool):
         token = api_key(request)
-        job = parse_job(parse_body(await read_body(request)), chat)
+        job = parse_job(parse_body(await read_body(request)), chat, self.max_context)
         if job.model not in self.models:
             raise self._unknown_model(job.model)
         session = Session(self.endpoint, token, self.program, [job.inferlet_request()])
@@ -74,6 +77,11 @@ class Api:
             raise ApiError(500, str(exc), SERVER) from None
         except StopAsyncIteration:
             raise ApiError(500, "the chat-completion inferlet ended without an answer", SERVER) from None
+        try:
+            check_context(job, first["prompt_tokens"], self.max_context)
+        except ApiError:
+            session.close()  # before a token is generated
+            raise
         reply = Reply(job, "chatcmpl-" if chat else "cmpl-", first["prompt_tokens"])
         if job.stream:
             return StreamingResponse(reply.events(messages), media_type="text/event-stream",
@@ -92,10 +100,10 @@ class Api:
         with OvenClient(self.endpoint, timeout_s=10, token=token) as client:
             try:
                 client.info()
-            except AuthError as exc:
-                raise bad_key(f"Incorrect API key provided: {exc}") from None
-            except TimeoutError as exc:
-                raise ApiError(503, str(exc), SERVER) from None
+            except AuthError:
+                raise refused_key() from None
+            except TimeoutError:
+                raise not_answering() from None
 
     def _model(self, name: str) -> dict:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "oven"}
@@ -204,6 +212,63 @@ def _sse(data: dict) -> str:
 MAX_BODY_BYTES = UPLOAD_CHUNK_BYTES
 
 
+# Slowloris: uvicorn counts a connection against its limit (503 past it, frontend.MAX_CONNECTIONS) from its
+# accept, and gives none a deadline for its request; 256 connections that never finish one locked everyone
+# out. So a connection has REQUEST_TIMEOUT_S for each whole request (headers and body, from its accept or its
+# previous response), and one address keeps MAX_WAITING_PER_PEER connections waiting for a request at most:
+# one more closes its oldest. Every local user is 127.0.0.1, so a cap that refused the newest would let one
+# user lock out the others; closing the oldest lets through a new connection, which sends its request at once.
+REQUEST_TIMEOUT_S = 5.0
+MAX_WAITING_PER_PEER = 32
+
+
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol (``uvicorn.Config(http=...)``) with the deadline and the cap above."""
+
+    _waiting: defaultdict[str, dict["DeadlineH11Protocol", asyncio.TimerHandle]] = defaultdict(dict)  # oldest first
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._peer = self.client[0] if self.client else ""
+        self._wait_for_request()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._unless_waiting()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # may go on to a pipelined request
+        if not self.transport.is_closing():
+            self._wait_for_request()
+            self._unless_waiting()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
+
+    def _wait_for_request(self) -> None:
+        waiting = self._waiting[self._peer]
+        if self not in waiting:
+            waiting[self] = self.loop.call_later(REQUEST_TIMEOUT_S, self._drop)
+        if len(waiting) > MAX_WAITING_PER_PEER:
+            next(iter(waiting))._drop()
+
+    def _unless_waiting(self) -> None:
+        if self.conn.their_state is h11.DONE and self.conn.our_state is not h11.DONE:  # a whole request, unanswered
+            self._stop_waiting()
+
+    def _stop_waiting(self) -> None:
+        waiting = self._waiting.get(self._peer, {})
+        if (timer := waiting.pop(self, None)) is not None:
+            timer.cancel()
+        if not waiting:
+            self._waiting.pop(self._peer, None)
+
+    def _drop(self) -> None:
+        self._stop_waiting()
+        self.transport.close()
+
+
 async def read_body(request: Request) -> bytes:
     """The request's body; 413 past MAX_BODY_BYTES, as declared or as read (a chunked body declares none)."""
     declared = request.headers.get("content-length", "")
@@ -253,9 +318,10 @@ async def _server_error(_request: Request, exc: Exception) -> JSONResponse:
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", SERVER).response()
 
 
-def create_app(endpoint: str, program: str, models: list[str]) -> Starlette:
-    """The ASGI app for the oven server at ``endpoint``, running ``program`` (chat-completion's digest)."""
-    api = Api(endpoint, program, models)
+def create_app(endpoint: str, program: str, models: list[str], max_context: int) -> Starlette:
+    """The ASGI app for the oven server at ``endpoint``, running ``program`` (chat-completion's digest);
+    ``max_context``: the model's context length in tokens."""
+    api = Api(endpoint, program, models, max_context)
     routes = [
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.get_model, methods=["GET"]),

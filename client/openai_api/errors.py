@@ -39,6 +39,17 @@ def bad_key(message: str) -> ApiError:
     return ApiError(401, message, AUTHENTICATION, None, "invalid_api_key")
 
 
+# Whoever a refusal or a timeout reaches may be no client of the server: its replies name no endpoint,
+# socket path or file of the server (an OvenClient's errors do, for the person at its terminal).
+def refused_key() -> ApiError:
+    return bad_key("Incorrect API key provided: this server does not admit it. An API key of this server is an "
+                   "oven token that its operator made (see `oven token add`).")
+
+
+def not_answering() -> ApiError:
+    return ApiError(503, "The oven server did not answer in time; try again later.", SERVER)
+
+
 # What the control server's refusals mean to an API user (the rest are the server's fault: 500).
 _BY_CONTROL_CODE = {
     "too_many_instances": (429, RATE_LIMIT, "rate_limit_exceeded"),

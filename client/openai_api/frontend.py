@@ -29,7 +29,8 @@ PROGRAM_NAME = "chat-completion"
 RESTARTS = 5
 API_OFF = 3  # the front end's exit status when it could not publish its inferlet: starting it again would not help
 # Connections served at once (uvicorn answers 503 past it): with the body cap (app.MAX_BODY_BYTES),
-# what a flood of requests can make the front end hold.
+# what a flood of requests can make the front end hold. Connections that are slow to send a request are
+# closed first (app.DeadlineH11Protocol).
 MAX_CONNECTIONS = 256
 log = logging.getLogger(__name__)
 
@@ -129,14 +130,15 @@ def _say(message: str) -> None:
     print(f"oven: {message}", file=sys.stderr, flush=True)
 
 
-def publish(endpoint: str, program: Path) -> tuple[str, list[str]]:
+def publish(endpoint: str, program: Path) -> tuple[str, list[str], int]:
     """Put the chat-completion component in the server's shared library (as the operator, whose token is in
-    ``OVEN_TOKEN``); (its digest, the models served)."""
+    ``OVEN_TOKEN``); (its digest, the models served, their context length)."""
     from oven.client.rpc import OvenClient
 
     with OvenClient(endpoint) as client:
         digest = client.upload_file(program, PROGRAM_NAME, shared=True)
-        return digest, client.info().models
+        info = client.info()
+        return digest, info.models, info.max_context
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,18 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     import uvicorn
 
-    from .app import create_app
+    from .app import DeadlineH11Protocol, create_app
 
     try:
-        digest, models = publish(args.endpoint, args.program)
+        digest, models, max_context = publish(args.endpoint, args.program)
     except Exception as exc:  # noqa: BLE001 - said in one line; oven serve goes on without the API
         _say(f"the OpenAI API is off: {type(exc).__name__}: {exc}")
         return API_OFF
     os.environ.pop("OVEN_TOKEN", None)  # requests use their own keys; the operator's is not needed again
     sock = socket.socket(fileno=args.fd)
-    server = uvicorn.Server(uvicorn.Config(create_app(args.endpoint, digest, models), log_level="warning",
-                                           access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-                                           limit_concurrency=MAX_CONNECTIONS))
+    app = create_app(args.endpoint, digest, models, max_context)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=5, limit_concurrency=MAX_CONNECTIONS,
+                                           http=DeadlineH11Protocol))
     _say(f"OpenAI API on {args.url} (API key: an oven token)")
     server.run(sockets=[sock])
     return 0

@@ -72,8 +72,12 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def parse_job(body: dict, chat: bool) -> Job:
-    """Check a request body; raises :class:`ApiError` (400) naming the first bad parameter."""
+def parse_job(body: dict, chat: bool, max_context: int = 0) -> Job:
+    """Check a request body; raises :class:`ApiError` (400) naming the first bad parameter.
+
+    ``max_context``: the model's context length (0: unknown); a ``max_tokens`` that leaves no room for
+    a prompt is refused here, before any instance is launched (:func:`check_context` once the prompt's
+    tokens are known)."""
     known = COMMON | IGNORED | set(NEUTRAL) | (CHAT_ONLY if chat else COMPLETION_ONLY)
     for name in body:
         if name not in known:
@@ -95,6 +99,10 @@ def parse_job(body: dict, chat: bool) -> Job:
                       int, default=CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS)
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, not {max_tokens}", "max_tokens")
+    if max_context and max_tokens >= max_context:  # a prompt has a token at least
+        raise bad_request(f"This model's maximum context length is {max_context} tokens. However, you requested "
+                          f"{max_tokens} tokens for the completion alone. Please reduce max_tokens.", "max_tokens",
+                          "context_length_exceeded")
     temperature = float(_get(body, "temperature", (int, float), default=1.0))
     if not 0 <= temperature <= 2:
         raise bad_request(f"{temperature} is not in [0, 2] - 'temperature'", "temperature")
@@ -118,6 +126,16 @@ def parse_job(body: dict, chat: bool) -> Job:
     if chat:
         return Job(**job, messages=_messages(body.get("messages")))
     return Job(**job, prompt=_prompt(body.get("prompt")))
+
+
+def check_context(job: Job, prompt_tokens: int, max_context: int) -> None:
+    """400 unless the prompt and the completion fit the model's context together, as OpenAI words it."""
+    if prompt_tokens + job.max_tokens > max_context:
+        where = "messages" if job.chat else "prompt"
+        raise bad_request(f"This model's maximum context length is {max_context} tokens. However, you requested "
+                          f"{prompt_tokens + job.max_tokens} tokens ({prompt_tokens} in the {where}, "
+                          f"{job.max_tokens} in the completion). Please reduce the length of the {where} or "
+                          "completion.", where, "context_length_exceeded")
 
 
 def _get(body: dict, name: str, kind, default=None, required: bool = False):

@@ -16,7 +16,7 @@ import threading
 from oven.client.rpc import ControlRequestError, OvenClient, ServerRestarted
 from oven.proto.auth import AuthError
 
-from .errors import SERVER, ApiError, bad_key, from_control
+from .errors import SERVER, ApiError, from_control, not_answering, refused_key
 
 POLL_S = 0.1  # how soon the thread notices that the session was closed
 REQUEST_TIMEOUT_S = 30.0
@@ -61,11 +61,13 @@ class Session:
         try:
             with OvenClient(self._endpoint, timeout_s=REQUEST_TIMEOUT_S, token=self._api_key) as client:
                 self._pump(client)
-        except AuthError as exc:
-            self._put(bad_key(f"Incorrect API key provided: {exc}"))
+        except AuthError:
+            self._put(refused_key())
         except ControlRequestError as exc:
             self._put(from_control(exc))
-        except (TimeoutError, ServerRestarted) as exc:
+        except TimeoutError:
+            self._put(not_answering())
+        except ServerRestarted as exc:
             self._put(ApiError(503, str(exc), SERVER))
         except Exception as exc:  # noqa: BLE001 - a bug here fails this request, not the server
             self._put(ApiError(500, f"{type(exc).__name__}: {exc}", SERVER))
