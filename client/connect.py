@@ -5,7 +5,8 @@ token) come from the one config loader, as ``serve``'s do: ``--server``/``--toke
 ``OVEN_CONTROL_ENDPOINT``/``OVEN_STATE_DIR``/``OVEN_TOKEN``, else the ``[control]`` table of
 ``--config FILE`` (or ``OVEN_CONFIG``), else the defaults. A server that is not there is said at
 once: nothing listens on the endpoint (checked before any token is needed), or it does not answer
-within :data:`ANSWER_S`.
+within :data:`ANSWER_S`. A token itself on the command line is every local user's to read (``ps``
+shows argv): it works, with a warning naming ``--token @FILE`` and ``OVEN_TOKEN``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from oven.proto.lifeline import lifeline_env
 from .rpc import OvenClient, find_token
 
 ANSWER_S = 2.0  # a listening server that does not answer this soon is said to be stuck
+TOKEN_IN_ARGV = ("oven: warning: a token given on the command line is visible to every local user (ps); "
+                 "pass --token @FILE, or set OVEN_TOKEN, instead")
 EXIT_FAILURE, EXIT_USAGE = 1, 2
 
 
@@ -57,9 +60,10 @@ def add_client_args(parser: argparse.ArgumentParser) -> None:
                         help="control endpoint of a running `oven serve` (default: $OVEN_CONTROL_ENDPOINT, the "
                              "config file's control_endpoint, else this user's server, "
                              "ipc://$OVEN_CACHE_DIR/server/control.sock)")
-    parser.add_argument("--token", default=None, metavar="TOKEN",
-                        help="the client token, or @FILE holding it (default: $OVEN_TOKEN, else the operator token "
-                             "this user's server wrote)")
+    parser.add_argument("--token", default=None, metavar="@FILE",
+                        help="a file holding the client token, as @FILE (the token itself works too, but every local "
+                             "user can read a command line: `ps`); default: $OVEN_TOKEN (a token or @FILE), else the "
+                             "operator token this user's server wrote")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="the TOML file `oven serve` reads: its [control] table says where the server is "
                              "(default: $OVEN_CONFIG)")
@@ -78,6 +82,8 @@ def client_of(target: Target, timeout_s: float = 30.0):
     if not listening(target.endpoint):
         raise target.no_server()
     with OvenClient(target.endpoint, timeout_s=timeout_s, token=target.token()) as client:
+        if target.token_text is not None and not target.token_text.startswith("@"):
+            print(TOKEN_IN_ARGV, file=sys.stderr, flush=True)
         try:
             client.info(timeout_s=ANSWER_S)
         except TimeoutError:

@@ -12,18 +12,21 @@ is for the inference process to say when it loads it (``oven serve`` loads every
 stored adapter at start; ``oven adapters add`` with a server running loads it
 first and keeps it only if that succeeds). Without a server the CLI edits the
 store directly, checking no more than the files' presence, size and JSON shape.
+A store, or a stored adapter, that another local user could have written is not
+used (:func:`oven.proto.auth.check_path`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from oven.proto.auth import default_cache_dir, private_dir
+from oven.proto.auth import UnsafePath, check_path, default_cache_dir, private_dir
 from oven.proto.peft_folder import CONFIG_FILE, WEIGHTS_FILE, AdapterFolderError, read_config
 
 FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -31,6 +34,8 @@ ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_WEIGHTS_BYTES = 1 << 30  # the inference process has its own, smaller limit (max_adapter_bytes)
 # name -> (package, folder in it): the adapters that ship with oven.
 PACKAGED = {"asynclm": ("oven.client.asynclm", "adapter")}
+
+log = logging.getLogger(__name__)
 
 
 class AdapterStoreError(ValueError):
@@ -86,11 +91,13 @@ class AdapterStore:
         self.root = Path(root) if root is not None else default_adapter_dir()
 
     def names(self) -> list[str]:
-        """Stored adapters, sorted; half-written entries (see :meth:`add`) and stray files are not names."""
-        if not self.root.is_dir():
+        """Stored adapters, sorted; half-written entries (see :meth:`add`), stray files and adapters another
+        user could have written (logged) are not names. UnsafePath for a store another user could write."""
+        if not check_path(self.root, "adapter_dir").is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir()
-                      if ADAPTER_NAME.match(p.name) and p.is_dir() and all((p / f).is_file() for f in FILES))
+                      if ADAPTER_NAME.match(p.name) and p.is_dir() and all((p / f).is_file() for f in FILES)
+                      and _trusted(p))
 
     def path(self, name: str) -> Path:
         check_name(name)
@@ -110,7 +117,7 @@ class AdapterStore:
             raise AdapterStoreError(f"{name!r} is the name of an adapter that ships with oven; choose another")
         folder = Path(folder).expanduser()
         check_folder(folder)
-        root = private_dir(self.root)
+        root = private_dir(self.root, "adapter_dir")
         target = root / name
         if target.exists():
             raise AdapterStoreError(f"an adapter named {name!r} exists; remove it first (oven adapters remove {name})")
@@ -130,3 +137,12 @@ class AdapterStore:
         if not path.is_dir():
             raise AdapterStoreError(f"no adapter named {name!r}")
         shutil.rmtree(path)
+
+
+def _trusted(folder: Path) -> bool:
+    try:
+        check_path(folder, "adapter_dir", entries=True)
+        return True
+    except UnsafePath as exc:
+        log.warning("ignoring the stored adapter %s: %s", folder.name, exc)
+        return False

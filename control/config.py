@@ -10,7 +10,7 @@ from oven.control.resources.exhaustion import ExhaustionPolicy
 from oven.control.runtime.http_allow import AllowList
 from oven.control.scheduling.interception import InterceptionPolicy
 from oven.control.scheduling.policy import DEFAULT_K, DEFAULT_T_S, DispatchPolicy
-from oven.proto.auth import default_cache_dir, default_state_dir
+from oven.proto.auth import check_path, default_cache_dir, default_state_dir
 from oven.proto.config_loader import blocking_file
 
 
@@ -71,12 +71,14 @@ class ControlConfig:
         }
         for name, value in parsed.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
-        # A file where a folder must be fails here, naming the setting, not after the model has loaded.
+        # A file where a folder must be fails here, naming the setting, not after the model has loaded; so
+        # does a folder that another local user could have written (UnsafePath, see check_path).
         for name, folder in (("state_dir", self.state_path), ("program_dir", self.programs_path),
                              ("adapter_dir", self.adapters_path)):
             file = blocking_file(folder)
             if file is not None:
                 raise ValueError(f"{name} {folder}: {'it' if file == folder else file} is a file, not a folder")
+            check_path(folder, name)
 
     @property
     def programs_path(self) -> Path:

@@ -5,9 +5,11 @@
 * ``operator.token`` - the token of the identity ``operator``, created at first start,
   which the ``oven`` CLI of the same user reads, so the server's owner needs no setup.
 
-All three are 0600 in a 0700 directory; the server keeps no client secret but the
-operator's. The operator may act on every client's instances, exports and programs,
-publish programs to the shared library, and add or remove clients (``oven token``).
+All three are 0600 in a 0700 directory that no other user could have written (``private_dir``);
+the server keeps no client secret but the operator's. A change of clients is written to a temporary
+file, synced and renamed over the old one, and taken in memory only then: on a full disk it fails
+whole. The operator may act on every client's instances, exports and programs, publish programs to
+the shared library, and add or remove clients (``oven token``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from oven.proto.auth import IDENTITY_NAME, OPERATOR, AuthError, Keypair, Token, 
 
 class Keyring:
     def __init__(self, state_dir: Path):
-        self.dir = private_dir(Path(state_dir))
+        self.dir = private_dir(Path(state_dir), "state_dir")
         key_file = self.dir / "server.key"
         if key_file.exists():
             self.server = Keypair.from_secret(key_file.read_bytes().strip())
@@ -52,16 +54,15 @@ class Keyring:
         if name in self._clients:
             raise AuthError(f"a client named {name!r} exists (remove it first)")
         keys = Keypair.generate()
-        self._clients[name] = {"public": _hex(keys.public)}
-        self._save()
+        self._save({**self._clients, name: {"public": _hex(keys.public)}})
         return Token(self.server.public, keys)
 
     def remove(self, name: str) -> None:
         if name == OPERATOR:
             raise AuthError("the operator cannot be removed")
-        if self._clients.pop(name, None) is None:
+        if name not in self._clients:
             raise AuthError(f"no client named {name!r}")
-        self._save()
+        self._save({other: entry for other, entry in self._clients.items() if other != name})
 
     def names(self) -> list[str]:
         return sorted(self._clients)
@@ -74,8 +75,10 @@ class Keyring:
         """Public key (z85) -> client name, for the ZAP handler."""
         return {z85.encode(bytes.fromhex(entry["public"])): name for name, entry in self._clients.items()}
 
-    def _save(self) -> None:
-        write_private_file(self._clients_file, json.dumps(self._clients, indent=1, sort_keys=True))
+    def _save(self, clients: dict[str, dict]) -> None:
+        """``clients`` on disk, then in memory: a failure (a full disk) changes neither."""
+        write_private_file(self._clients_file, json.dumps(clients, indent=1, sort_keys=True))
+        self._clients = clients
 
 
 def _hex(z85_key: bytes) -> str:

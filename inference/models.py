@@ -15,6 +15,11 @@ Model specs understood by :func:`resolve_model`:
 * ``tiny`` - a two-layer random model for tests.
 
 Random models borrow the SmolLM2 tokenizer: its ids fit every vocabulary here.
+
+A model's files are code of a kind (its chat template is a Jinja program, its tokenizer decides what
+the model reads), so a model folder or GGUF file named by path, the tokenizer donor's folder and the
+cache's converted folders, with what is in them, are refused when another local user could have
+written them or a folder above them (:func:`oven.proto.auth.check_path`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from oven.proto.auth import check_path, default_cache_dir
 from oven.proto.inference import TokenizerSpec
 
 from .config import ModelConfig
@@ -76,7 +82,7 @@ class ModelSource:
 
 def cache_dir() -> Path:
     """Where converted models live: $OVEN_CACHE_DIR, else ~/.cache/oven."""
-    return Path(os.environ.get("OVEN_CACHE_DIR") or Path.home() / ".cache" / "oven")
+    return default_cache_dir()
 
 
 def embedded_gguf_path(name: str) -> Path:
@@ -102,8 +108,10 @@ def resolve_model(spec: str, progress: Callable[[str], None] = log.info) -> Mode
         return _random_source(spec, shape, rope=LLAMA3_ROPE, vocab_size=128256)
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" and path.is_file():
+        check_path(path, "GGUF file")
         return _from_hf_dir(path.stem, convert_gguf(path, progress))
     if path.is_dir() and (path / "config.json").is_file():
+        check_path(path, "model folder", entries=True)
         return _from_hf_dir(path.name, path)
     raise ValueError(f"unknown model {spec!r}: expected {', '.join(EMBEDDED_MODELS)}, tiny, "
                      "dummy:<shape>, a .gguf file or a Hugging Face folder with config.json")
@@ -140,8 +148,9 @@ def convert_gguf(gguf_path: Path, progress: Callable[[str], None] = log.info) ->
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / "models" / f"{gguf_path.stem}-{gguf_key(gguf_path)}"
+    check_path(target, "OVEN_CACHE_DIR")  # before anything is read from, or written under, the cache
     if (target / "config.json").is_file():
-        return target
+        return check_path(target, "OVEN_CACHE_DIR", entries=True)
     progress(f"converting {gguf_path.name} to a Hugging Face folder in {target} (once)")
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -157,7 +166,7 @@ def convert_gguf(gguf_path: Path, progress: Callable[[str], None] = log.info) ->
     model.generation_config.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(tmp)
     os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    return target
+    return check_path(target, "OVEN_CACHE_DIR", entries=True)
 
 
 def model_config_from_hf(name: str, hf) -> ModelConfig:
@@ -243,5 +252,6 @@ def _tokenizer_donor() -> ModelSource:
     """
     folder = os.environ.get("OVEN_TOKENIZER_DONOR")
     if folder:
+        check_path(Path(folder), "OVEN_TOKENIZER_DONOR", entries=True)
         return _from_hf_dir(TOKENIZER_DONOR, Path(folder))
     return _from_hf_dir(TOKENIZER_DONOR, convert_gguf(embedded_gguf_path(TOKENIZER_DONOR)))

@@ -14,9 +14,13 @@ a client needs. The server keeps only public keys.
 
 from __future__ import annotations
 
+import functools
+import grp
 import itertools
 import os
+import pwd
 import re
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,18 +53,106 @@ def default_control_endpoint() -> str:
     return f"ipc://{default_state_dir() / 'control.sock'}"
 
 
-def private_dir(path: Path) -> Path:
-    """``path`` as a directory only its owner can enter (created 0700; a looser one is tightened).
+class UnsafePath(AuthError):
+    """A folder or file that another local user could have written, refused; the message is one line."""
 
-    Refuses a directory owned by someone else: their files could be anything.
+
+def check_path(path: Path, setting: str = "folder", *, entries: bool = False) -> Path:
+    """``path`` made absolute, if no one but this user and root could have written it: UnsafePath otherwise.
+
+    ssh's StrictModes, along the whole path from ``/``: every part that exists is owned by this user or
+    root, and no group or other user may write it (a group with no member but this user and root does
+    not count, as Debian's sshd allows for user private groups). A folder *above* ``path`` may also be
+    a root-owned sticky one such as /tmp, where no one may rename or remove another's entries.
+    Symbolic links are followed, and the parts of their targets checked the same way. Parts that do not
+    exist are not checked: whoever creates them checks again. ``entries``: of a folder, check what is
+    directly in it too (a model's or an adapter's files). ``setting`` names what chose ``path``, for the
+    message (``... or choose another state_dir``).
     """
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = Path(path).absolute()
+    _check_parts(path, path, setting, leaf=True, links=0)
+    if entries and path.is_dir():
+        for entry in path.iterdir():
+            _check_parts(entry, entry, setting, leaf=True, links=0)
+    return path
+
+
+def private_dir(path: Path, setting: str = "folder") -> Path:
+    """``path`` as a directory only its owner can enter (created 0700; one that others may only read is
+    tightened), after :func:`check_path`: a folder another user could have written, or whose parent
+    they could write (and so rename it away), is refused, as one owned by someone else: its files
+    could be anything.
+    """
+    check_path(path, setting)
+    for parent in reversed(path.parents):  # created 0755 (less by the umask), never open to others
+        if not parent.exists():
+            parent.mkdir(mode=0o755, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    check_path(path, setting)  # what was made, or found made by someone faster
     info = path.stat()
-    if info.st_uid != os.getuid():
-        raise AuthError(f"{path} belongs to another user (uid {info.st_uid})")
+    if info.st_uid != os.geteuid():
+        raise UnsafePath(f"refusing {path}: it belongs to {_user(info.st_uid)}, not to you (choose another "
+                         f"{setting})")
     if info.st_mode & 0o077:
         path.chmod(0o700)
     return path
+
+
+def _check_parts(path: Path, shown: Path, setting: str, leaf: bool, links: int) -> None:
+    """Check each existing part of the absolute ``path`` (see :func:`check_path`); ``shown`` is what the
+    caller asked about, ``leaf`` whether ``path``'s last part is it (not a folder above it)."""
+    parts = path.parts
+    for i in range(1, len(parts) + 1):
+        part = Path(*parts[:i])
+        is_leaf = leaf and i == len(parts)
+        try:
+            info = os.lstat(part)
+        except OSError:  # not there, or out of this user's reach: nothing of it can be read either
+            return
+        if stat.S_ISLNK(info.st_mode):  # who owns the link says where it points; then its target's parts
+            if links >= 40:
+                raise UnsafePath(f"refusing {shown}: too many symbolic links")
+            _check_owner(info, part, shown, setting)
+            _check_parts(Path(os.path.realpath(part)), shown, setting, is_leaf, links + 1)
+            continue
+        _check_owner(info, part, shown, setting)
+        writers = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writers & stat.S_IWGRP and _harmless_group(info.st_gid):
+            writers &= ~stat.S_IWGRP
+        if not writers or (not is_leaf and info.st_uid == 0 and stat.S_ISDIR(info.st_mode)
+                           and info.st_mode & stat.S_ISVTX):
+            continue
+        who = {stat.S_IWGRP: "group", stat.S_IWOTH: "others"}.get(writers, "group and others")
+        fix = {stat.S_IWGRP: "g-w", stat.S_IWOTH: "o-w"}.get(writers, "go-w")
+        where = "" if part == shown else f"{part} is "
+        raise UnsafePath(f"refusing {shown}: {where}writable by {who} (chmod {fix} {part}, or choose another "
+                         f"{setting})")
+
+
+def _check_owner(info: os.stat_result, part: Path, shown: Path, setting: str) -> None:
+    if info.st_uid not in (0, os.geteuid()):
+        where = "it" if part == shown else str(part)
+        raise UnsafePath(f"refusing {shown}: {where} belongs to {_user(info.st_uid)}, neither you nor root "
+                         f"(choose another {setting})")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+@functools.cache
+def _harmless_group(gid: int) -> bool:
+    """Whether no one but this user and root is in group ``gid`` (as a member or by their primary group)."""
+    trusted = {0, os.geteuid()}
+    try:
+        names = {pwd.getpwuid(uid).pw_name for uid in trusted}
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    return set(members) <= names and all(user.pw_uid in trusted for user in pwd.getpwall() if user.pw_gid == gid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +188,28 @@ class Token:
 
 
 def write_private_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only, atomically (no moment with looser rights)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` readable by its owner only, atomically: ``path`` holds the old text or the
+    new one, with no moment of looser rights, and a failure (a full disk) leaves no temporary file."""
+    write_atomically(path, text.encode(), 0o600, f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_atomically(path: Path, data: bytes, mode: int, tmp_name: str) -> None:
+    """Write ``data`` to the file ``tmp_name`` beside ``path`` (created ``mode``), sync it to disk and
+    rename it over ``path``; on any failure the temporary file is removed and ``path`` is as it was."""
+    tmp = path.with_name(tmp_name)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def secure_client(sock: zmq.Socket, token: Token) -> None:

@@ -4,7 +4,9 @@ over ZeroMQ with CurveZMQ, two client identities, the tiny model."""
 
 from __future__ import annotations
 
+import errno
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -16,13 +18,16 @@ import pytest
 import wasmtime
 import zmq
 
+from oven.client.connect import TOKEN_IN_ARGV
 from oven.client.generate import greedy_generate
 from oven.client.rpc import ControlRequestError, OvenClient, ServerRestarted
+from oven.control.adapter_store import FILES as ADAPTER_FILES, AdapterStore
+from oven.control.keyring import Keyring
 from oven.control.runtime import programs as programs_module
 from oven.control.runtime.programs import ProgramError, ProgramStore, engine_config
 from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
-from oven.proto.auth import AuthError, Keypair, Token
+from oven.proto.auth import AuthError, Keypair, Token, private_dir
 from oven.proto.endpoints import private_endpoint
 
 from harness import OVEN, Server, built, oven, wait_exit
@@ -167,7 +172,7 @@ def test_removing_a_program_over_the_wire(server, alice, bob):
 
 # -- authentication -------------------------------------------------------------------------------------
 
-def test_a_client_without_a_known_key_gets_nothing(server):
+def test_a_client_without_a_known_key_gets_nothing(server, tmp_path):
     plain = zmq.Context.instance().socket(zmq.DEALER)  # no CURVE at all: the handshake cannot even start
     plain.setsockopt(zmq.LINGER, 0)
     plain.connect(server.endpoint)
@@ -182,7 +187,9 @@ def test_a_client_without_a_known_key_gets_nothing(server):
     with OvenClient(server.endpoint, token=forged) as client:  # the right key, sent to the wrong server
         with pytest.raises(AuthError, match="not the server this token was made for"):
             client.info(timeout_s=10)
-    done = oven("ps", "--server", server.endpoint, "--token", str(stranger))
+    token_file = tmp_path / "stranger.token"
+    token_file.write_text(str(stranger))
+    done = oven("ps", "--server", server.endpoint, "--token", f"@{token_file}")
     assert done.returncode == 1 and done.stderr.strip() == (
         f"oven: the server at {server.endpoint} refused this client's token")
 
@@ -436,3 +443,200 @@ def test_a_client_of_a_server_that_restarted_is_told(tmp_path):
                 wait_exit(client, instance_id)
         finally:
             second.stop()
+
+
+# -- folders another local user could have written (issue 40, row 10) --------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant files as a second local user")
+NOBODY = 65534
+
+
+def plant(path: Path, files: dict[str, str]) -> Path:
+    """``path`` and ``files`` in it, as another local user (uid NOBODY) would have made them."""
+    path.mkdir(parents=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    for p in (path, *path.iterdir()):
+        os.chown(p, NOBODY, NOBODY)
+    return path
+
+
+@needs_root
+def test_a_model_folder_another_user_made_in_the_cache_is_refused(tmp_path):
+    """Another user pre-created OVEN_CACHE_DIR/models/<model>/ with a chat template of theirs: neither
+    `prepare-model` nor `serve` (whose inference process converts into that folder) reads it."""
+    from oven.inference.models import EMBEDDED_MODELS, embedded_gguf_path, gguf_key
+
+    (name,) = EMBEDDED_MODELS
+    gguf = embedded_gguf_path(name)
+    cache = tmp_path / "cache"
+    folder = plant(cache / "models" / f"{gguf.stem}-{gguf_key(gguf)}",
+                   {"config.json": "{}", "chat_template.jinja": "{{ 'planted' }}"})
+    env = {**os.environ, "OVEN_CACHE_DIR": str(cache)}
+    refused = (f"refusing {folder}: it belongs to nobody (uid {NOBODY}), neither you nor root (choose another "
+               "OVEN_CACHE_DIR)")
+    done = subprocess.run([*OVEN, "prepare-model", name], capture_output=True, text=True, env=env, timeout=120)
+    assert (done.returncode, done.stderr) == (1, f"oven: {name}: {refused}\n")
+    for path in (folder, folder / "config.json"):  # the victim's now; the template is still the other user's
+        os.chown(path, 0, 0)
+    done = subprocess.run([*OVEN, "serve", "--model", "tiny", "--state-dir", str(tmp_path / "state"), "--program-dir",
+                           str(tmp_path / "programs"), "--control-endpoint", f"ipc://{tmp_path / 'c.sock'}"],
+                          capture_output=True, text=True, env=env, timeout=120)  # tiny borrows that tokenizer
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert (f"oven inference: refusing {folder / 'chat_template.jinja'}: it belongs to nobody (uid {NOBODY}), "
+            "neither you nor root (choose another OVEN_CACHE_DIR)\n") in done.stderr
+
+
+@needs_root
+def test_folders_writable_by_others_are_refused_along_the_whole_path(tmp_path):
+    """ssh's StrictModes for every folder oven keeps: a parent writable by others (who could rename the
+    victim's 0700 state folder away and put theirs in its place) is refused as the folder itself is; a
+    group counts unless no one else is in it; a root-owned sticky folder such as /tmp is fine above."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    state = shared / "server"
+    with pytest.raises(AuthError, match=f"^refusing {state}: {shared} is writable by others "
+                                        rf"\(chmod o-w {shared}, or choose another state_dir\)$"):
+        Keyring(state)
+    assert not state.exists()
+    done = oven("serve", "--model", "tiny", "--state-dir", str(state), "--program-dir", str(tmp_path / "programs"))
+    assert (done.returncode, done.stderr) == (2, f"oven: refusing {state}: {shared} is writable by others (chmod o-w "
+                                                 f"{shared}, or choose another state_dir)\n")  # before the model loads
+    os.chown(shared, 0, pwd.getpwuid(NOBODY).pw_gid)  # writable by a group another user is in
+    shared.chmod(0o775)
+    with pytest.raises(AuthError, match=f"^refusing {shared / 'programs'}: {shared} is writable by group"):
+        ProgramStore(shared / "programs", wasmtime.Engine(engine_config()))
+    with pytest.raises(AuthError, match=f"^refusing {shared}: writable by group"):
+        AdapterStore(shared).names()
+    os.chown(shared, 0, 0)  # a group no one else is in (root's, here): harmless
+    assert Keyring(state).names() == ["operator"]
+    shared.chmod(0o1777)  # sticky, as /tmp: only an entry's owner may rename it
+    assert Keyring(state).names() == ["operator"]
+    shared.chmod(0o777)
+    (state / "own").mkdir()
+    with pytest.raises(AuthError, match=f"^refusing {state / 'own'}: {shared} is writable by others"):
+        private_dir(state / "own")  # not sticky any more
+
+
+@needs_root
+def test_a_stored_adapter_another_user_made_is_not_loaded(tmp_path, caplog):
+    store = AdapterStore(tmp_path / "adapters")
+    for name in ("mine", "theirs"):
+        (store.root / name).mkdir(parents=True)
+        for file in ADAPTER_FILES:
+            (store.root / name / file).write_text("{}")
+    os.chown(store.root / "theirs" / ADAPTER_FILES[0], NOBODY, NOBODY)
+    with caplog.at_level("WARNING"):
+        assert store.names() == ["mine"]
+    assert (f"ignoring the stored adapter theirs: refusing {store.root / 'theirs' / ADAPTER_FILES[0]}: it belongs "
+            f"to nobody (uid {NOBODY})") in caplog.text
+
+
+# -- a token never silently on the command line (issue 40, row 11) ---------------------------------------
+
+def test_a_token_on_the_command_line_works_with_a_warning(server, alice, tmp_path):
+    """argv is every local user's to read (`ps`): a token given there still works, with one line naming
+    the forms no one else can read, which say nothing."""
+    done = oven("ps", "--server", server.endpoint, "--token", alice)
+    assert (done.returncode, done.stderr) == (0, TOKEN_IN_ARGV + "\n")
+    assert TOKEN_IN_ARGV == ("oven: warning: a token given on the command line is visible to every local user (ps); "
+                             "pass --token @FILE, or set OVEN_TOKEN, instead")
+    token_file = tmp_path / "alice.token"
+    token_file.write_text(alice + "\n")
+    token_file.chmod(0o600)
+    for how in ({"args": ("--token", f"@{token_file}")}, {"env": {"OVEN_TOKEN": alice}},
+                {"env": {"OVEN_TOKEN": f"@{token_file}"}}):
+        done = subprocess.run([*OVEN, "ps", "--server", server.endpoint, *how.get("args", ())], capture_output=True,
+                              text=True, env={**os.environ, **how.get("env", {})}, timeout=120)
+        assert (done.returncode, done.stderr) == (0, ""), how
+
+
+# -- a full disk: an upload or a keyring change is whole or not at all (issue 40, row 12) ----------------
+
+def full_disk(monkeypatch, where: str) -> None:
+    """The disk fills while a file whose path holds ``where`` is written: half its bytes go, then ENOSPC."""
+    real_write, wrote = os.write, []
+
+    def write(fd: int, data) -> int:
+        if where not in os.readlink(f"/proc/self/fd/{fd}"):
+            return real_write(fd, data)
+        if wrote:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        wrote.append(fd)
+        return real_write(fd, memoryview(data)[:len(data) // 2])
+    monkeypatch.setattr(os, "write", write)
+
+
+def test_an_upload_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
+    """Whether the disk fills in the compiled code, the .wasm or names.json, nothing of the program stays
+    (no file outside every client's quota, no temporary file), and nothing of it is known; with room
+    again the same upload is stored whole. A known program recorded for another client on a full disk
+    stays the first client's alone."""
+    store = ProgramStore(tmp_path / "programs", wasmtime.Engine(engine_config()))
+    compiled = store.compile(built("hello-rust"))
+    before = sorted(os.listdir(store.root))
+    for where in (".cwasm.tmp", ".wasm.tmp", "names.json"):
+        with monkeypatch.context() as patch:
+            full_disk(patch, where)
+            with pytest.raises(OSError, match="No space left on device"):
+                store.add_compiled(compiled, "hello", uploader="alice")
+        assert sorted(os.listdir(store.root)) == before, where
+        assert not store.has(compiled.digest) and store.entries() == []
+        with pytest.raises(ProgramError, match="no program named or hashed 'hello'"):
+            store.resolve("hello", "alice")
+    assert store.add_compiled(compiled, "hello", uploader="alice") == compiled.digest
+    names = (store.root / "names.json").read_bytes()
+    with monkeypatch.context() as patch:
+        full_disk(patch, "names.json")
+        with pytest.raises(OSError, match="No space left on device"):
+            store.add_compiled(compiled, "mine", uploader="bob")
+    assert not store.may_run(compiled.digest, "bob") and (store.root / "names.json").read_bytes() == names
+    restarted = ProgramStore(store.root, store.engine)
+    assert restarted.resolve("hello", "alice") == compiled.digest and not restarted.may_run(compiled.digest, "bob")
+    assert len(list(store.root.glob("*tmp*"))) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_an_upload_on_a_really_full_disk_leaves_nothing(tmp_path):
+    """The same on a real full disk: a tmpfs with room for the store's key and the compiled code, not the
+    .wasm (an upload used to leave its compiled code there, outside every quota)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    engine = wasmtime.Engine(engine_config())
+    compiled = ProgramStore(tmp_path / "scratch", engine).compile(built("hello-rust"))
+    page = os.sysconf("SC_PAGE_SIZE")
+    room = page + -(-(len(compiled.code) + 64) // page) * page + len(compiled.wasm) // 2
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room},mode=0755", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        store = ProgramStore(disk / "programs", engine)
+        with pytest.raises(OSError, match="No space left on device"):
+            store.add_compiled(compiled, "hello", uploader="alice")
+        assert os.listdir(store.root) == ["code.key"] and store.entries() == []
+        subprocess.run(["mount", "-o", f"remount,size={room * 4}", str(disk)], check=True)
+        assert store.add_compiled(compiled, "hello", uploader="alice") == compiled.digest
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_keyring_change_on_a_full_disk_changes_nothing(tmp_path, monkeypatch):
+    """`oven token add` used to admit a client in memory whose key was never saved (nor its token shown):
+    now a change that cannot be saved is not made."""
+    keyring = Keyring(tmp_path / "state")
+    keyring.add("alice")
+
+    def state():
+        return {p.name: p.read_bytes() for p in keyring.dir.iterdir()}, keyring.names(), keyring.admitted()
+    before = state()
+    for change in (lambda: keyring.add("bob"), lambda: keyring.remove("alice")):
+        with monkeypatch.context() as patch:
+            full_disk(patch, "clients.json")
+            with pytest.raises(OSError, match="No space left on device"):
+                change()
+        assert state() == before
+    keyring.add("bob")  # room again: not "a client named 'bob' exists"
+    keyring.remove("alice")
+    assert Keyring(tmp_path / "state").names() == ["bob", "operator"]

@@ -35,7 +35,7 @@ from pathlib import Path
 import wasmtime
 from wasmtime import component
 
-from oven.proto.auth import OPERATOR, private_dir, write_private_file
+from oven.proto.auth import OPERATOR, private_dir, write_atomically, write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,19 @@ class ProgramStore:
         """Store what :meth:`compile` made, as :meth:`add` does; return its hash."""
         self.check_name_room(uploader if namespace is None else namespace, name)
         digest = compiled.digest
-        if not self.has(digest):  # only a program that compiled is ever written
+        if self.has(digest):
+            self.record_upload(digest, name, uploader=uploader, namespace=namespace)
+            return digest
+        files = (self._compiled_path(digest), self.root / f"{digest}.wasm")  # only a program that compiled
+        try:
             self._write_compiled(digest, compiled.code)
-            _atomic_write(self.root / f"{digest}.wasm", compiled.wasm)
-            self._components[digest] = compiled.component
-        self.record_upload(digest, name, uploader=uploader, namespace=namespace)
+            _atomic_write(files[1], compiled.wasm)
+            self.record_upload(digest, name, uploader=uploader, namespace=namespace)
+        except BaseException:  # a full disk: none of its files stays, where no client's quota would count them
+            for path in files:
+                path.unlink(missing_ok=True)
+            raise
+        self._components[digest] = compiled.component
         return digest
 
     def record_upload(self, digest: str, name: str | None = None, *, uploader: str = OPERATOR,
@@ -155,6 +163,8 @@ class ProgramStore:
         and ``name`` names it in ``namespace``."""
         namespace = uploader if namespace is None else namespace
         self.check_name_room(namespace, name)
+        before = ({ns: dict(table) for ns, table in self._names.items()},
+                  {d: list(who) for d, who in self._uploaders.items()})
         changed = False
         if uploader not in self._uploaders.setdefault(digest, []):
             self._uploaders[digest].append(uploader)
@@ -164,7 +174,11 @@ class ProgramStore:
             names[name] = digest
             changed = True
         if changed:
-            self._save_names()
+            try:
+                self._save_names()
+            except BaseException:  # not saved (a full disk): not taken either
+                self._names, self._uploaders = before
+                raise
 
     def check_name_room(self, namespace: str, name: str | None) -> None:
         """ProgramError unless ``name`` may name a program in ``namespace``: a valid name, and a new one
@@ -335,6 +349,5 @@ def _first_line(exc: Exception) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """``path`` holds ``data`` whole or is as it was: on a failure (a full disk) no temporary file stays."""
+    write_atomically(path, data, 0o600, path.name + f".tmp{os.getpid()}")
