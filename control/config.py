@@ -34,7 +34,11 @@ class ControlConfig:
     finished_instances: int = 100  # ended instances `oven ps` still shows (and `oven attach` replays), newest
     inbox_messages: int = 1024  # client messages waiting in one instance's inbox
     inbox_mib: int = 16  # and their bytes
-    instance_memory_mib: int = 512
+    instance_memory_mib: int = 512  # one linear memory of one instance
+    client_memory_mib: int = 4096  # address space of all one client's instances (its runner process's limit)
+    max_runners: int = 64  # runner processes at once: clients with instances running (one each)
+    runner_idle_s: float = 60.0  # a runner whose client has no instance left stops after this
+    runner_grace_s: float = 30.0  # a runner silent this long past a slice's deadline, with slices to run, is killed
     slice_ms: int = 2000  # longest a guest may run between two waits
     max_kv_pages_per_instance: int = 4096
     max_embeds_per_instance: int = 4096
@@ -55,12 +59,15 @@ class ControlConfig:
 
     def __post_init__(self) -> None:
         for name in ("dispatch_k", "max_instances", "max_instances_per_client", "inbox_messages", "inbox_mib",
-                      "instance_memory_mib", "slice_ms", "max_kv_pages_per_instance", "max_embeds_per_instance",
-                      "http_fetches_per_instance", "http_workers", "http_max_body_mib"):
+                      "instance_memory_mib", "client_memory_mib", "max_runners", "slice_ms",
+                      "max_kv_pages_per_instance", "max_embeds_per_instance", "http_fetches_per_instance",
+                      "http_workers", "http_max_body_mib"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if min(self.dispatch_t_ms, self.lease_s, self.http_timeout_s, self.inference_timeout_s) <= 0:
-            raise ValueError("dispatch_t_ms, lease_s, http_timeout_s and inference_timeout_s must be positive")
+        if min(self.dispatch_t_ms, self.lease_s, self.http_timeout_s, self.inference_timeout_s, self.runner_idle_s,
+               self.runner_grace_s) <= 0:
+            raise ValueError("dispatch_t_ms, lease_s, http_timeout_s, inference_timeout_s, runner_idle_s and "
+                             "runner_grace_s must be positive")
         if min(self.http_queue_per_instance, self.inference_restarts, self.finished_instances) < 0:
             raise ValueError("http_queue_per_instance, inference_restarts and finished_instances must not be negative")
         parsed = {  # a bad name or entry fails here, at start, naming it

@@ -130,14 +130,24 @@ class Server:
     def client(self, token: str | None = None, timeout_s: float = 60) -> OvenClient:
         return OvenClient(self.endpoint, timeout_s, token=token or self.operator_token)
 
-    def children(self) -> list[int]:
-        return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
-                                                   text=True).stdout.split()]
+    def children(self, module: str = "oven.inference.server") -> list[int]:
+        """Its child processes running ``python -m module`` (its inference process; its runners are
+        ``oven.control.runner``)."""
+        pids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        return [int(pid) for pid in pids if _cmdline(int(pid))[2:3] == [module]]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(30)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")
+    except OSError:  # gone meanwhile
+        return []
 
 
 def oven(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:

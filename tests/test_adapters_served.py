@@ -27,7 +27,9 @@ def tiny_config():
 
 
 def cli(srv: Server, *args: str, token: str | None = None):
-    return oven("adapters", *args, "--server", srv.endpoint, "--token", token or srv.operator_token)
+    token_file = srv.root / "cli.token"  # not on the command line, which warns
+    token_file.write_text(token or srv.operator_token)
+    return oven("adapters", *args, "--server", srv.endpoint, "--token", f"@{token_file}")
 
 
 def decode_on_adapter(client: OvenClient, name: str) -> dict:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import wasmtime
-from oven.control.runtime.host.convert import lifter, lowerer
+from oven.control.runner.convert import lifter, lowerer
 from wasmtime import _ffi as ffi
 from wasmtime import component
 from wasmtime.component import Record, Variant

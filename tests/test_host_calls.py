@@ -12,6 +12,7 @@ from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
 from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
+from oven.control.runner import local
 from oven.control.runtime import host
 from oven.control.runtime.loop import ControlLoop
 from oven.control.runtime.programs import ProgramStore
@@ -69,8 +70,9 @@ def call(inst, interface: str, name: str, *args):
 
 
 def take(loop, inst, handle: int, getter: str):
+    """What the runner's getter would give the guest (its take-* read a table like the control side's)."""
     assert loop.run_until(lambda: inst.futures.ready([handle]), 30)
-    return call(inst, "futures", getter, handle)
+    return local.FUTURES[getter](inst, handle)
 
 
 def test_export_import_shares_pages_with_refcounts(loop):

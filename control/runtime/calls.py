@@ -63,8 +63,10 @@ class InferenceCalls:
     # -- an instance's queues --------------------------------------------------------------------
 
     def open_queue(self, inst: Instance, priority: int = 0) -> int:
-        """A new command queue of ``inst``; its virtual id (0 for the first)."""
-        q = max(inst.queues) + 1 if inst.queues else 0
+        """A new command queue of ``inst``; its virtual id (0 for the first, then counting up: an id is
+        never reused, and the runner counts the same way)."""
+        q = inst.num_queues_opened
+        inst.num_queues_opened += 1
         inst.queues[q] = QueueState(self.scheduler.create_queue(_numeric(inst.instance_id), priority))
         return q
 

@@ -2,7 +2,9 @@
 
 A future has a kind that decides which ``take-*`` getter may read it. The
 control loop completes futures as batch replies, timers and messages arrive;
-completing one marks its instance runnable (``on_ready``).
+completing one marks its instance runnable (``on_ready``) and queues it for the
+instance's runner (:meth:`FutureTable.deliver`), which keeps a table of its own
+(created with kind "", the kind arriving with the value) from which the guest takes it.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ class Future:
 
 
 class FutureTable:
-    def __init__(self, on_ready: Callable[[int], None]):
+    def __init__(self, on_ready: Callable[[int], None], delivers: bool = True):
+        """``delivers``: settled futures wait for :meth:`deliver` (the control process's side)."""
         self._futures: dict[int, Future] = {}
+        self._delivers = delivers
         self._next_handle = 1
         self._on_ready = on_ready
+        self._settled: list[int] = []  # handles settled since the last deliver()
 
     def __len__(self) -> int:
         return len(self._futures)
@@ -62,7 +67,27 @@ class FutureTable:
         for callback in fut.callbacks:
             callback(fut)
         if fut.handle in self._futures:
+            if self._delivers:
+                self._settled.append(fut.handle)
             self._on_ready(fut.handle)
+
+    def deliver(self) -> list[list]:
+        """``[handle, kind, value, error]`` of every future settled since the last call, which are then
+        forgotten here: the runner holds them until the guest takes them."""
+        out = []
+        for handle in self._settled:
+            fut = self._futures.pop(handle, None)
+            if fut is not None:
+                out.append([handle, fut.kind, fut.value, fut.error])
+        self._settled.clear()
+        return out
+
+    def settle_delivered(self, handle: int, kind: str, value: Any, error: str | None) -> None:
+        """The runner's side of :meth:`deliver`: future ``handle`` settled (nothing if discarded)."""
+        fut = self._futures.get(handle)
+        if fut is not None:
+            fut.kind = kind
+            self._settle(fut, value, error)
 
     def ready(self, handles: list[int]) -> list[int]:
         return [h for h in handles if (f := self._futures.get(h)) is not None and f.done]
@@ -78,10 +103,10 @@ class FutureTable:
         fut = self._futures.get(handle)
         if fut is None:
             raise FutureError(f"future {handle} is unknown (never issued, or already taken)")
-        if fut.kind != kind:
-            raise FutureError(f"future {handle} holds a {fut.kind} result, not {kind}")
         if not fut.done:
             raise FutureError(f"future {handle} has not completed yet")
+        if fut.kind != kind:
+            raise FutureError(f"future {handle} holds a {fut.kind} result, not {kind}")
         del self._futures[handle]
         return fut.value, fut.error
 

@@ -1,36 +1,26 @@
-"""One running inferlet: its wasmtime store, futures, resources, queues and inbox.
+"""One running inferlet as the control process keeps it: futures, resources, queues, inbox and state.
 
-The control loop drives an instance in *slices*: ``start()`` once, then
-``resume(ready)`` whenever a future it waits on completes. Each slice runs
-under an epoch deadline, so a guest that spins is trapped at the deadline and
-only that instance dies. A slice that returns no futures ends the instance.
+Its WebAssembly runs in a runner process (``control/runner/``); the control loop decides when it runs
+a slice (``start`` once, then ``resume`` whenever a future it waits on completes), applies the host
+calls the slice made (``apply.py``) and then :meth:`Instance.slice_ended` says what it waits on.
 """
 
 from __future__ import annotations
 
 import enum
-import re
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import wasmtime
-from wasmtime import component
-
 from .futures import FutureTable
-from .guest_call import GuestExport
-from .host import WasmClock
 
 if TYPE_CHECKING:
     from oven.control.resources import ResourceTable
 
     from .queues import QueueState
     from .services import HostServices
-
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
-_EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
 
 
 class State(enum.Enum):
@@ -115,16 +105,17 @@ class Instance:
     loop's to add before the first slice."""
 
     def __init__(self, instance_id: str, program: str, args: list[str], owner: str, host: HostServices,
-                 limits: InstanceLimits, engine: wasmtime.Engine, linker: component.Linker, comp: component.Component,
-                 ticks_per_ms: float, clock: WasmClock):
+                 limits: InstanceLimits):
         self.instance_id, self.program, self.args, self.host, self.limits = instance_id, program, args, host, limits
-        self.owner = owner  # the client that launched it: its exports, topics and name are in that namespace
+        self.owner = owner  # the client that launched it: its exports, topics, name and runner are that client's
         self.state = State.READY
         self.exit_code: int | None = None
         self.error: str | None = None
         self.started = False
+        self.in_slice = False  # its runner is running a slice of it: nothing to send it until that ends
         self.started_at = 0.0  # monotonic launch time: exhaustion policies prefer older instances
         self.sequence = 0  # launch order, which breaks ties in started_at (FCFS)
+        self.cpu_ns = 0  # CPU time of its slices in its runner (launch included)
         self.blocked_since: float | None = None  # parked on an allocation
         self.io_wait_since: float | None = None  # waits only on I/O since then (it is intercepted)
         self.pause_until: float | None = None  # when it said its interception ends (runtime.pause-hint)
@@ -135,37 +126,11 @@ class Instance:
         self.swapping = False  # pages on their way to or from the host tier: do not run
         self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []
-        self.stderr_tail = ""
         self.futures = FutureTable(self._on_future_ready)
         self.inbox = Inbox(limits.inbox_messages, limits.inbox_bytes)
         self.queues: dict[int, QueueState] = {}  # virtual queue id -> its state (InferenceCalls.open_queue)
+        self.num_queues_opened = 0
         self.resources: ResourceTable | None = None
-        self._slice_ticks = max(1, int(limits.slice_ms * ticks_per_ms))
-        self.store = wasmtime.Store(engine)
-        self.store.set_limits(memory_size=limits.memory_bytes)
-        wasi = wasmtime.WasiConfig()  # no preopened folders, no sockets, no environment
-        wasi.stdout_custom = lambda data: host.emit(self, "stdout", data.decode("utf-8", "replace"))
-        wasi.stderr_custom = lambda data: self._stderr(data.decode("utf-8", "replace"))
-        self.store.set_wasi(wasi)
-        self.store.set_epoch_deadline(self._slice_ticks)
-        wasm = linker.instantiate(self.store, comp)
-        start, resume = wasm.get_func(self.store, "start"), wasm.get_func(self.store, "resume")
-        if start is None or resume is None:
-            raise wasmtime.WasmtimeError("the component does not export start and resume")
-        self._start, self._resume = GuestExport(start, self.store, clock), GuestExport(resume, self.store, clock)
-
-    def release_store(self) -> None:
-        """Free the wasm store (the inferlet's linear memory) now that the instance has ended.
-
-        The store's stdout/stderr callbacks refer back to this instance, so without this
-        the memory would wait for a full pass of the cyclic collector, which is rare by design
-        (``oven.control.serve.settle_heap``).
-        """
-        self.store = self._start = self._resume = None
-
-    def _stderr(self, text: str) -> None:
-        self.stderr_tail = (self.stderr_tail + text)[-4096:]  # the last words explain a trap (failure)
-        self.host.emit(self, "stderr", text)
 
     def queue(self, q: int) -> QueueState:
         state = self.queues.get(q)
@@ -182,29 +147,31 @@ class Instance:
                                             else 0.7 * self.mean_interception_s + 0.3 * lasted_s)
                 self.io_wait_since = self.pause_until = None
 
-    def run_slice(self) -> None:
-        """Run ``start`` or ``resume`` once; raises wasmtime.Trap/WasmtimeError if the guest fails."""
-        self.store.set_epoch_deadline(self._slice_ticks)
-        if not self.started:
-            self.started = True
-            waiting = self._start()
-        else:
-            waiting = self._resume(self.futures.ready(self.waiting_on))
-        if self.state is State.KILLED:  # killed by a host call of this very slice
+    def slice_ended(self, waiting: list[int]) -> None:
+        """Its slice returned ``waiting`` (every handle one the runner holds): empty, it has finished;
+        otherwise it is ready at once if one of them has settled (here, or already in the runner)."""
+        self.in_slice = False
+        if not self.alive:  # killed by a host call of this very slice
             return
-        unknown = [h for h in waiting if not self.futures.is_known(h)]
-        if unknown:
-            raise ValueError(f"the inferlet waits on future {unknown[0]}, which it does not hold")
+        self.started = True
         self.waiting_on = list(waiting)
         if not self.waiting_on:
             self.state = State.FINISHED
             self.exit_code = self.exit_code or 0
-        elif self.futures.ready(self.waiting_on):
+        elif self.ready_futures():
             self.state = State.READY
         else:
             self.state = State.WAITING
             io_only = all(self.futures.get(h).io for h in self.waiting_on)
             self.io_wait_since = (self.io_wait_since or time.monotonic()) if io_only else None
+
+    def woken_by_device(self, ready: list[int]) -> bool:
+        """Whether one of ``ready`` (settled, not yet delivered) was a call to the inference process."""
+        return any(self.futures.is_known(h) and not self.futures.get(h).io for h in ready)
+
+    def ready_futures(self) -> list[int]:
+        """What it waits on that has settled: here, or delivered to its runner already (no longer here)."""
+        return [h for h in self.waiting_on if not self.futures.is_known(h) or self.futures.get(h).done]
 
     @property
     def kv_state(self) -> str:
@@ -224,28 +191,6 @@ class Instance:
         """Waiting on I/O only: its KV pages are idle until a message, response or timer arrives."""
         return self.state is State.WAITING and self.io_wait_since is not None
 
-    def last_stderr_line(self) -> str:
-        """The guest's last error line on stderr (a Python exception line if there is one)."""
-        lines = [line.strip() for line in self.stderr_tail.splitlines()
-                 if line.strip() and not line.startswith(("note: run with", "thread '"))]
-        errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
-        return errors[-1] if errors else (lines[-1] if lines else "")
-
-    def failure(self, exc: Exception) -> tuple[str, int]:
-        """Why a failed slice ends this instance (the trap's cause, and which limit it hit if it hit one),
-        and its exit status."""
-        reason, status = _trap_message(exc), 1
-        last_words = self.last_stderr_line()  # a guest's own error text beats "unreachable"
-        if (exited := _EXIT_STATUS.match(reason)) is not None:  # the guest exited (the Python SDK, on an exception)
-            reason, last_words, status = last_words or f"exited with status {exited[1]}", "", int(exited[1])
-        elif reason == "wasm trap: interrupt":  # the epoch deadline (run_slice)
-            return (f"{reason}: one slice ran past the {self.limits.slice_ms} ms deadline without waiting on a "
-                    "future (oven serve --slice-ms)", status)
-        if "MemoryError" in self.stderr_tail:  # CPython's answer when memory.grow hits the store's limit
-            reason += (f": out of memory, the instance's limit is {self.limits.memory_bytes >> 20} MiB "
-                       "(oven serve --instance-memory-mib)")
-        return reason + (f" ({last_words})" if last_words else ""), status
-
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
                               self.owner, self.output_held and self.alive, self.kv_state)
@@ -254,10 +199,3 @@ class Instance:
     def alive(self) -> bool:
         return self.state in (State.READY, State.WAITING)
 
-
-def _trap_message(exc: Exception) -> str:
-    """The cause of a trap ("wasm trap: interrupt"), not the backtrace wasmtime puts first."""
-    text = str(exc).strip()
-    if "Caused by:" in text:
-        return " ".join(text.rsplit("Caused by:", 1)[1].split())
-    return text.splitlines()[0] if text else type(exc).__name__

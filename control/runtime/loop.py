@@ -1,16 +1,18 @@
-"""The control loop: one thread that runs inferlet slices, batches their calls and talks to inference.
+"""The control loop: one thread that orders inferlet slices, batches their calls and talks to inference.
 
+Inferlets run in runner processes, one per client (``runners.py``); the loop decides when each
+instance runs a slice and applies the host calls each slice made when its runner reports it.
 Each turn of :meth:`ControlLoop.step`:
 
-1. runs one slice of every instance that has a completed future it waits on;
+1. orders a slice of every instance that has a completed future it waits on, one message per runner;
 2. asks the dispatch policy whether to form a batch now and, if so, sends the
    scheduler's batch to the inference process (several, under ``eager``);
    then lets the interception policy swap intercepted instances' pages out or
    back in, or discard them (runtime/interceptions.py), and, if instances wait for memory while
    the device is idle, has the allocator decide for them again;
-3. completes futures from the replies that arrived, fires due timers and runs
-   callbacks posted from other threads (HTTP);
-4. blocks in ``zmq.Poller`` until a reply, a client request or a deadline.
+3. completes futures from the replies that arrived, applies the slices that runners reported (and
+   answers the calls they ask about), fires due timers and runs callbacks posted from other threads (HTTP);
+4. blocks in ``zmq.Poller`` until a reply, a runner's report, a client request or a deadline.
 
 The inference process answers in FIFO order, which is what makes it safe to
 free memory as soon as the calls that used it have been *sent*: anything that
@@ -25,15 +27,15 @@ and a new process starts; the loop dispatches again once it answers.
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 import queue
-import threading
 import time
 from typing import Callable
 
+import msgpack
 import wasmtime
 import zmq
-from wasmtime import component
 
 from oven.control.adapter_store import AdapterStore
 from oven.control.config import ControlConfig
@@ -44,17 +46,21 @@ from oven.control.scheduling.profiler import CostProfiler
 from oven.control.supervisor import InferenceSupervisor
 from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
+from oven.control.runner.imports import WasmClock
 from oven.proto import inference as p
+from oven.proto import runner as r
 from oven.proto.auth import OPERATOR
 
 from . import host
 from .adapters import Adapters
 from .allocator import Allocator
+from .apply import apply_calls
 from .calls import InferenceCalls
 from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
 from .interceptions import Interceptions
 from .programs import ProgramStore, engine_config
+from .runners import Runner, RunnerLost, Runners
 from .services import EventSink, HostServices
 from .snapshot import LoopSnapshot
 from .timers import Timers
@@ -62,9 +68,14 @@ from .topics import Topics
 
 log = logging.getLogger(__name__)
 
-EPOCH_TICK_S = 0.005
-REPLY_CHECK_S = 0.0002  # between two slices, look for inference replies at most this often
 START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
+# The adaptive policy waits for the slices of instances a batch reply woke (or a launch started), so
+# that a batch holds every instance one reply woke, while their runner reports (it does after every
+# millisecond of slices) and for WAVE_WAIT_S at most: a slow or spinning slice holds up other clients'
+# batches by RUNNER_SILENT_S, and a client's many slices by WAVE_WAIT_S at most.
+WAVE_WAIT_S = 0.05
+RUNNER_SILENT_S = 0.005
+MAX_RUNNER_MESSAGES_PER_TURN = 8  # from one runner, so that one client's output cannot fill every turn
 
 
 class ControlLoop:
@@ -87,13 +98,9 @@ class ControlLoop:
         self.adapters = Adapters(AdapterStore(config.adapters_path), lambda request: self.client.send(request),
                                  self.info)
         self.adapters.load_stored(lambda request_id: self.client.wait_reply(request_id, START_TIMEOUT_S))
-        self.engine = wasmtime.Engine(engine_config())
+        self.engine = wasmtime.Engine(engine_config())  # compiles uploads; runners run them
         self.programs = ProgramStore(config.programs_path, self.engine)
-        self.linker = component.Linker(self.engine)
-        self.linker.add_wasip2()
-        self.wasm_clock = host.WasmClock()
-        host.define_imports(self.linker, lambda: self.current, self.wasm_clock)
-        self.current: Instance | None = None
+        self.wasm_clock = WasmClock()  # every runner's slices, added up
         self.instances: dict[str, Instance] = {}
         self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
         self.scheduler = BatchScheduler()
@@ -109,7 +116,8 @@ class ControlLoop:
         self.exports = ExportRegistry(self.kv_pool)
         self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
                                    exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
-                                   instances=self.instances, kill=self.kill, has_calls=self.calls.has_calls)
+                                   instances=self.instances, kill=self.kill,
+                                   has_calls=lambda inst: inst.in_slice or self.calls.has_calls(inst))
         self.interceptions = Interceptions(config.interception, self.profiler, allocator=self.allocator,
                                            kv_pool=self.kv_pool, host_pool=self.host_pool,
                                            page_size=self.info.page_size, has_calls=self.calls.has_calls)
@@ -131,27 +139,35 @@ class ControlLoop:
         self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
                                       config.max_kv_pages_per_instance, config.max_embeds_per_instance,
                                       config.inbox_messages, config.inbox_mib << 20)
-        self._ticker = threading.Thread(target=self._tick_epochs, daemon=True, name="oven-epoch")
-        self._stopping = False
-        self._ticker.start()
+        setup = r.Setup(str(config.programs_path), self.info.model_name,
+                        [t.replace("_", "-") for t in self.info.traits], self.info.page_size, self.info.vocab_size,
+                        self.info.tokenizer, host.CALL_SPECS, config.instance_memory_mib << 20, config.slice_ms)
+        self._runner_by_socket: dict[object, Runner] = {}
+        # instance id -> (when its slice was ordered, its runner), oldest first: see WAVE_WAIT_S
+        self._wave: dict[str, tuple[float, Runner]] = {}
+        self.runners = Runners(setup, config.client_memory_mib << 20, config.max_runners, config.runner_idle_s,
+                               on_started=self._watch_runner, on_closed=self._unwatch_runner)
 
     # -- lifecycle of instances ---------------------------------------------
 
     def launch(self, program: str, args: list[str], owner: str = OPERATOR) -> Instance:
-        """Instantiate a stored program for client ``owner`` (it names it, or uploaded it); raises
-        ProgramError / wasmtime errors for a bad one, RuntimeError past ``max_instances``."""
+        """Create an instance of a stored program for client ``owner`` (it names it, or uploaded it); its
+        runner instantiates it with its first slice, and a bad component fails it then. Raises
+        ProgramError for a program ``owner`` may not run, RuntimeError past ``max_instances`` or
+        ``max_runners``."""
         if len(self.instances) >= self.config.max_instances:
             raise RuntimeError(f"the server runs its maximum of {self.config.max_instances} instances")
         digest = self.programs.resolve(program, owner)
+        runner = self.runners.for_client(owner)
         sequence = next(self._instance_numbers)
         instance_id = f"{sequence:x}-{digest[:8]}"
-        inst = Instance(instance_id, digest, list(args), owner, self._host, self._limits, self.engine, self.linker,
-                        self.programs.component(digest), 1 / (1000 * EPOCH_TICK_S), self.wasm_clock)
-        inst.started_at, inst.sequence = time.monotonic(), sequence
+        inst = Instance(instance_id, digest, list(args), owner, self._host, self._limits)
+        inst.started_at, inst.sequence, inst.runner = time.monotonic(), sequence, runner
         inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
                                        max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
         self.calls.open_queue(inst)  # queue 0
         self.instances[instance_id] = inst
+        runner.instance_ids.add(instance_id)
         return inst
 
     def kill(self, inst: Instance, reason: str, exit_code: int = 1, state: State = State.KILLED) -> None:
@@ -170,7 +186,7 @@ class ControlLoop:
             for export in self.exports.exported_by(inst.instance_id):
                 self.exports.drop(export.name, export.namespace)
         inst.resources.release_all()
-        inst.release_store()
+        self._leave_runner(inst)
         self.topics.forget(inst.instance_id)
         self.timers.forget(inst.instance_id)
         self.instances.pop(inst.instance_id, None)
@@ -239,14 +255,21 @@ class ControlLoop:
 
     def step(self, timeout_s: float, extra: dict | None = None) -> None:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
-        self._run_ready_instances()
+        if self.allocator.num_waiting and not self.calls.num_in_flight and not self.scheduler.num_pending:
+            # The device is idle while instances wait for memory: decide again, now that the instances
+            # that were running have stopped, before their next slices are ordered (they may be swapped
+            # out for the oldest; an instance in a slice is about to make calls, and is not).
+            self.allocator.retry_parked()
+        self._order_slices()
         self._dispatch()
         self.interceptions.step(self.instances.values(), time.monotonic())
         self._dispatch()  # the copies it chose
         if self.profiler.measured != self._profile_logged:
             self._log_profile()
         if self.supervisor is not None:
+            self._drain_replies()  # a batch is judged by when its reply could have been read, not across a stall
             self._watch_inference(time.monotonic())
+        self._watch_runners(time.monotonic())
         extra = extra or {}
         if self._extra_polled != extra.keys():  # the caller's sockets changed (say, a server closed its own)
             for sock in self._extra_polled - extra.keys():
@@ -254,18 +277,16 @@ class ControlLoop:
             for sock in extra.keys() - self._extra_polled:
                 self._poller.register(sock, zmq.POLLIN)
             self._extra_polled = set(extra)
-        if self.allocator.num_waiting and not self.calls.num_in_flight and not self.scheduler.num_pending:
-            # The device is idle while instances wait for memory: decide again, now that the
-            # instances that were running have stopped (they may be swapped out for the oldest).
-            self.allocator.retry_parked()
-        busy = any(self._runnable(i) for i in self.instances.values())
+        busy = any(not i.in_slice and self._runnable(i) for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
-        for sock, _ in self._poller.poll(int(wait_s * 1000)):
+        for sock, _ in self._poller.poll(math.ceil(wait_s * 1000)):  # a timeout of 0 would spin
             if sock is self.client.socket:
                 self._drain_replies()
             elif sock is self._wake_r:
                 while self._wake_r.poll(0):
                     self._wake_r.recv()
+            elif (runner := self._runner_by_socket.get(sock)) is not None:
+                self._hear_runner(runner, exited=sock == runner.pidfd)
             else:
                 extra[sock]()
         while not self._posted.empty():
@@ -287,6 +308,9 @@ class ControlLoop:
             candidates.append(deadline - now)
         if (wake := self.config.dispatch.next_wakeup(now, self.scheduler.oldest_enqueued_at)) is not None:
             candidates.append(wake - now)
+        if self.scheduler.num_pending and self._wave:  # when the slices the policy waits for stop counting
+            candidates += [min(ordered_at + WAVE_WAIT_S, runner.heard_at + RUNNER_SILENT_S) - now
+                           for ordered_at, runner in self._wave.values()]
         return max(0.0, min(candidates))
 
     def _runnable(self, inst: Instance) -> bool:
@@ -296,37 +320,137 @@ class ControlLoop:
                 and not (inst.swapped_out and self.allocator.is_waiting(inst))
                 and (inst.started or self.allocator.admitting))
 
-    def _run_ready_instances(self) -> None:
-        next_reply_check = 0.0
-        ready = [i for i in self.instances.values() if i.state is State.READY and not i.output_held]
-        for position, inst in enumerate(ready):
-            if not self._runnable(inst):  # admission is decided per instance: a slice may make someone wait
+    def _order_slices(self) -> None:
+        """Order a slice of every runnable instance from its runner: one message per runner."""
+        orders: dict[Runner, tuple[list, list]] = {}
+        for inst in list(self.instances.values()):
+            if inst.in_slice or not self._runnable(inst):  # admission is decided per instance
                 continue
             if inst.swapped_out:
                 self.allocator.swap_in(inst)  # it runs once its pages are back
             if inst.swapping or inst.swapped_out or not inst.alive:
                 continue
-            self.current = inst
-            try:
-                inst.run_slice()
-            except (wasmtime.Trap, wasmtime.WasmtimeError, ValueError) as exc:
-                self.kill(inst, *inst.failure(exc), state=State.FAILED)
-            finally:
-                self.current = None
+            launches, resumes = orders.setdefault(inst.runner, ([], []))
+            now = time.monotonic()
+            if not inst.started:
+                inst.started = True
+                launches.append(r.Launch(inst.instance_id, inst.program, inst.args))
+                self._wave[inst.instance_id] = (now, inst.runner)
+            else:
+                ready = inst.ready_futures()
+                if inst.woken_by_device(ready):
+                    self._wave[inst.instance_id] = (now, inst.runner)
+                settled = inst.futures.deliver()
+                resumes.append(r.Resume(inst.instance_id, ready, msgpack.packb(settled, use_bin_type=True)))
+            inst.in_slice = True
+        now = time.monotonic()
+        for runner, (launches, resumes) in orders.items():
+            runner.order(launches, resumes, now)
+
+    def _slices_ran(self, runner: Runner, results: list[r.SliceResult]) -> None:
+        clock = self.wasm_clock
+        for result in results:
+            runner.num_in_slice -= 1
+            self._wave.pop(result.instance_id, None)
+            inst = self.instances.get(result.instance_id)
+            if inst is None or inst.runner is not runner:  # ended meanwhile
+                continue
+            inst.cpu_ns += result.cpu_ns
+            clock.in_wasm_ns += result.wasm_ns
+            clock.in_host_ns += result.host_ns
+            clock.host_calls += result.num_host_calls
+            self._apply(inst, result.calls)
+            inst.in_slice = False
+            if result.failure:
+                self.kill(inst, result.failure, result.exit_status, state=State.FAILED)
+                continue
+            inst.slice_ended(result.waiting)
             if inst.state is State.FINISHED:
                 self._retire(inst)
-            # Keep the device busy while the other slices run (xLLM-style overlap): the
-            # policy decides, knowing how many instances of this pass are still to run.
-            # A look costs a few us; every 0.2 ms is soon enough for a device step of milliseconds.
-            if self.calls.num_in_flight and (now := time.monotonic()) >= next_reply_check:
-                self._drain_replies()
-                next_reply_check = now + REPLY_CHECK_S
-            self._dispatch(instances_to_run=len(ready) - position - 1)
+        self._dispatch()
 
-    def _dispatch(self, instances_to_run: int = 0) -> None:
+    def _apply(self, inst: Instance, calls: bytes):
+        """Apply a slice's calls; an error kills ``inst`` alone (as a trap in its host call would have)."""
+        try:
+            return apply_calls(inst, msgpack.unpackb(calls, raw=False))
+        except Exception as exc:
+            text = str(exc).strip()
+            self.kill(inst, text.splitlines()[0] if text else type(exc).__name__, state=State.FAILED)
+
+    def _answer(self, runner: Runner, ask: r.Ask) -> None:
+        """A slice asks for the value of its last call: apply its calls so far and answer."""
+        inst = self.instances.get(ask.instance_id)
+        value = None
+        if inst is not None and inst.runner is runner and inst.alive:
+            value = self._apply(inst, ask.calls)
+        ended = inst is None or not inst.alive
+        runner.send(r.Answer(b"" if ended else msgpack.packb(value, use_bin_type=True), ended))
+
+    # -- runners ---------------------------------------------------------------------------------
+
+    def _watch_runner(self, runner: Runner) -> None:
+        for fd in (runner.sock, runner.pidfd):
+            self._poller.register(fd, zmq.POLLIN)
+            self._runner_by_socket[fd] = runner
+
+    def _unwatch_runner(self, runner: Runner) -> None:
+        for fd in (runner.sock, runner.pidfd):
+            self._poller.unregister(fd)
+            self._runner_by_socket.pop(fd, None)
+
+    def _hear_runner(self, runner: Runner, exited: bool = False) -> None:
+        try:
+            for _ in range(MAX_RUNNER_MESSAGES_PER_TURN):
+                message = runner.receive()
+                if message is None:
+                    break
+                if isinstance(message, r.SlicesRan):
+                    self._slices_ran(runner, message.results)
+                elif isinstance(message, r.Ask):
+                    self._answer(runner, message)
+        except RunnerLost as exc:
+            runner.kill()
+            self._runner_lost(runner, str(exc))
+            return
+        if exited:
+            self._runner_lost(runner, runner.exit_reason())
+
+    def _watch_runners(self, now: float) -> None:
+        limit_s = self.config.slice_ms / 1000 + self.config.runner_grace_s
+        for runner in self.runners.all():
+            if runner.stalled(now, limit_s):
+                runner.kill()
+                self._runner_lost(runner, f"it said nothing for {now - runner.heard_at:.1f} s with slices to run")
+        self.runners.balance(now)
+        self.runners.stop_idle(now)
+
+    def _runner_lost(self, runner: Runner, reason: str) -> None:
+        """A runner died or was killed: its instances end (their owners are told why); the next launch
+        of its client starts another."""
+        who = f"client {runner.client!r}" if runner.client is not None else "the spare"
+        log.error("the runner process of %s (pid %d) is gone: %s", who, runner.pid, reason)
+        self.runners.close(runner)
+        for instance_id in list(runner.instance_ids):
+            if (inst := self.instances.get(instance_id)) is not None:
+                self.kill(inst, f"its runner process died: {reason}")
+
+    def _leave_runner(self, inst: Instance) -> None:
+        runner = inst.runner
+        runner.instance_ids.discard(inst.instance_id)
+        if not runner.instance_ids:
+            runner.idle_since = time.monotonic()
+        if runner.proc.poll() is None:
+            runner.send(r.Forget([inst.instance_id]))
+
+    def _dispatch(self) -> None:
         if self._info_request is not None:  # a new inference process is still loading
             return
         policy, scheduler, calls = self.config.dispatch, self.scheduler, self.calls
+        # The slices of this wave still running: each may add a call to the batch (WAVE_WAIT_S).
+        wave, now = self._wave, time.monotonic()
+        while wave and next(iter(wave.values()))[0] < now - WAVE_WAIT_S:  # oldest first
+            del wave[next(iter(wave))]
+        instances_to_run = sum(1 for _, runner in wave.values() if now - runner.heard_at < RUNNER_SILENT_S)
         while True:
             now = time.monotonic()
             in_flight = calls.num_in_flight
@@ -399,13 +523,7 @@ class ControlLoop:
         log.info("interception profile (%s policy): %s", self.config.interception_policy,
                  self.interception_profile().describe())
 
-    def _tick_epochs(self) -> None:
-        while not self._stopping:
-            time.sleep(EPOCH_TICK_S)
-            self.engine.increment_epoch()
-
     def close(self) -> None:
-        self._stopping = True
         log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
                  "ahead of their return, %d discarded; %d instances swapped out for the pool",
                  self.interception_profile().describe(),
@@ -413,6 +531,7 @@ class ControlLoop:
                  self.interceptions.num_discarded, self.allocator.num_preempted)
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
+        self.runners.close_all()
         self.http.close()
 
 

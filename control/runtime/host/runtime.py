@@ -1,4 +1,5 @@
-"""``runtime``: arguments, identity, clock and sleep, exit code, models and traits."""
+"""``runtime``: sleep, the exit code and the pause hint (the runner answers arguments, identity, clock,
+models and traits itself)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,4 @@ def pause_hint(inst, ms: int) -> None:
     inst.pause_until = time.monotonic() + ms / 1000.0
 
 
-FUNCS = {
-    "arguments": lambda inst: list(inst.args),
-    "instance-id": lambda inst: inst.instance_id,
-    "now-ms": lambda inst: int(time.monotonic() * 1000),
-    "sleep": sleep,
-    "set-exit-code": set_exit_code,
-    "models": lambda inst: [inst.host.info.model_name],
-    "available-traits": lambda inst: [t.replace("_", "-") for t in inst.host.info.traits],
-    "page-size": lambda inst: inst.host.info.page_size,
-    "pause-hint": pause_hint,
-}
+FUNCS = {"sleep": sleep, "set-exit-code": set_exit_code, "pause-hint": pause_hint}

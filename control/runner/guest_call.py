@@ -17,8 +17,8 @@ from wasmtime import _ffi as ffi
 from wasmtime.component import Func
 from wasmtime.component._enter import enter_wasm
 
-from .host import WasmClock
-from .host.convert import lifter, lowerer
+from .imports import WasmClock
+from .convert import lifter, lowerer
 
 
 class GuestExport:
