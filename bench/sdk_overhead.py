@@ -12,13 +12,14 @@ side by side in one run against the FAKE inference backend
 * ``text-completion``: the same loop on the Python SDK (``sdk/python/inferlet``),
   if ``inferlets/text-completion/text-completion.wasm`` is built (else a note).
 
-Per token, two CPU times of the thread running the ControlLoop
-(``time.thread_time``; the fake runs in another process, so none of its time is
-counted): *loop*, everything after the ``launch()`` calls (slices, scheduler,
-dispatch, ZeroMQ, replies); and *slices*, the part spent in the inferlets'
-``start``/``resume`` slices (guest code and the host calls it makes), timed by
-wrapping ``Instance.run_slice`` in this process. The slices are where an SDK
-differs from the raw loop; the rest differs only if it issues other commands.
+Per token, two CPU times (the fake runs in another process, so none of its time
+is counted): *slices*, the inferlets' ``start``/``resume`` slices in their runner
+process (guest code and the host calls answered there), as the runner reports
+each slice's thread CPU (``Instance.cpu_ns``); and *loop*, those slices plus the
+thread running the ControlLoop (``time.thread_time``) after the ``launch()`` calls
+(ordering slices, applying their host calls, scheduler, dispatch, ZeroMQ,
+replies). The slices are where an SDK differs from the raw loop; the rest differs
+only if it issues other commands.
 Cases are interleaved round by round; the table keeps the median round of each,
 and overhead = SDK - raw twin is the median of the per-round differences (so
 drift between rounds cancels). Goals: Python SDK <= 300 us/token of loop CPU;
@@ -35,7 +36,6 @@ import gc
 import statistics
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +46,6 @@ from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig, default_program_dir
 from oven.control.inference_client import InferenceClient
 from oven.proto.endpoints import private_endpoint
-from oven.control.runtime.instance import Instance
 from oven.control.runtime.loop import ControlLoop
 from oven.control.serve import settle_heap
 
@@ -98,27 +97,7 @@ def available_cases() -> tuple[list[Case], list[str]]:
     return cases, notes
 
 
-class SliceClock:
-    """Thread CPU spent in each instance's slices, by wrapping ``Instance.run_slice`` (this process only)."""
-
-    def __init__(self):
-        self.ns_by_instance: Counter[str] = Counter()
-        original = Instance.run_slice
-
-        def timed(inst):
-            start = time.thread_time_ns()
-            try:
-                return original(inst)
-            finally:
-                self.ns_by_instance[inst.instance_id] += time.thread_time_ns() - start
-
-        Instance.run_slice = timed
-
-    def total_ns(self, instances) -> int:
-        return sum(self.ns_by_instance.pop(inst.instance_id, 0) for inst in instances)
-
-
-def measure(loop: ControlLoop, clock: SliceClock, case: Case, num: int, tokens: int) -> dict:
+def measure(loop: ControlLoop, case: Case, num: int, tokens: int) -> dict:
     """Run ``num`` instances of ``case`` to the end; CPU us per token of the loop thread and of the slices."""
     args = [PROMPT, str(tokens), *case.flags]
     gc.collect()
@@ -132,20 +111,20 @@ def measure(loop: ControlLoop, clock: SliceClock, case: Case, num: int, tokens: 
     if failed:
         raise RuntimeError(f"{case.label}: {len(failed)} instances failed, first: {failed[0].error}")
     num_tokens = num * tokens
-    return {"loop": (thread2 - thread1) / num_tokens * 1e6, "launch": (thread1 - thread0) / num_tokens * 1e6,
-            "slices": clock.total_ns(instances) / num_tokens / 1e3, "tokens_per_s": num_tokens / wall}
+    slices_us = sum(i.cpu_ns for i in instances) / num_tokens / 1e3
+    return {"loop": (thread2 - thread1) / num_tokens * 1e6 + slices_us,
+            "launch": (thread1 - thread0) / num_tokens * 1e6, "slices": slices_us, "tokens_per_s": num_tokens / wall}
 
 
 def run_all(loop: ControlLoop, cases: list[Case], args) -> dict[tuple[str, int], list[dict]]:
     """Every case at every instance count, ``args.rounds`` times round-robin (drift hits all alike)."""
-    clock = SliceClock()
-    for case in cases:  # warm-up: the first launch of a program in a loop deserializes its code
-        measure(loop, clock, case, 1, 4)
+    for case in cases:  # warm-up: the first launch of a program in a runner deserializes its code
+        measure(loop, case, 1, 4)
     samples: dict[tuple[str, int], list[dict]] = {(c.label, n): [] for c in cases for n in args.instances}
     for round_idx in range(args.rounds):
         for num in args.instances:
             for case in cases:
-                r = measure(loop, clock, case, num, args.tokens)
+                r = measure(loop, case, num, args.tokens)
                 samples[case.label, num].append(r)
                 print(f"round {round_idx + 1}  {case.label:22s} {num:3d} instances: loop {r['loop']:5.0f} us/token, "
                       f"slices {r['slices']:5.0f}, launch() {r['launch']:4.0f}, {r['tokens_per_s']:5.0f} tokens/s",

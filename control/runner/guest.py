@@ -9,6 +9,7 @@ the deadline and only that instance dies.
 from __future__ import annotations
 
 import re
+import resource
 from collections.abc import Callable
 
 import msgpack
@@ -29,7 +30,7 @@ _EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
 # reserves address space) before it is instantiated.
 MAX_INSTANCES, MAX_MEMORIES, MAX_TABLES, MAX_TABLE_ELEMENTS = 64, 8, 64, 1 << 20
 # The calls one slice sends to the control process (its output included), roughly counted in bytes.
-MAX_SLICE_CALL_BYTES = 64 << 20
+MAX_SLICE_CALL_BYTES = 16 << 20
 
 
 class Ended(Exception):
@@ -154,10 +155,25 @@ class Guest:
         elif reason == "wasm trap: interrupt":  # the epoch deadline (run_slice)
             return (f"{reason}: one slice ran past the {self.setup.slice_ms} ms deadline without waiting on a "
                     "future (oven serve --slice-ms)", status)
-        if "MemoryError" in self.stderr_tail:  # CPython's answer when memory.grow hits the store's limit
-            reason += (f": out of memory, the instance's limit is {self.setup.memory_bytes >> 20} MiB "
-                       "(oven serve --instance-memory-mib)")
+        if "MemoryError" in self.stderr_tail:  # CPython's answer when memory.grow fails
+            # A moving memory maps its new size while the old is still mapped: a grow that failed with less
+            # than a whole instance's memory left under the runner's RLIMIT_AS failed for the client's share.
+            if _address_space_left() < self.setup.memory_bytes + (64 << 20):
+                reason += (": out of memory, this client's instances together reached their share "
+                           "(oven serve --client-memory-mib)")
+            else:
+                reason += (f": out of memory, the instance's limit is {self.setup.memory_bytes >> 20} MiB "
+                           "(oven serve --instance-memory-mib)")
         return reason + (f" ({last_words})" if last_words else ""), status
+
+
+def _address_space_left() -> int:
+    """Bytes this process may still map under its RLIMIT_AS (a lot when it has none)."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return 1 << 62
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    return limit - (int(status["VmSize"].split()[0]) << 10)
 
 
 def _trap_message(exc: Exception) -> str:

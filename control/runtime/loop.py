@@ -287,7 +287,7 @@ class ControlLoop:
                     self._wake_r.recv()
             elif (runner := self._runner_by_socket.get(sock)) is not None:
                 self._hear_runner(runner, exited=sock == runner.pidfd)
-            else:
+            elif sock in extra:  # (not a runner's socket that a runner lost this turn closed)
                 extra[sock]()
         while not self._posted.empty():
             self._posted.get()()

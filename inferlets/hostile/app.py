@@ -3,6 +3,8 @@
 Argument: one of
   spin            loop forever without yielding (the slice deadline must stop it)
   memory          grow memory without bound (the store's memory limit must stop it)
+  hoard           grow memory 16 MiB at a time, waiting a moment after each: many together hold
+                  more than one may (the client's share must stop them)
   forged          use KvPage and embed handles it was never given
   double-free     free the same pages twice
   use-after-free  forward over pages it already freed
@@ -13,15 +15,19 @@ Argument: one of
   flood N         send N messages "m<i>" and print N lines "line <i>", waiting 0 ms after each:
                   output faster than a slow client reads (the server holds it back, losing nothing)
   deaf            sleep for an hour, never reading what clients send (its inbox must stay bounded)
+  tokenize KIB    tokenize KIB KiB of text (past the host's limit, it is refused: the instance dies)
   sleepers N      start N sleeps of an hour, wait for none and exit: its timers must go with it (and
                   past the futures an instance may hold, the host kills it)
+  hold-kv D H     take H KvPages to the host tier (one at a time) and D on the device, send
+                  "holding D + H", then hold them idle until a client message comes; then free them
+                  and send "released" (a client that takes a full pool must give way to others)
 Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
 
 from componentize_py_types import Err
 from oven_inferlet import wait_all, world
-from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime
+from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime, tokenize
 
 
 def report(error):
@@ -38,6 +44,15 @@ def main():
         hoard = []
         while True:
             hoard.append(bytearray(16 << 20))
+    if mode == "tokenize":
+        tokens = tokenize.tokenize("ab " * ((int(runtime.arguments()[1]) << 10) // 3))
+        messaging.send(f"{len(tokens)} tokens")
+        return
+    if mode == "hoard":
+        hoard = []
+        while True:
+            hoard.append(bytearray(16 << 20))
+            yield from wait_all([runtime.sleep(0)])
     if mode == "trap":
         raise RuntimeError("hostile inferlet gave up")
     if mode == "early-take":
@@ -54,6 +69,29 @@ def main():
     if mode == "sleepers":
         naps = [runtime.sleep(3_600_000) for _ in range(int(runtime.arguments()[1]))]
         messaging.send(f"{len(naps)} sleeps started")
+        return
+    if mode == "hold-kv":
+        device, host = int(runtime.arguments()[1]), int(runtime.arguments()[2])
+        held = []
+        for _ in range(host):
+            f = kvpages.alloc_kvpages(0, 1)
+            yield from wait_all([f])
+            page = futures.take_handles(f)
+            f = kvpages.offload_kvpages(0, page)
+            yield from wait_all([f])
+            futures.take_unit(f)
+            held += page
+        f = kvpages.alloc_kvpages(0, device)
+        yield from wait_all([f])
+        held += futures.take_handles(f)
+        messaging.send(f"holding {device} + {host}")
+        f = messaging.receive()
+        yield from wait_all([f])
+        futures.take_text(f)
+        f = kvpages.dealloc_kvpages(0, held)
+        yield from wait_all([f])
+        futures.take_unit(f)
+        messaging.send("released")
         return
     if mode == "quota":
         f = kvpages.alloc_kvpages(0, 1 << 20)
