@@ -41,10 +41,12 @@ from .runtime.programs import ProgramError
 
 log = logging.getLogger(__name__)
 
-# Frames waiting for one client (ClientOutbox) beyond its ZeroMQ pipe: past HOLD_FRAMES the instances
-# it watches run no further slice until it catches up; past a DROP limit it is taken for gone (a
-# client that sends but never reads), as if its lease had expired.
-HOLD_FRAMES = 1000
+# What waits for one client connection: frames in its ZeroMQ pipe, which holds PIPE_FRAMES, and behind
+# them in ClientOutbox. Counted in bytes (ClientOutbox.unread_bytes), the pipe's included, and in frames:
+# past a HOLD limit the instances it watches run no further slice until it catches up; past a DROP limit
+# it is taken for gone (a client that sends but never reads), as if its lease had expired.
+PIPE_FRAMES = 64
+HOLD_FRAMES, HOLD_BYTES = 1000, 4 << 20
 DROP_FRAMES, DROP_BYTES = 1_000_000, 256 << 20
 # Connections dropped while they held something, remembered (oldest forgotten first) so that the next
 # heartbeat of one that comes back is told what it lost, instead of it waiting for events that never come.
@@ -75,8 +77,8 @@ class ControlServer(AdapterRequests, ProgramRequests):
         self._admission = Admission(ctx, keyring.admitted())
         # Routing ids are ZAP's, not a peer's own: one that a peer chose could crash this ROUTER (proto/auth.py).
         secure_server(self.sock, keyring.server, self._admission)
+        self.outbox = ClientOutbox(self.sock, PIPE_FRAMES)  # before the bind: its pipes take the outbox's HWM
         bind(self.sock, endpoint)
-        self.outbox = ClientOutbox(self.sock)
         self.output = OutputLog()  # what attaching clients are shown first
         self._held: set[str] = set()  # instances whose output a watcher is behind on
         self._watchers: dict[str, set[bytes]] = defaultdict(set)  # instance id -> client routes
@@ -139,11 +141,13 @@ class ControlServer(AdapterRequests, ProgramRequests):
         """Send what waits for slow clients; hold the instances they are behind on, drop clients that never read."""
         self.outbox.flush()
         backlogs = self.outbox.backlogs
+        unread = {route: self.outbox.unread_bytes(route) for route in backlogs}
         for route, backlog in list(backlogs.items()):
-            if len(backlog.frames) > DROP_FRAMES or backlog.num_bytes > DROP_BYTES:
-                unread = f"{len(backlog.frames)} frames, {backlog.num_bytes >> 20} MiB unread"
-                self._drop_client(route, f"its client stopped reading ({unread})", f"it stopped reading: {unread}")
-        behind = {route for route, backlog in backlogs.items() if len(backlog.frames) > HOLD_FRAMES}
+            if len(backlog.frames) > DROP_FRAMES or unread[route] > DROP_BYTES:
+                what = f"{len(backlog.frames)} frames waiting, {unread[route] >> 20} MiB unread"
+                self._drop_client(route, f"its client stopped reading ({what})", f"it stopped reading: {what}")
+        behind = {route for route, backlog in backlogs.items()
+                  if len(backlog.frames) > HOLD_FRAMES or unread[route] > HOLD_BYTES}
         held = {instance_id for instance_id, routes in self._watchers.items() if routes & behind} if behind else set()
         if held or self._held:
             for instance_id in held ^ self._held:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import re
 import secrets
 import threading
 import time
@@ -17,12 +18,15 @@ import zmq
 from oven.control import program_requests, server as server_module
 from oven.proto.endpoints import private_endpoint
 from oven.control.outbox import ClientOutbox
+from oven.control.config import ControlConfig
 from oven.control.keyring import Keyring
 from oven.control.requests import Caller
+from oven.control.runtime.instance import State
+from oven.control.runtime.loop import ControlLoop
 from oven.control.server import ControlServer
 from oven.proto import control as c
 
-from harness import built
+from harness import PROGRAM_DIR, built
 
 PROGRAMS = ["echo"]
 _endpoints = itertools.count()
@@ -53,7 +57,7 @@ def pair(address: str = "") -> tuple[zmq.Socket, zmq.Socket, str]:
 
 def test_frames_past_a_full_pipe_wait_and_arrive_in_order():
     router, dealer, _ = pair()
-    outbox = ClientOutbox(router)
+    outbox = ClientOutbox(router, 1)
     frames = [f"frame {i}".encode() for i in range(100)]
     for frame in frames:
         outbox.send(b"client", frame)
@@ -74,7 +78,7 @@ def test_frames_past_a_full_pipe_wait_and_arrive_in_order():
 
 def test_frames_for_a_client_that_is_gone_are_discarded():
     router, dealer, _ = pair(private_endpoint())  # ipc, as the server: inproc never reports a peer gone
-    outbox = ClientOutbox(router)
+    outbox = ClientOutbox(router, 1)
     outbox.send(b"nobody", b"x")  # never connected: no error, nothing kept
     assert outbox.backlogs == {}
     for _ in range(2000):  # 2 MB: more than the socket's kernel buffers take
@@ -106,15 +110,30 @@ def clock() -> Clock:
 
 @pytest.fixture
 def control_server(loop, monkeypatch, tmp_path, clock):
+    """A server whose pipes hold one frame; what its instances write stays in ``loop.events``."""
     monkeypatch.setattr(server_module, "DROP_FRAMES", 50)
-    ctx = zmq.Context.instance()
-    ctx.setsockopt(zmq.SNDHWM, 1)  # a new socket takes its HWM from the context: the server's pipes hold one frame
-    try:
-        server = ControlServer(f"inproc://test-control-{next(_endpoints)}", Keyring(tmp_path / "state"), loop,
-                               clock=clock)
-    finally:
-        ctx.setsockopt(zmq.SNDHWM, 1000)  # ZeroMQ's default, for every later socket
+    monkeypatch.setattr(server_module, "PIPE_FRAMES", 1)
+    server = ControlServer(f"inproc://test-control-{next(_endpoints)}", Keyring(tmp_path / "state"), loop, clock=clock)
     yield server
+    server.close()
+
+
+@pytest.fixture
+def serving(inference, monkeypatch, tmp_path, clock):
+    """A server whose pipes hold 8 frames and whose loop sends what instances write to their clients (as
+    ``oven serve``), and keeps it in ``loop.events`` too."""
+    monkeypatch.setattr(server_module, "PIPE_FRAMES", 8)
+    server = ControlServer(f"inproc://test-control-{next(_endpoints)}", Keyring(tmp_path / "state"), clock=clock)
+    events = []
+
+    def sink(inst, kind, payload):
+        events.append((inst.instance_id, kind, payload))
+        server.on_event(inst, kind, payload)
+    server.loop = ControlLoop(inference.client(), ControlConfig(program_dir=PROGRAM_DIR, instance_memory_mib=192), sink)
+    server.loop.events = events
+    server.loop.programs.add(built("echo"), "echo")
+    yield server
+    server.loop.close()
     server.close()
 
 
@@ -139,6 +158,91 @@ def test_a_client_that_never_reads_is_dropped_and_its_instance_killed(control_se
     assert not inst.alive and inst.error.startswith("its client stopped reading (")
     assert control_server.outbox.backlogs == {}
     dealer.close(0)
+
+
+ECHO_BYTES = 512 << 10  # each big echo; a pipe of 8 frames (inproc: and the reader's 1) holds 4.5 MiB of them
+
+
+def flood_a_reader_that_reads_nothing(server: ControlServer, num_messages: int):
+    """An echo launched by a client that then reads nothing (``reader``, heartbeating) while another
+    connection (``sender``) has it answer ``num_messages`` big messages: (reader, sender, instance,
+    the server's route to the reader, the texts sent)."""
+    reader, sender = dealer_at(server.endpoint, b"reader", rcvhwm=1), dealer_at(server.endpoint, b"sender")
+    instance_id = request(server, reader, c.Launch("echo", []), 1).instance_id
+    (route,) = server._watchers[instance_id]
+    texts = [f"{i} " + "x" * ECHO_BYTES for i in range(num_messages)]
+    for request_id, text in enumerate(texts, 1):
+        sender.send(c.CODEC.encode(c.SendMessage(instance_id, text), request_id))
+    return reader, sender, server.loop.instances[instance_id], route, texts
+
+
+def other_client_is_served(server: ControlServer, reader: zmq.Socket) -> None:
+    """Another client's echo answers at once (``reader`` keeps its lease meanwhile)."""
+    other = dealer_at(server.endpoint, b"other")
+    theirs = request(server, other, c.Launch("echo", []), 1).instance_id
+    assert isinstance(request(server, other, c.SendMessage(theirs, "hi"), 2), c.Ok)
+    turn_until(server, reader, lambda: messages(server.loop, theirs) == ["echo: hi"])
+    server.loop.terminate(theirs, "the test is over")
+    other.close(0)
+
+
+def test_a_reader_that_reads_nothing_is_held_by_the_bytes_in_its_pipe(serving, monkeypatch):
+    """Big frames for a client that reads nothing fill ZeroMQ's pipe of PIPE_FRAMES frames, and the server
+    counts their bytes: past HOLD_BYTES its instance is held with a frame waiting behind the pipe (not
+    HOLD_FRAMES), and runs no further. Another client is served meanwhile; once the reader reads, every
+    echo arrives, in order, and its instance runs on."""
+    monkeypatch.setattr(server_module, "HOLD_BYTES", 2 << 20)
+    reader, sender, inst, route, texts = flood_a_reader_that_reads_nothing(serving, 12)
+    turn_until(serving, reader, lambda: inst.output_held)
+    assert len(serving.outbox.backlogs[route].frames) <= 2  # the echoes in the pipe count
+    assert serving.outbox.unread_bytes(route) > 2 << 20
+    echoed = len(messages(serving.loop, inst.instance_id))
+    assert echoed < len(texts)
+    other_client_is_served(serving, reader)
+    assert inst.output_held and len(messages(serving.loop, inst.instance_id)) <= echoed + 1  # one in flight
+    received = []
+    while len(received) < len(texts):  # now read everything (replies to the heartbeats among it)
+        turn_until(serving, reader, lambda: reader.poll(0))
+        while reader.poll(0):
+            message = c.CODEC.decode(reader.recv()).message
+            if isinstance(message, c.InstanceEvent) and message.kind == "message":
+                received.append(message.text)
+    assert received == [f"echo: {text}" for text in texts]
+    turn(serving)
+    assert not inst.output_held and route not in serving.outbox.backlogs
+    serving.loop.terminate(inst.instance_id, "the test is over")
+    for dealer in (reader, sender):
+        dealer.close(0)
+
+
+def test_a_reader_that_reads_nothing_is_dropped_by_the_bytes_in_its_pipe(serving, monkeypatch):
+    """Past DROP_BYTES unread, the bytes in ZeroMQ's pipe included, a client that reads nothing is dropped
+    (its instance killed) with a frame or two waiting, not DROP_FRAMES; the server forgets what waited
+    for it, and another client is served."""
+    monkeypatch.setattr(server_module, "HOLD_BYTES", 64 << 20)
+    monkeypatch.setattr(server_module, "DROP_BYTES", 2 << 20)
+    reader, sender, inst, route, _ = flood_a_reader_that_reads_nothing(serving, 12)
+    turn_until(serving, reader, lambda: not inst.alive)
+    match = re.fullmatch(r"its client stopped reading \((\d+) frames waiting, (\d+) MiB unread\)", inst.error)
+    assert match and int(match[1]) <= 2 and int(match[2]) >= 2, inst.error
+    assert route not in serving.outbox.backlogs and serving.outbox.unread_bytes(route) == 0
+    other_client_is_served(serving, sender)
+    for dealer in (reader, sender):
+        dealer.close(0)
+
+
+def test_a_message_past_its_cap_ends_its_sender_alone(loop):
+    """An inferlet's ``send`` of more than MAX_MESSAGE_BYTES fails its instance with a clear error; another
+    client's instance answers as before."""
+    for client in ("mallory", "alice"):
+        loop.programs.add(built("echo"), "echo", uploader=client)
+    big, small = loop.launch("echo", [], owner="mallory"), loop.launch("echo", [], owner="alice")
+    loop.deliver(big.instance_id, "x" * (3 << 19))
+    loop.deliver(small.instance_id, "hi")
+    assert loop.run_until(lambda: not big.alive and messages(loop, small.instance_id) == ["echo: hi"], 60)
+    assert (big.state, big.error) == (State.FAILED, "send: a message is at most 1 MiB, this one is 1.5 MiB "
+                                                    "(send it in parts)")
+    loop.terminate(small.instance_id, "the test is over")
 
 
 def test_a_flood_of_requests_is_served_a_share_per_turn(control_server, monkeypatch):
