@@ -33,9 +33,10 @@ def expected(inference):
             for prompt in (PROMPT_A, PROMPT_B)}
 
 
-def make_loop(inference, tmp_path, policy: str, programs=("hello-python", "prefix-cache")):
+def make_loop(inference, tmp_path, policy: str, programs=("hello-python", "prefix-cache"), **config):
     events = []
-    loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy),
+    loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy,
+                                                         **config),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
     for name in programs:
         loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name)
@@ -43,8 +44,12 @@ def make_loop(inference, tmp_path, policy: str, programs=("hello-python", "prefi
     return loop
 
 
+def messages(loop, inst) -> list[str]:
+    return [p for i, k, p in loop.events if i == inst.instance_id and k == "message"]
+
+
 def message(loop, inst) -> str | None:
-    found = [p for i, k, p in loop.events if i == inst.instance_id and k == "message"]
+    found = messages(loop, inst)
     return found[0] if found else None
 
 
@@ -162,4 +167,39 @@ def test_preempt_swaps_out_the_newer_instance_and_resumes_it_intact(inference, e
     settle(loop, new)
     assert (new.state, message(loop, new)) == (State.FINISHED, expected[PROMPT_B])
     assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, 8)
+    loop.close()
+
+
+def test_a_client_holding_the_pool_and_host_tier_gives_way_to_another_client(inference, expected, tmp_path):
+    """Client a's three instances take all 5 KvPages and all 8 host slots, then wait (on a client message
+    here; a timer is the same to the policy). Client b's newcomer still starts and gets the 3 pages of its
+    share (half the pool, rounded up), with the output a pool of its own gives: a's most wasteful idle
+    holder ends with a clear error (the host tier has no room for its pages), which makes room to swap
+    out the next; that one resumes intact later, and so does the third, untouched. Every page and host
+    slot comes back."""
+    loop = make_loop(inference, tmp_path, "preempt", (), interception_policy="preserve")  # no swap of its own
+    for name in ("hostile", "hello-python"):
+        for client in ("a", "b"):
+            loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name, uploader=client)
+    hoarders = []
+    for device, host in ((2, 3), (2, 3), (1, 2)):  # the host tier's pages pass through the device one at a time
+        hoarder = loop.launch("hostile", ["hold-kv", str(device), str(host)], owner="a")
+        assert loop.run_until(lambda: hoarder.io_idle or not hoarder.alive, 60)
+        assert messages(loop, hoarder) == [f"holding {device} + {host}"]
+        hoarders.append(hoarder)
+    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (0, 0)
+    newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)], owner="b")
+    settle(loop, newcomer)
+    assert (newcomer.state, message(loop, newcomer)) == (State.FINISHED, expected[PROMPT_B])
+    ended, swapped, kept = hoarders
+    assert (ended.state, ended.error) == (State.KILLED, "terminated: its client 'a' held 5 of the 5 KvPages, more "
+                                                        "than its fair share of 3, while client 'b' waited for "
+                                                        "pages, and the host tier had no room for its pages")
+    assert swapped.alive and swapped.resources.num_offloaded == 5 and kept.resources.num_offloaded == 2
+    assert loop.allocator.num_preempted == 1
+    for hoarder in (swapped, kept):
+        hoarder.inbox.push("go on")
+    settle(loop, swapped, kept)
+    assert [(h.state, messages(loop, h)[-1]) for h in (swapped, kept)] == [(State.FINISHED, "released")] * 2
+    assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.allocator.num_waiting) == (NUM_PAGES, 8, 0)
     loop.close()

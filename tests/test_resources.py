@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import subprocess
 import sys
 
@@ -16,6 +18,7 @@ from oven.control.resources import (
     Decision,
     ExhaustionPolicy,
     ExportRegistry,
+    FairShares,
     HandleSlab,
     InstanceUsage,
     PhysicalPool,
@@ -24,6 +27,7 @@ from oven.control.resources import (
     ResourceError,
     ResourceTable,
     choose_victims,
+    held_by_client,
 )
 
 NUM_KV_PAGES, NUM_EMBEDS, NUM_HOST_SLOTS = 8, 16, 4
@@ -217,13 +221,27 @@ def test_quota_is_checked_before_the_pool_and_allocates_nothing(pools):
 
 
 def test_pool_exhaustion_leaves_the_table_unchanged(pools):
+    pools.kv.allocate(3)  # someone else's
     table = pools.table()
-    table.alloc_kvpages(6)
+    table.alloc_kvpages(3)
     with pytest.raises(PoolExhausted, match="kvpage pool exhausted: 3 requested, 2 free") as info:
         table.alloc_kvpages(3)
     assert (info.value.requested, info.value.available) == (3, 2)
-    assert table.num_kvpages == 6 and pools.kv.num_free == 2
-    assert table.alloc_kvpages(2) == [7, 8]
+    assert table.num_kvpages == 3 and pools.kv.num_free == 2
+    assert table.alloc_kvpages(2) == [4, 5]
+
+
+def test_an_allocation_past_the_pools_size_is_over_quota_whatever_the_quota(pools):
+    """An instance never holds more KvPages than the pool has (``--max-kv-pages-per-instance`` defaults
+    far above a small pool's size): what could never fit fails at once, not by exhausting the pool."""
+    for quotas in ({}, {"max_kvpages": 4096}):
+        table = pools.table(**quotas)
+        table.alloc_kvpages(NUM_KV_PAGES - 1)
+        with pytest.raises(QuotaExceeded, match=f"holding {NUM_KV_PAGES - 1}, asked for 2 more, quota is "
+                                                f"{NUM_KV_PAGES}"):
+            table.alloc_kvpages(2)
+        table.alloc_kvpages(1)  # the whole pool is fine
+        table.release_all()
 
 
 @pytest.mark.parametrize("n", [-1, True, 1.5, "2"])
@@ -662,3 +680,73 @@ def test_terminate_newest_on_real_tables_lets_the_oldest_allocate(pools):
         tables[iid].release_all()
     assert decision.terminate == ("new",)
     assert tables["old"].alloc_kvpages(4) == [4, 5, 6, 7]
+
+
+# -- fair shares between clients (preempt) ----------------------------------------------
+
+
+def test_fair_shares_split_the_pool_between_the_clients_that_hold_or_want_pages():
+    fleet = [usage("a1", 0.0, 2, num_arriving=1, client="a"), usage("a2", 1.0, 3, client="a"),
+             usage("b1", 2.0, 0, client="b"), usage("c1", 3.0, 0, client="c")]
+    assert held_by_client(fleet) == {"a": 6, "b": 0, "c": 0}
+    shares = FairShares.of(5, held_by_client(fleet), wanting={"b"})  # c neither holds nor wants pages
+    assert (shares.share, shares.floor, shares.held, shares.contended) == (3, 2, {"a": 6, "b": 0}, True)
+    assert shares.over("a") and not shares.over("b", 3) and shares.over("b", 4)
+    assert (shares.above("a"), shares.above("b")) == (4, 0)  # taken from down to the floor at most
+    alone = FairShares.of(5, {"a": 6}, wanting={"a"})
+    assert (alone.share, alone.contended, alone.over("a", 10)) == (5, False, False)
+
+
+# Client a's three instances hold the whole pool of 5 and the 8 host slots and wait on I/O (timers, say);
+# client b's newcomer asks for 3 pages: half the pool, rounded up, its share.
+HOARD = [usage("a1", 0.0, 2, num_offloadable=2, io_wait_since=1.0, client="a", num_on_host=3),  # waste 2 x 8
+         usage("a2", 1.0, 2, num_offloadable=2, io_wait_since=2.0, client="a", num_on_host=3),  # 2 x 7
+         usage("a3", 2.0, 1, num_offloadable=1, io_wait_since=3.0, client="a", num_on_host=2),  # 1 x 6
+         usage("b1", 5.0, 0, client="b")]
+HOARD_SHARES = FairShares.of(5, held_by_client(HOARD), wanting={"b"})
+
+
+def test_preempt_swaps_out_a_client_over_its_share_for_one_within_it():
+    policy = ExhaustionPolicy.preempt()
+    decide = functools.partial(choose_victims, policy, HOARD, "b1", 3, now=9.0, requested=3)
+    assert decide(num_free_host_slots=8, shares=HOARD_SHARES) == Decision(offload=("a1", "a2"))
+    # running instances of a client over its share are swapped out too, whatever their age
+    running = [dataclasses.replace(u, io_wait_since=None) for u in HOARD]
+    assert choose_victims(policy, running, "b1", 3, now=9.0, num_free_host_slots=8, shares=HOARD_SHARES,
+                          requested=3) == Decision(offload=("a3", "a2"))
+    # without shares, only instances newer than the requester are: b waits
+    assert choose_victims(policy, running, "b1", 3, now=9.0, num_free_host_slots=8) == Decision(wait=True)
+
+
+def test_preempt_ends_idle_holders_over_their_share_that_the_host_tier_has_no_room_for():
+    """The host tier is full (of a's pages too): a's most wasteful idle holder ends, which frees its host
+    slots for the next to be swapped out. Without shares nothing can move, the holders sleep, and the
+    newcomer would wait for ever."""
+    policy = ExhaustionPolicy.preempt()
+    decide = functools.partial(choose_victims, policy, HOARD, "b1", 3, now=9.0, num_free_host_slots=0)
+    assert decide() == Decision(wait=True)
+    assert decide(shares=HOARD_SHARES, requested=3) == Decision(terminate=("a1",), offload=("a2",), over_share=True)
+    # one slot: a3 fits and is swapped out first; a1, the most wasteful of those that do not, ends
+    assert decide(num_free_host_slots=1, shares=HOARD_SHARES, requested=3) == Decision(
+        terminate=("a1",), offload=("a3",), over_share=True)
+
+
+def test_a_client_never_takes_pages_another_needs_below_its_share():
+    policy = ExhaustionPolicy.preempt()
+    # b holds its share; a, over its own, asks for more: b's idle instance is not touched, a waits
+    fleet = [usage("a1", 0.0, 3, num_offloadable=3, client="a"), usage("b1", 1.0, 2, num_offloadable=2,
+                                                                      io_wait_since=1.0, client="b")]
+    shares = FairShares.of(5, held_by_client(fleet), wanting={"a"})
+    assert choose_victims(policy, fleet, "a1", 1, now=9.0, num_free_host_slots=8, shares=shares,
+                          requested=1) == Decision(wait=True)
+    assert choose_victims(policy, fleet, "a1", 1, now=9.0, num_free_host_slots=8) == Decision(offload=("b1",))
+    # one within its share takes only from clients beyond theirs: c, at its share, keeps its pages though
+    # it wastes the most; b gives one instance's
+    fleet = [usage("c1", 0.0, 2, num_offloadable=2, io_wait_since=0.0, client="c"),
+             usage("b1", 1.0, 2, num_offloadable=2, io_wait_since=5.0, client="b"),
+             usage("b2", 2.0, 2, num_offloadable=2, io_wait_since=6.0, client="b"), usage("a1", 3.0, 0, client="a")]
+    shares = FairShares.of(6, held_by_client(fleet), wanting={"a"})
+    assert (shares.share, shares.floor, shares.above("b"), shares.above("c")) == (2, 2, 2, 0)
+    decide = functools.partial(choose_victims, policy, fleet, "a1", 2, now=9.0, num_free_host_slots=8)
+    assert decide(shares=shares, requested=2) == Decision(offload=("b1",))
+    assert decide() == Decision(offload=("c1",))

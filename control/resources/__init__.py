@@ -13,8 +13,10 @@ from .exhaustion import (
     WAIT,
     Decision,
     ExhaustionPolicy,
+    FairShares,
     InstanceUsage,
     choose_victims,
+    held_by_client,
 )
 from .exports import MAX_NAME_BYTES, Export, ExportRegistry
 from .pool import PhysicalPool, PoolExhausted
@@ -36,6 +38,7 @@ __all__ = [
     "ExhaustionPolicy",
     "Export",
     "ExportRegistry",
+    "FairShares",
     "HandleSlab",
     "InstanceUsage",
     "PagePlacement",
@@ -45,4 +48,5 @@ __all__ = [
     "ResourceError",
     "ResourceTable",
     "choose_victims",
+    "held_by_client",
 ]

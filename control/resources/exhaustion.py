@@ -22,13 +22,20 @@ Three policies, named as in the config:
   from it. Killing is left for a deadlock that no swap can break: every holder
   parked and the host tier too small.
 
+  Between clients, ``preempt`` keeps :class:`FairShares`: while several clients hold or want
+  pages, each may claim the pool over their number (rounded up) and keeps it (rounded down). A
+  requester whose client, with what it asks for, stays within its claim may take pages of another
+  client that holds more than it keeps: that client's instances, idle ones first and of any age,
+  are swapped out until it is down to what it keeps, and its idle ones that the host tier has no
+  room for are terminated. A client over its share takes nobody else's pages: it waits.
+
 The runtime calls again whenever the picture changes (an instance exits or
 blocks), so a parked call is re-decided rather than left to deadlock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 TERMINATE_NEWEST = "terminate-newest"
@@ -82,8 +89,10 @@ class InstanceUsage:
     calls that use them are queued or in flight).
     ``num_arriving``: KvPages a restore is copying its swapped-out pages into: taken from the
     pool, in no table until the copy lands, then reclaimable (or freed, if it has exited).
-    ``io_wait_since``: when it began waiting on I/O (a tool call, http, the user), else None.
+    ``io_wait_since``: when it began waiting on I/O (a tool call, http, the user, a timer), else None.
     ``blocked_since``: when it was parked on an allocation under ``wait``, else None.
+    ``client``: who launched it (see :class:`FairShares`). ``num_on_host``: host slots its offloaded
+    KvPages take, given back if it ends.
     """
 
     instance_id: Hashable
@@ -93,15 +102,62 @@ class InstanceUsage:
     num_arriving: int = 0
     io_wait_since: float | None = None
     blocked_since: float | None = None
+    client: Hashable = None
+    num_on_host: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FairShares:
+    """The KvPage pool split evenly between the clients whose instances hold or want pages. Each may claim
+    ``share`` pages (the pool over their number, rounded up) and keeps ``floor`` (rounded down) whoever
+    claims: one client's claim is met from the pages others hold beyond their floors. ``held`` is what
+    each holds (:func:`held_by_client`)."""
+
+    share: int
+    floor: int
+    held: Mapping[Hashable, int]
+
+    @classmethod
+    def of(cls, pool_size: int, held: Mapping[Hashable, int], wanting: Iterable[Hashable] = ()) -> FairShares:
+        """Shares of a pool of ``pool_size`` between the clients that hold pages and those ``wanting`` them."""
+        held = {client: n for client, n in held.items() if n > 0}
+        for client in wanting:
+            held.setdefault(client, 0)
+        num_clients = max(1, len(held))
+        return cls(-(-pool_size // num_clients), pool_size // num_clients, held)
+
+    @property
+    def contended(self) -> bool:
+        """More than one client holds or wants pages (one alone is owed the whole pool)."""
+        return len(self.held) > 1
+
+    def over(self, client: Hashable, more: int = 0) -> bool:
+        """Whether ``client``, given ``more`` pages, would hold more than its share of a contended pool."""
+        return self.contended and self.held.get(client, 0) + more > self.share
+
+    def above(self, client: Hashable) -> int:
+        """Pages ``client`` holds beyond its floor: what others within their shares may take (0 if none)."""
+        return max(0, self.held.get(client, 0) - self.floor)
+
+
+def held_by_client(instances: Iterable[InstanceUsage]) -> dict[Hashable, int]:
+    """KvPages each client's instances hold (or will once their restores land)."""
+    held: dict[Hashable, int] = {}
+    for usage in instances:
+        held[usage.client] = held.get(usage.client, 0) + _num_held(usage)
+    return held
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Exactly one of: instances to terminate, instances to offload, or wait."""
+    """One of: instances to terminate, instances to offload, or wait. Only ``over_share`` decisions do
+    both: their victims' clients hold more than their fair share of the pool (:class:`FairShares`), and
+    those terminated are idle ones that the host tier had no room for."""
 
     terminate: tuple[Hashable, ...] = ()
     offload: tuple[Hashable, ...] = ()
     wait: bool = False
+    over_share: bool = False
 
 
 def choose_victims(
@@ -111,12 +167,16 @@ def choose_victims(
     needed: int,
     now: float,
     num_free_host_slots: int = 0,
+    shares: FairShares | None = None,
+    requested: int | None = None,
 ) -> Decision:
     """Decide how ``requester_id`` gets ``needed`` more units than are free.
 
     ``instances`` lists every live instance, requester included; ties in
-    ``started_at`` count a later-listed instance as newer. Raises ValueError if
-    the requester is not listed or ``needed`` < 1.
+    ``started_at`` count a later-listed instance as newer. ``shares``: the
+    clients' shares of the KvPage pool (``preempt`` keeps them), and ``requested``
+    all the requester asks for (``needed`` of it is not free). Raises ValueError
+    if the requester is not listed or ``needed`` < 1.
     """
     if needed < 1:
         raise ValueError(f"needed must be >= 1, got {needed}")
@@ -130,7 +190,8 @@ def choose_victims(
         if chosen:
             return Decision(offload=chosen)
     elif policy.name == PREEMPT:
-        return _preempt(instances, index, needed, now, num_free_host_slots)
+        return _preempt(instances, index, needed, now, num_free_host_slots, shares,
+                        needed if requested is None else requested)
     elif policy.name == WAIT and _waiting_can_succeed(policy, requester, others, needed, now):
         return Decision(wait=True)
     return Decision(terminate=_newest_first(instances, index, needed))
@@ -175,25 +236,68 @@ def _num_held(usage: InstanceUsage) -> int:
 
 
 def _preempt(instances: Sequence[InstanceUsage], index: int, needed: int, now: float,
-             num_free_host_slots: int) -> Decision:
+             num_free_host_slots: int, shares: FairShares | None, requested: int) -> Decision:
     requester = instances[index]
     rank = (requester.started_at, index)
     others = [u for i, u in enumerate(instances) if i != index]
     if sum(_num_held(u) for u in others) < needed:
         return Decision(terminate=(requester.instance_id,))  # it cannot fit even alone: waiting is forever
-    idle = _by_idle_waste([u for u in others if u.io_wait_since is not None], now)
-    newer = sorted((i for i, u in enumerate(instances) if (u.started_at, i) > rank and u.io_wait_since is None),
-                   key=lambda i: (instances[i].started_at, i), reverse=True)
-    chosen = _covering(idle + [instances[i] for i in newer], needed, num_free_host_slots)
+    # Whose pages the requester may take, and how many of another client's (those beyond its share).
+    takeable: dict[Hashable, int] | None = None
+    if shares is not None and shares.contended:
+        entitled = not shares.over(requester.client, requested)
+        takeable = {client: shares.above(client) for client in shares.held
+                    if client != requester.client and entitled and shares.above(client)}
+    fair = [i for i, u in enumerate(instances) if takeable is None or u.client == requester.client
+            or u.client in takeable]
+    idle = _by_idle_waste([instances[i] for i in fair if i != index and instances[i].io_wait_since is not None], now)
+    # Running instances newer than the requester, and any of a client over its share, newest first.
+    running = sorted((i for i in fair if instances[i].io_wait_since is None and (
+        (instances[i].started_at, i) > rank or (takeable is not None and instances[i].client in takeable))),
+        key=lambda i: (instances[i].started_at, i), reverse=True)
+    chosen = _covering(idle + [instances[i] for i in running], needed, num_free_host_slots, takeable)
     if chosen:
         return Decision(offload=chosen)
+    if takeable:
+        ended = _ending_idle_over_share([u for u in idle if u.client in takeable], needed, num_free_host_slots,
+                                        takeable)
+        if ended is not None:
+            return ended
     # Pages come back when a holder that is not itself parked runs on and frees them, or when
     # an older parked instance swaps the requester out (it gives up what it holds). One whose pages
     # are arriving from the host runs on once they land (or can be swapped out again then).
     if (any(u.blocked_since is None and _num_held(u) > 0 for u in others)
             or 0 < requester.num_offloadable <= num_free_host_slots):
         return Decision(wait=True)
-    return Decision(terminate=_newest_first(instances, index, needed))
+    fair_instances = [instances[i] for i in fair]
+    return Decision(terminate=_newest_first(fair_instances, fair.index(index), needed))
+
+
+def _ending_idle_over_share(idle: list[InstanceUsage], needed: int, num_free_host_slots: int,
+                            takeable: dict[Hashable, int]) -> Decision | None:
+    """Free ``needed`` pages from idle instances of clients over their share (``takeable``: the pages
+    each has beyond it), in order: those the host tier has room for are swapped out, the others
+    terminated (what they hold on the host makes room for the next). None if they cannot cover it."""
+    offload, terminate, freed, free_slots, left = [], [], 0, num_free_host_slots, dict(takeable)
+    for fits_only in (True, False):  # first every swap that fits as it is, then the rest
+        for usage in idle:
+            if freed >= needed:
+                break
+            if left[usage.client] <= 0 or usage.instance_id in offload or usage.instance_id in terminate:
+                continue
+            if 0 < usage.num_offloadable <= free_slots:
+                offload.append(usage.instance_id)
+                pages, free_slots = usage.num_offloadable, free_slots - usage.num_offloadable
+            elif fits_only or _num_held(usage) == 0:
+                continue
+            else:
+                terminate.append(usage.instance_id)
+                pages, free_slots = _num_held(usage), free_slots + usage.num_on_host
+            freed += pages
+            left[usage.client] -= pages
+    if freed < needed or not terminate:
+        return None
+    return Decision(terminate=tuple(terminate), offload=tuple(offload), over_share=True)
 
 
 def _by_idle_waste(waiting: list[InstanceUsage], now: float) -> list[InstanceUsage]:
@@ -210,12 +314,14 @@ def _offload_candidates(
                      num_free_host_slots)
 
 
-def _covering(candidates: list[InstanceUsage], needed: int, num_free_host_slots: int) -> tuple[Hashable, ...]:
+def _covering(candidates: list[InstanceUsage], needed: int, num_free_host_slots: int,
+              takeable: dict[Hashable, int] | None = None) -> tuple[Hashable, ...]:
     """The first of ``candidates``, in order, whose offloadable pages cover ``needed`` within the free
-    host slots (one that does not fit is skipped), or () when they cannot."""
-    chosen, freed, free_slots = [], 0, num_free_host_slots
+    host slots (one that does not fit is skipped), or () when they cannot. A candidate of a client in
+    ``takeable`` is taken only while that client has pages beyond its share left."""
+    chosen, freed, free_slots, left = [], 0, num_free_host_slots, dict(takeable or {})
     for usage in candidates:
-        if usage.num_offloadable == 0:
+        if usage.num_offloadable == 0 or left.get(usage.client, 1) <= 0:
             continue
         if freed >= needed:
             break
@@ -223,4 +329,6 @@ def _covering(candidates: list[InstanceUsage], needed: int, num_free_host_slots:
             chosen.append(usage.instance_id)
             freed += usage.num_offloadable
             free_slots -= usage.num_offloadable
+            if usage.client in left:
+                left[usage.client] -= usage.num_offloadable
     return tuple(chosen) if freed >= needed else ()

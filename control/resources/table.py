@@ -66,7 +66,9 @@ class ResourceTable:
 
     ``max_kvpages`` bounds the KvPage handles held at once, whatever their origin
     (allocated or imported) or location (device or host): handles cost control
-    memory too, so importing one name a million times must hit a limit.
+    memory too, so importing one name a million times must hit a limit. An
+    allocation is bounded by the KvPage pool's size too, whatever ``max_kvpages``
+    allows: one that could never be met fails at once, as a quota.
     ``max_embeds`` bounds Embed handles. None means no quota beyond the pools.
     """
 
@@ -112,8 +114,10 @@ class ResourceTable:
     # -- allocation -------------------------------------------------------
 
     def alloc_kvpages(self, n: int) -> list[int]:
-        """``n`` new device KvPages. QuotaExceeded before PoolExhausted; all or nothing."""
-        self._check_alloc("kvpage", n, len(self._pages), self.max_kvpages)
+        """``n`` new device KvPages. QuotaExceeded (past ``max_kvpages`` or the pool's size) before
+        PoolExhausted; all or nothing."""
+        quota = self.kv_pool.size if self.max_kvpages is None else min(self.max_kvpages, self.kv_pool.size)
+        self._check_alloc("kvpage", n, len(self._pages), quota)
         return [self._pages.insert(PagePlacement(DEVICE, page_id)) for page_id in self.kv_pool.allocate(n)]
 
     def adopt_kvpages(self, page_ids: Iterable[int]) -> list[int]:

@@ -14,7 +14,10 @@
   its head is retried, a newer instance's allocation queues behind an older
   waiter, and no new instance starts while anyone waits, so the
   instances admitted are those whose pages fit, and a preempted one resumes
-  before anyone who arrived after it.
+  before anyone who arrived after it. Between clients the pool is shared fairly
+  (resources/exhaustion.py, FairShares): a waiter whose client would hold more
+  than its share with what it asks for queues behind those whose clients would
+  not, whatever their arrival, and does not stop new instances from starting.
 * **dealloc**: memory returns to the pool once every call issued before it on
   that queue has completed.
 """
@@ -27,8 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from oven.control.resources import (ExhaustionPolicy, ExportRegistry, InstanceUsage, PhysicalPool, PoolExhausted,
-                                    ResourceError, choose_victims)
+from oven.control.resources import (ExhaustionPolicy, ExportRegistry, FairShares, InstanceUsage, PhysicalPool,
+                                    PoolExhausted, ResourceError, choose_victims, held_by_client)
 from oven.proto.auth import OPERATOR
 
 from .calls import Submit
@@ -50,9 +53,15 @@ class _Waiter:
     count: int = 0
     fut: Future | None = None
     arrival: tuple[float, int] = field(init=False)
+    over_share: bool = field(init=False, default=False)  # its client would hold more than its fair share
 
     def __post_init__(self):
         self.arrival = (self.inst.started_at, self.inst.sequence)
+
+    @property
+    def turn(self) -> tuple[bool, tuple[float, int]]:
+        """Its place in the queue: those within their clients' shares first, each by arrival."""
+        return self.over_share, self.arrival
 
     @property
     def num_kvpages(self) -> int:
@@ -78,6 +87,7 @@ class Allocator:
         self.tiers = TierMoves(kv_pool=kv_pool, host_pool=host_pool, submit=submit, page_size=page_size,
                                on_freed=self.retry_parked)
         self._waiters: list[_Waiter] = []  # by arrival
+        self._retried: list[_Waiter] = []  # while _retry_once goes through them: waiters not yet back in the queue
         self._waiting_ids: set[str] = set()  # their instances: the loop asks about each instance every turn
         self._retrying = self._retry_again = False
         self.num_preempted = 0  # instances swapped out to answer an exhausted pool
@@ -91,7 +101,7 @@ class Allocator:
             inst.futures.fail(fut, str(exc))
             return
         waiter = _Waiter(inst, q, kind, count, fut)
-        if kind == "kvpages" and self._behind_an_older_waiter(inst):
+        if kind == "kvpages" and self._behind_a_waiter(waiter):
             self._park(waiter)
         else:
             self._try(waiter)
@@ -153,16 +163,25 @@ class Allocator:
         inst = waiter.inst
         now = time.monotonic()
         usage = [self._usage(i, waiter.kind, now) for i in self._instances.values()]
-        decision = choose_victims(self.policy, usage, inst.instance_id, needed, now, self._host_pool.num_free)
+        shares = self._shares(usage, waiter) if waiter.kind == "kvpages" and self.policy.fcfs else None
+        decision = choose_victims(self.policy, usage, inst.instance_id, needed, now, self._host_pool.num_free,
+                                  shares=shares, requested=waiter.num_kvpages)
         if decision.wait:
             self._park(waiter)
             return
-        for victim_id in decision.offload:
-            self.tiers.swap_out(self._instances[victim_id])
-            self.num_preempted += 1
-        for victim_id in decision.terminate:
+        for victim_id in decision.terminate:  # first: what they hold on the host makes room for the swaps
             if (victim := self._instances.get(victim_id)) is not None:
-                self._kill(victim, f"terminated to free {waiter.kind} for an older instance (pool exhausted)")
+                if decision.over_share:
+                    reason = (f"terminated: its client {victim.owner!r} held {shares.held[victim.owner]} of the "
+                              f"{self._kv_pool.size} KvPages, more than its fair share of {shares.share}, while "
+                              f"client {inst.owner!r} waited for pages, and the host tier had no room for its pages")
+                else:
+                    reason = f"terminated to free {waiter.kind} for an older instance (pool exhausted)"
+                self._kill(victim, reason)
+        for victim_id in decision.offload:
+            if (victim := self._instances.get(victim_id)) is not None:
+                self.tiers.swap_out(victim)
+                self.num_preempted += 1
         if not inst.alive:
             return
         if decision.offload:
@@ -187,7 +206,25 @@ class Allocator:
         return InstanceUsage(inst.instance_id, inst.started_at, held, offloadable,
                              num_arriving=self.tiers.num_arriving(inst) if kind == "kvpages" else 0,
                              io_wait_since=inst.io_wait_since if inst.io_idle else None,
-                             blocked_since=None if inst.swapping else inst.blocked_since)
+                             blocked_since=None if inst.swapping else inst.blocked_since,
+                             client=inst.owner, num_on_host=table.num_offloaded if kind == "kvpages" else 0)
+
+    def _shares(self, usage: list[InstanceUsage] | None, *newcomers: _Waiter) -> FairShares | None:
+        """The clients' shares of the KvPage pool, from the instances' kvpage ``usage`` (made here if None),
+        the waiters' clients and ``newcomers``' wanting pages too; sets each one's ``over_share``. None, and
+        nobody over, while every instance is one client's."""
+        waiters = [w for w in (*self._waiters, *self._retried, *newcomers) if w.kind == "kvpages"]
+        if len({inst.owner for inst in self._instances.values()}) < 2:
+            for waiter in waiters:
+                waiter.over_share = False
+            return None
+        if usage is None:
+            now = time.monotonic()
+            usage = [self._usage(inst, "kvpages", now) for inst in self._instances.values()]
+        shares = FairShares.of(self._kv_pool.size, held_by_client(usage), {w.inst.owner for w in waiters})
+        for waiter in waiters:
+            waiter.over_share = shares.over(waiter.inst.owner, waiter.num_kvpages)
+        return shares
 
     # -- waiters -----------------------------------------------------------------
 
@@ -196,16 +233,21 @@ class Allocator:
         bisect.insort(self._waiters, waiter, key=lambda w: w.arrival)
         self._waiting_ids.add(waiter.inst.instance_id)
 
-    def _behind_an_older_waiter(self, inst) -> bool:
-        return self.policy.fcfs and bool(self._waiters) and self._waiters[0].arrival < (inst.started_at, inst.sequence)
+    def _behind_a_waiter(self, waiter: _Waiter) -> bool:
+        """Under FCFS, whether a parked waiter comes before ``waiter`` (see _Waiter.turn)."""
+        if not (self.policy.fcfs and self._waiters):
+            return False
+        self._shares(None, waiter)
+        return min(w.turn for w in self._waiters) < waiter.turn
 
     def is_waiting(self, inst) -> bool:
         return inst.instance_id in self._waiting_ids
 
     @property
     def admitting(self) -> bool:
-        """Whether a new instance may start: under FCFS, not while anyone waits for memory."""
-        return not (self.policy.fcfs and self._waiters)
+        """Whether a new instance may start: under FCFS, not while anyone waits for memory within its
+        client's share (a client over its share waits for its own instances, not others)."""
+        return not (self.policy.fcfs and any(not w.over_share for w in self._waiters))
 
     @property
     def num_waiting(self) -> int:
@@ -216,7 +258,7 @@ class Allocator:
         now, or an older instance waits, it waits its turn."""
         if not self.is_waiting(inst):
             waiter = _Waiter(inst)
-            if self._behind_an_older_waiter(inst):
+            if self._behind_a_waiter(waiter):
                 self._park(waiter)
             else:
                 self._resume(waiter)
@@ -254,18 +296,26 @@ class Allocator:
     def _retry_once(self) -> None:
         pending, self._waiters = self._waiters, []
         self._waiting_ids.clear()  # _park puts back those that still wait
-        for index, waiter in enumerate(pending):
-            if not waiter.inst.alive:
-                continue
-            if waiter.inst.swapping:  # retried when its copies complete
-                self._park(waiter)
-                continue
-            self._resume(waiter)
-            if self.policy.fcfs and waiter in self._waiters:  # the oldest still waits: nobody newer overtakes it
-                for rest in pending[index + 1:]:
-                    if rest.inst.alive:
-                        self._park(rest)
-                return
+        if self.policy.fcfs and pending:
+            self._retried = pending
+            self._shares(None)
+            pending.sort(key=lambda w: w.turn)
+        try:
+            for index, waiter in enumerate(pending):
+                self._retried = pending[index + 1:]
+                if not waiter.inst.alive:
+                    continue
+                if waiter.inst.swapping:  # retried when its copies complete
+                    self._park(waiter)
+                    continue
+                self._resume(waiter)
+                if self.policy.fcfs and waiter in self._waiters:  # the first still waits: nobody after overtakes it
+                    for rest in pending[index + 1:]:
+                        if rest.inst.alive:
+                            self._park(rest)
+                    return
+        finally:
+            self._retried = []
 
     def forget(self, inst) -> None:
         self._waiters = [w for w in self._waiters if w.inst is not inst]
