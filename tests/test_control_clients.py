@@ -194,7 +194,9 @@ def test_a_reader_that_reads_nothing_is_held_by_the_bytes_in_its_pipe(serving, m
     monkeypatch.setattr(server_module, "HOLD_BYTES", 2 << 20)
     reader, sender, inst, route, texts = flood_a_reader_that_reads_nothing(serving, 12)
     turn_until(serving, reader, lambda: inst.output_held)
-    assert len(serving.outbox.backlogs[route].frames) <= 2  # the echoes in the pipe count
+    # held for the bytes in the pipe, far short of HOLD_FRAMES (how many small frames wait besides depends
+    # on how the runner's slices and the server's turns interleave)
+    assert len(serving.outbox.backlogs[route].frames) < server_module.HOLD_FRAMES // 10
     assert serving.outbox.unread_bytes(route) > 2 << 20
     echoed = len(messages(serving.loop, inst.instance_id))
     assert echoed < len(texts)
@@ -224,7 +226,7 @@ def test_a_reader_that_reads_nothing_is_dropped_by_the_bytes_in_its_pipe(serving
     reader, sender, inst, route, _ = flood_a_reader_that_reads_nothing(serving, 12)
     turn_until(serving, reader, lambda: not inst.alive)
     match = re.fullmatch(r"its client stopped reading \((\d+) frames waiting, (\d+) MiB unread\)", inst.error)
-    assert match and int(match[1]) <= 2 and int(match[2]) >= 2, inst.error
+    assert match and int(match[1]) < server_module.HOLD_FRAMES // 10 and int(match[2]) >= 2, inst.error
     assert route not in serving.outbox.backlogs and serving.outbox.unread_bytes(route) == 0
     other_client_is_served(serving, sender)
     for dealer in (reader, sender):

@@ -60,7 +60,7 @@ from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
 from .interceptions import Interceptions
 from .programs import ProgramStore, engine_config
-from .runners import Runner, RunnerLost, Runners
+from .runners import SILENT_S, Runner, RunnerLost, Runners
 from .services import EventSink, HostServices
 from .snapshot import LoopSnapshot
 from .timers import Timers
@@ -70,11 +70,11 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
 # The adaptive policy waits for the slices of instances a batch reply woke (or a launch started), so
-# that a batch holds every instance one reply woke, while their runner reports (it does after every
-# millisecond of slices) and for WAVE_WAIT_S at most: a slow or spinning slice holds up other clients'
-# batches by RUNNER_SILENT_S, and a client's many slices by WAVE_WAIT_S at most.
+# that a batch holds every instance one reply woke, while their runner makes progress (Runner.progressing)
+# and for WAVE_WAIT_S at most: a slow or spinning slice holds up other clients' batches by a few
+# milliseconds, and a client's many slices by WAVE_WAIT_S at most.
 WAVE_WAIT_S = 0.05
-RUNNER_SILENT_S = 0.005
+RECHECK_S = 0.001  # how soon to look again at a silent runner that may still be progressing
 MAX_RUNNER_MESSAGES_PER_TURN = 8  # from one runner, so that one client's output cannot fill every turn
 
 
@@ -309,7 +309,7 @@ class ControlLoop:
         if (wake := self.config.dispatch.next_wakeup(now, self.scheduler.oldest_enqueued_at)) is not None:
             candidates.append(wake - now)
         if self.scheduler.num_pending and self._wave:  # when the slices the policy waits for stop counting
-            candidates += [min(ordered_at + WAVE_WAIT_S, runner.heard_at + RUNNER_SILENT_S) - now
+            candidates += [min(ordered_at + WAVE_WAIT_S, max(runner.heard_at + SILENT_S, now + RECHECK_S)) - now
                            for ordered_at, runner in self._wave.values()]
         return max(0.0, min(candidates))
 
@@ -450,7 +450,7 @@ class ControlLoop:
         wave, now = self._wave, time.monotonic()
         while wave and next(iter(wave.values()))[0] < now - WAVE_WAIT_S:  # oldest first
             del wave[next(iter(wave))]
-        instances_to_run = sum(1 for _, runner in wave.values() if now - runner.heard_at < RUNNER_SILENT_S)
+        instances_to_run = sum(1 for _, runner in wave.values() if runner.progressing(now))
         while True:
             now = time.monotonic()
             in_flight = calls.num_in_flight

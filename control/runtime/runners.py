@@ -45,6 +45,11 @@ BASE_ADDRESS_SPACE = 1 << 30
 MAX_MESSAGE_BYTES = 64 << 20  # one message from a runner (a slice sends at most 16 MiB of calls)
 
 
+# A runner that has reported nothing for this long is taken to be in a long slice, unless it has not had
+# this much CPU since (a crowded machine: with two cores, a test suite's other worker often takes them).
+SILENT_S = 0.005
+
+
 class RunnerLost(Exception):
     pass
 
@@ -78,6 +83,7 @@ class Runner:
         self.heard_at = time.monotonic()  # its last message, or the order that gave an idle runner work
         self.idle_since = time.monotonic()
         self.busy = False  # running at BUSY_NICE
+        self._silent_since: tuple[float, float] | None = None  # (heard_at, its CPU seconds) when seen silent
         self._on_cpu_s = self._waited_s = 0.0
         self._balanced_at = time.monotonic()
 
@@ -99,6 +105,23 @@ class Runner:
             except OSError:  # lowering back needs CAP_SYS_NICE: it stays low
                 return
             self.busy = busy
+
+    def progressing(self, now: float) -> bool:
+        """Whether its slices are still coming: it reported within SILENT_S, or has since had less than
+        SILENT_S of CPU (its main thread's; read once it has been silent that long)."""
+        if now - self.heard_at < SILENT_S:
+            return True
+        on_cpu_s = self._on_cpu_now()
+        if self._silent_since is None or self._silent_since[0] != self.heard_at:
+            self._silent_since = (self.heard_at, on_cpu_s)
+            return True
+        return on_cpu_s - self._silent_since[1] < SILENT_S
+
+    def _on_cpu_now(self) -> float:
+        try:
+            return int(Path(f"/proc/{self.pid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return float("inf")
 
     def send(self, message) -> None:
         self.sock.send(r.CODEC.encode(message))
