@@ -155,7 +155,6 @@ def main() -> None:
     table = markdown_table(["alice's run", "TPOT p50 ms", "TPOT p99 ms", "gaps", "p99 ratio", "same tokens"], rows)
     verdict = "meets" if ratio <= GOAL and same else "misses"
     sections = [
-        "\n".join(machine_lines()),
         f"Model `{args.model}`, alice: {args.instances} × `text-completion` × {args.tokens} tokens; mallory: "
         f"{args.hostile} hostile instances (spin, 100 memories, hoard, 60 MiB tokenize, KV hoarders), "
         "relaunched as they end.",
@@ -164,7 +163,7 @@ def main() -> None:
         f"{control_before:.0f} → {control_after:.0f} MiB; mallory's runner peaked at {peak['runner']:.0f} MiB RSS.",
         "How mallory's instances ended: " + ", ".join(f"{n} × {why}" for why, n in sorted(failures.items())),
     ]
-    print("\n\n".join(sections))
+    print("\n\n".join(["\n".join(machine_lines()), *sections]))
     print(f"wrote {write_results('noisy_neighbour', 'Noisy neighbour (issue 40)', sections)}")
 
 
