@@ -33,8 +33,8 @@ class State(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class InstanceLimits:
-    memory_bytes: int = 512 << 20  # linear memories + tables of one instance
-    slice_ms: int = 2000  # epoch deadline of one start/resume slice
+    """What the control process bounds per instance (its runner bounds its memory and its slices)."""
+
     max_kv_pages: int = 4096
     max_embeds: int = 4096
     inbox_messages: int = 1024

@@ -44,7 +44,6 @@ from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
 from oven.control.scheduling import BatchScheduler
 from oven.control.scheduling.profiler import CostProfiler
 from oven.control.supervisor import InferenceSupervisor
-from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
 from oven.control.runner.imports import WasmClock
 from oven.proto import inference as p
@@ -132,12 +131,11 @@ class ControlLoop:
                                per_instance=config.http_fetches_per_instance,
                                queue_per_instance=config.http_queue_per_instance, workers=config.http_workers,
                                max_body_bytes=config.http_max_body_mib << 20)
-        self._host = HostServices(info=self.info, tokenizer=Tokenizer(self.info.tokenizer), calls=self.calls,
+        self._host = HostServices(info=self.info, calls=self.calls,
                                   allocator=self.allocator, adapters=self.adapters, exports=self.exports,
                                   topics=self.topics, timers=self.timers, http=self.http, emit=on_event)
         self._instance_numbers = itertools.count(1)
-        self._limits = InstanceLimits(config.instance_memory_mib << 20, config.slice_ms,
-                                      config.max_kv_pages_per_instance, config.max_embeds_per_instance,
+        self._limits = InstanceLimits(config.max_kv_pages_per_instance, config.max_embeds_per_instance,
                                       config.inbox_messages, config.inbox_mib << 20)
         setup = r.Setup(str(config.programs_path), self.info.model_name,
                         [t.replace("_", "-") for t in self.info.traits], self.info.page_size, self.info.vocab_size,

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from oven.control.resources import ExportRegistry
-from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
 
 from .adapters import Adapters
@@ -32,7 +31,6 @@ EventSink = Callable[["Instance", str, object], None]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostServices:
     info: p.InfoReply  # the served model: name, traits, page size, vocabulary
-    tokenizer: Tokenizer
     calls: InferenceCalls  # calls to the inference process, and the instance's command queues
     allocator: Allocator  # KvPages and Embeds: alloc, dealloc, offload/restore, releasing an export
     adapters: Adapters  # LoRA adapters by name: open-adapter, and which ids a forward may name
