@@ -93,6 +93,12 @@ def direct_greedy(inference, loop, prompt: str | list[int], max_new: int, adapte
                                num_pages, adapter_id=adapter_id).token_ids
 
 
+def rss_mib(pid: int) -> int:
+    """Resident memory of process ``pid`` in MiB."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["VmRSS"].split()[0]) >> 10
+
+
 def assert_pools_full(loop) -> None:
     assert loop.kv_pool.num_free == NUM_PAGES
     assert loop.embed_pool.num_free == NUM_EMBEDS

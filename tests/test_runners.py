@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import built, control_loop, direct_greedy, messages
+from harness import built, control_loop, direct_greedy, messages, rss_mib
 
 from oven.control.runtime.instance import State
 from oven.control.runtime.programs import LIBRARY
@@ -100,13 +100,13 @@ def test_a_client_past_its_memory_fails_alone(inference, expected):
     there; alice decodes meanwhile, and the control process holds none of it. (Slices of 10 s: a memory
     that grows moves, and under load that may take longer than the suite's usual 1 s.)"""
     with two_client_loop(inference, client_memory_mib=512, slice_ms=10_000, runner_grace_s=10.0) as loop:
-        control_rss = _rss_mib(os.getpid())
+        control_rss = rss_mib(os.getpid())
         hogs = [loop.launch("hostile", ["hoard"], owner="mallory") for _ in range(8)]
         alice_runs(loop, expected)
         assert loop.run_until(lambda: not any(h.alive for h in hogs), 120)
         assert all(h.state is State.FAILED and ": out of memory, " in h.error for h in hogs)
         assert any("this client's instances together reached their share" in h.error for h in hogs)
-        assert _rss_mib(os.getpid()) < control_rss + 64
+        assert rss_mib(os.getpid()) < control_rss + 64
 
 
 def test_kill_9_of_a_runner_ends_its_instances_alone(loop, expected):
@@ -138,11 +138,6 @@ def test_a_runner_that_stops_answering_is_killed(loop, expected):
     assert loop.run_until(lambda: not stuck.alive, 30)
     assert stuck.state is State.KILLED and stuck.error.startswith("its runner process died: it said nothing for ")
     assert not first.alive
-
-
-def _rss_mib(pid: int) -> int:
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return int(status["VmRSS"].split()[0]) >> 10
 
 
 class _Judge:

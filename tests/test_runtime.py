@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, rss_mib, run
 
 from oven.control.runtime import futures as futures_module
 from oven.control.runtime.instance import State
@@ -102,11 +102,6 @@ def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     assert_pools_full(loop)
 
 
-def _rss_mib(pid: int) -> int:
-    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
-    return int(status["VmRSS"].split()[0]) >> 10
-
-
 @pytest.mark.parametrize("program, args", [("hostile", ["memory"]), ("hostile", ["early-take"])],
                          ids=["trapped-at-its-memory-limit", "killed-by-a-host-call"])
 def test_an_ended_instance_frees_its_memory_at_once(loop, program, args):
@@ -114,11 +109,11 @@ def test_an_ended_instance_frees_its_memory_at_once(loop, program, args):
     pass: eight instances that each fill the 192 MiB the harness allows leave the runner as they found it."""
     (first,) = run(loop, program, args)
     runner = first.runner
-    baseline = _rss_mib(runner.pid)
+    baseline = rss_mib(runner.pid)
     for _ in range(8):
         (inst,) = run(loop, program, args)
         assert inst.state is State.FAILED and inst.runner is runner
-        assert _rss_mib(runner.pid) < baseline + 64
+        assert rss_mib(runner.pid) < baseline + 64
 
 
 def test_an_ended_instance_leaves_no_timers(loop):

@@ -37,6 +37,7 @@ from .imports import WasmClock, define_imports
 log = logging.getLogger("oven.runner")
 
 EPOCH_TICK_S = 0.005
+NO_CALLS = msgpack.packb([])
 FLUSH_AFTER_S = 0.001  # results go out once this much of an order has run, before its other slices run
 
 
@@ -92,7 +93,7 @@ class Runner:
                           self._slice_ticks, self.clock, self._ask)
         except Exception as exc:  # a bad component, a store limit, the address space: this launch alone
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            return r.SliceResult(launch.instance_id, b"\x90", [], f"launch failed: {reason[:500]}", 1,
+            return r.SliceResult(launch.instance_id, NO_CALLS, [], f"launch failed: {reason[:500]}", 1,
                                  time.thread_time_ns() - started, 0, 0, 0)
         self.guests[launch.instance_id] = guest
         return self._slice(guest, [], [], started)

@@ -321,6 +321,7 @@ class ControlLoop:
     def _order_slices(self) -> None:
         """Order a slice of every runnable instance from its runner: one message per runner."""
         orders: dict[Runner, tuple[list, list]] = {}
+        now = time.monotonic()
         for inst in list(self.instances.values()):
             if inst.in_slice or not self._runnable(inst):  # admission is decided per instance
                 continue
@@ -329,7 +330,6 @@ class ControlLoop:
             if inst.swapping or inst.swapped_out or not inst.alive:
                 continue
             launches, resumes = orders.setdefault(inst.runner, ([], []))
-            now = time.monotonic()
             if not inst.started:
                 inst.started = True
                 launches.append(r.Launch(inst.instance_id, inst.program, inst.args))
@@ -341,7 +341,6 @@ class ControlLoop:
                 settled = inst.futures.deliver()
                 resumes.append(r.Resume(inst.instance_id, ready, msgpack.packb(settled, use_bin_type=True)))
             inst.in_slice = True
-        now = time.monotonic()
         for runner, (launches, resumes) in orders.items():
             runner.order(launches, resumes, now)
 

@@ -89,11 +89,10 @@ class Runner:
 
     def balance(self, now: float) -> None:
         """Lower or restore its priority by how much its slice thread ran (BUSY_SHARE)."""
-        try:  # the main thread's time on a CPU and waiting in the run queue, in ns
-            on_cpu_ns, waited_ns = map(int, Path(f"/proc/{self.pid}/schedstat").read_text().split()[:2])
-        except (OSError, ValueError):
+        times = self._schedstat()
+        if times is None:
             return
-        on_cpu_s, waited_s = on_cpu_ns / 1e9, waited_ns / 1e9
+        on_cpu_s, waited_s = times
         # Time spent waiting for a CPU is not held against it: on a crowded machine every runner waits.
         available_s = now - self._balanced_at - (waited_s - self._waited_s)
         share = (on_cpu_s - self._on_cpu_s) / max(available_s, 1e-3)
@@ -111,17 +110,20 @@ class Runner:
         SILENT_S of CPU (its main thread's; read once it has been silent that long)."""
         if now - self.heard_at < SILENT_S:
             return True
-        on_cpu_s = self._on_cpu_now()
+        times = self._schedstat()
+        on_cpu_s = times[0] if times is not None else float("inf")
         if self._silent_since is None or self._silent_since[0] != self.heard_at:
             self._silent_since = (self.heard_at, on_cpu_s)
             return True
         return on_cpu_s - self._silent_since[1] < SILENT_S
 
-    def _on_cpu_now(self) -> float:
+    def _schedstat(self) -> tuple[float, float] | None:
+        """Seconds its main thread has run on a CPU and waited in the run queue; None once it is gone."""
         try:
-            return int(Path(f"/proc/{self.pid}/schedstat").read_text().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return float("inf")
+            on_cpu_ns, waited_ns = map(int, Path(f"/proc/{self.pid}/schedstat").read_text().split()[:2])
+        except (OSError, ValueError):
+            return None
+        return on_cpu_ns / 1e9, waited_ns / 1e9
 
     def send(self, message) -> None:
         self.sock.send(r.CODEC.encode(message))
