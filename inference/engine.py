@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
+from oven.proto import grammar
 from oven.proto import inference as p
 
 from .adapters import AdapterError, AdapterLimits, AdapterRegistry, projection_shapes
@@ -28,6 +29,7 @@ from .llama import PagedLlama, build_model
 from .lora import Segment, make_lora_executor, merge_runs
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
+from .shaping import Shaping, check_shape, sampled_logprobs, shape_row
 from .token_futures import TokenFutures, check_sample, fail_samples, resolve_tokens, settle_samples
 from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
@@ -42,15 +44,16 @@ TRAITS = [p.TRAIT_INPUT_TEXT, p.TRAIT_TOKENIZE, p.TRAIT_OUTPUT_TEXT, p.TRAIT_FOR
 DEFAULT_HOST_TIER_BYTES = 4 << 30
 
 
-_USES_TOKEN_FUTURES = frozenset({p.ForwardTextRequest, p.FreeFuturesRequest})
+_USES_TOKEN_FUTURES = frozenset({p.ForwardTextRequest, p.FreeFuturesRequest, p.DropDecodersRequest})
 
 
 class _Checked(NamedTuple):
-    """A forward_text item that passed its checks: its tokens (futures resolved), mask and sampler."""
+    """A forward_text item that passed its checks: its tokens (futures resolved), mask, sampler and shaping."""
 
     token_ids: list[int]
     mask: object
     sampler: object
+    shaping: Shaping | None
 
 
 class BatchTooLarge(ValueError):
@@ -93,7 +96,8 @@ class Engine:
         self.started = time.monotonic()
         self.num_batches = self.num_items = self.num_item_errors = 0
         # The token future slots of in-process callers; the server passes each connection's own.
-        self.token_futures = TokenFutures()
+        self.token_futures = TokenFutures(self.llg_tokenizer)
+        self._llg_tokenizer = None
         # Each request's handler is the method named by its wire tag (its call type, for a batch),
         # called with the request and the sender's token futures (only two handlers look at them).
         self.handlers: dict[type, Callable] = {cls: self._bind(cls) for cls in p.REQUESTS}
@@ -112,6 +116,13 @@ class Engine:
         """As many as the device pool, but never more than DEFAULT_HOST_TIER_BYTES of (pinned) host memory."""
         page_bytes = self.model.config.kv_page_bytes(self.cfg.page_size, self.dtype.itemsize)
         return max(1, min(num_pages, DEFAULT_HOST_TIER_BYTES // page_bytes))
+
+    def llg_tokenizer(self):
+        """llguidance's view of the served tokenizer, built on the first grammar (about 0.3 s)."""
+        if self._llg_tokenizer is None:
+            tok = self.source.tokenizer
+            self._llg_tokenizer = grammar.tokenizer(tok.tokenizer_json, self.limits.vocab_size, tok.stop_token_ids)
+        return self._llg_tokenizer
 
     def _bind(self, cls: type) -> Callable:
         method = getattr(self, p.CODEC.tag(cls))
@@ -196,6 +207,7 @@ class Engine:
         engine's own, for callers in process such as the benches)."""
         futures = self.token_futures if futures is None else futures
         sampled_here = {it.sample.future_id for it in req.items if it.sample is not None}
+        named_decoders: set[int] = set()
 
         def check(item: p.ForwardTextItem):
             num_inputs = check_lengths(token_ids=item.token_ids, positions=item.positions)
@@ -207,18 +219,34 @@ class Engine:
             check_top_k(item.top_k, self.limits.vocab_size)
             self._check_adapter(item.adapter_id)
             sampler = check_sample(item, futures)
-            return _Checked(token_ids, unpack_mask(item.attention_mask, num_inputs, kv_len), sampler)
+            shaping = check_shape(item.sample.shape if sampler else None, self.limits.vocab_size, futures.decoders,
+                                  named_decoders)
+            return _Checked(token_ids, unpack_mask(item.attention_mask, num_inputs, kv_len), sampler, shaping)
 
         errors, good = self._validate(req.items, check)
+        raw: dict[int, torch.Tensor] = {}  # shaped items' unshaped logits, for their log-probabilities
         try:
-            dists = self._forward_text_batch(req.items, good)
+            dists = self._forward_text_batch(req.items, good, errors, raw)
         except Exception as exc:  # the server answers every item with this; their slots must say so too
             fail_samples(req.items, futures, p.ItemError(p.ERR_INTERNAL, f"{type(exc).__name__}: {exc}"))
             raise
+        good = {i: c for i, c in good.items() if errors[i] is None}
         sampled = settle_samples(req.items, errors, {i: c.sampler for i, c in good.items()}, dists, futures)
-        return p.ForwardTextReply(errors, dists, sampled)
+        logprobs: list[p.SampledLogprobs | None] = []
+        for i, checked in good.items():
+            if checked.shaping is None:
+                continue
+            if checked.shaping.decoder is not None:
+                checked.shaping.decoder.draw(sampled[i])
+            if checked.shaping.logprobs >= 0:
+                logprobs = logprobs or [None] * len(req.items)
+                logprobs[i] = sampled_logprobs(raw[i], sampled[i], checked.shaping.logprobs)
+        return p.ForwardTextReply(errors, dists, sampled, logprobs)
 
-    def _forward_text_batch(self, items_in: list[p.ForwardTextItem], good: dict) -> list[list[p.TopKDist] | None]:
+    def _forward_text_batch(self, items_in: list[p.ForwardTextItem], good: dict, errors: list,
+                            raw: dict[int, torch.Tensor]) -> list[list[p.TopKDist] | None]:
+        """The good items' distributions; a shaped item whose shaping allows no token gets its error in
+        ``errors`` instead, and ``raw`` its unshaped logits."""
         dists: list[list[p.TopKDist] | None] = [None] * len(items_in)
         if not good:
             return dists
@@ -231,10 +259,21 @@ class Engine:
         out = self._run(hidden, positions, layout, items)
         rows = self._output_rows(layout, order, {i: items_in[i].output_indices for i in good})
         top_ks = [items_in[i].top_k for i in good for _ in items_in[i].output_indices]
-        flat = iter(self._top_k(out[rows], top_ks))
+        shaped, row = {}, -1  # the row each shaped item draws from (its last): (item, its shaping, its tokens)
+        for i in good:
+            row += len(items_in[i].output_indices)
+            if good[i].shaping is not None:
+                shaped[row] = (i, good[i].shaping, good[i].token_ids)
+        flat = iter(self._top_k(out[rows], top_ks, shaped, errors, raw))
         for i in good:
             dists[i] = [next(flat) for _ in items_in[i].output_indices]
+            if errors[i] is not None:
+                dists[i] = None
         return dists
+
+    def drop_decoders(self, req: p.DropDecodersRequest, futures: TokenFutures) -> p.AckReply:
+        futures.decoders.drop(req.decoder_ids)
+        return p.AckReply([])
 
     def free_futures(self, req: p.FreeFuturesRequest, futures: TokenFutures) -> p.AckReply:
         futures.free(req.future_ids)
@@ -391,17 +430,42 @@ class Engine:
         return self._long(rows)
 
     @torch.inference_mode()
-    def _top_k(self, hidden: torch.Tensor, top_ks: list[int]) -> list[p.TopKDist]:
+    def _top_k(self, hidden: torch.Tensor, top_ks: list[int], shaped: dict | None = None, errors: list | None = None,
+               raw: dict | None = None) -> list[p.TopKDist]:
+        """Each row's top-K distribution; ``shaped``: {row: (item, Shaping)} to shape first (see
+        ``_forward_text_batch`` for ``errors`` and ``raw``)."""
         if not top_ks:
             return []
         ks = [k or self.cfg.default_top_k for k in top_ks]
         logits = self.model.logits(hidden)
+        if shaped:
+            logits = self._shape(logits, shaped, errors, raw)
         top_logits, ids = torch.topk(logits, min(max(ks), logits.shape[-1]), dim=-1)
         # Probabilities of the top K only: exp(logit - logsumexp), no full softmax materialised.
         values = torch.exp(top_logits - torch.logsumexp(logits, dim=-1, keepdim=True))
         values = values.cpu().numpy().astype("<f4")
         ids = ids.cpu().numpy().astype("<i4")
+        if shaped:  # a shaped row's excluded tokens are no part of its distribution
+            ks = [int(np.count_nonzero(values[r, :k])) if r in shaped else k for r, k in enumerate(ks)]
         return [p.TopKDist(ids[r, :k].tobytes(), values[r, :k].tobytes()) for r, k in enumerate(ks)]
+
+    def _shape(self, logits: torch.Tensor, shaped: dict, errors: list, raw: dict) -> torch.Tensor:
+        """``logits`` with the shaped rows shaped (on the CPU, in float32: the masks and matchers live
+        there); a row whose shaping fails its item is left as it was."""
+        rows = list(shaped)
+        host = logits[rows].float().cpu()
+        for j, r in enumerate(rows):
+            i, shaping, tokens = shaped[r]
+            if shaping.logprobs >= 0:
+                raw[i] = host[j].clone()
+            try:
+                shape_row(host[j], shaping, tokens)
+            except ItemFailure as failure:
+                errors[i] = failure.error
+                host[j] = logits[r].float().cpu()
+        logits = logits.float()  # the model's fresh output (a copy when it was not float32): written in place
+        logits[rows] = host.to(logits.device)
+        return logits
 
     def _long(self, values: list[int]) -> torch.Tensor:
         return long_tensor(values, self.device)

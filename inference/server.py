@@ -131,7 +131,7 @@ class InferenceServer:
             peer = job.envelope[0]
             futures = self._token_futures_by_peer.get(peer)
             if futures is None:
-                futures = self._token_futures_by_peer[peer] = TokenFutures()
+                futures = self._token_futures_by_peer[peer] = TokenFutures(self.engine.llg_tokenizer)
             reply = self.engine.handle(request, futures)
             if job.num_items is not None:  # when the device ran it
                 self.timeline.record(p.CODEC.tag(type(request)), job.num_items, start_ns, time.monotonic_ns())

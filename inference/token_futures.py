@@ -8,18 +8,25 @@ from __future__ import annotations
 
 from oven.proto import inference as p
 
+from .decoders import Decoders
 from .sampling import make_sampler, sample_dist
 from .validate import ItemFailure
 
 MAX_SLOTS = 1 << 16  # a peer that never frees cannot grow this process without bound
 
 
-class TokenFutures:
-    """Slot id -> the sampled token, or the ItemError that failed the item that was to sample it."""
+def _no_grammars():
+    raise ItemFailure(p.ERR_BAD_ARGUMENT, "grammars are not available to this caller")
 
-    def __init__(self, max_slots: int = MAX_SLOTS):
+
+class TokenFutures:
+    """Slot id -> the sampled token, or the ItemError that failed the item that was to sample it; and the
+    connection's decoders, which its sampling items advance (``llg_tokenizer``: see Decoders)."""
+
+    def __init__(self, llg_tokenizer=_no_grammars, max_slots: int = MAX_SLOTS):
         self.max_slots = max_slots
         self._slots: dict[int, int | p.ItemError] = {}
+        self.decoders = Decoders(llg_tokenizer)
 
     def __len__(self) -> int:
         return len(self._slots)

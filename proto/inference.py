@@ -55,8 +55,9 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 
-PROTOCOL_VERSION = 5  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id;
-# 4: timeline; 5: token futures (ForwardTextItem.sample and .token_futures, free_futures)
+PROTOCOL_VERSION = 6  # 2: adapters (ForwardItem.adapter_id, InfoReply.adapters); 3: LoadAdapterRequest.adapter_id;
+# 4: timeline; 5: token futures (ForwardTextItem.sample and .token_futures, free_futures); 6: shaping (SampleSpec.shape,
+# ForwardTextReply.logprobs, drop_decoders)
 
 # Traits (Pie §4.4) a model served by an inference process may implement.
 TRAIT_INPUT_TEXT = "input_text"
@@ -114,6 +115,37 @@ SAMPLE_KINDS = (SAMPLE_GREEDY, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, SAMPLE_TOP_P, S
 
 
 @dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """A decoder's state as it starts (see the module docstring, "Shaping"). ``grammar``: llguidance's
+    grammar text (proto/grammar.py), "" for none. Penalties as OpenAI's (``presence``, ``frequency``:
+    subtracted from a token's logit once it was drawn / per time it was drawn under this decoder) and
+    vLLM's (``repetition``: a logit of a token seen in the decoder's inputs or draws is divided by it
+    if positive, multiplied if negative; 1 is none)."""
+
+    grammar: str = ""
+    presence: float = 0.0
+    frequency: float = 0.0
+    repetition: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeSpec:
+    """How a sampling item's logits are shaped before its draw. ``allowed``: None for every token,
+    else ``numpy.packbits`` of a boolean row over the vocabulary (1 = may be drawn). ``bias_ids`` /
+    ``bias_values``: int32 / float32 little-endian, added to those logits. ``decoder_id``: -1 or a
+    decoder of this connection; ``decoder``: its spec, on the first item that names it.
+    ``logprobs``: -1 for none, else the drawn token's log-probability and the ``logprobs`` most
+    probable tokens' (ForwardTextReply.logprobs)."""
+
+    allowed: bytes | None = None
+    bias_ids: bytes = b""
+    bias_values: bytes = b""
+    decoder_id: int = -1
+    decoder: DecoderSpec | None = None
+    logprobs: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class SampleSpec:
     """Draw the next token in this process, as the SDK sampler ``kind`` would, into future slot ``future_id``.
 
@@ -129,6 +161,7 @@ class SampleSpec:
     temperature: float = 1.0
     param: float = 0.0
     rng_state: int = 0
+    shape: ShapeSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +266,14 @@ class ForwardTextRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class DropDecodersRequest:
+    """Forget the sending connection's decoders ``decoder_ids`` (unknown ones are ignored); answered with
+    an empty :class:`AckReply`. Sent after every item that names them."""
+
+    decoder_ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class CopyKvPageRequest:
     items: list[CopyKvPageItem]
 
@@ -327,10 +368,21 @@ class NextDistReply:
 
 
 @dataclass(frozen=True, slots=True)
+class SampledLogprobs:
+    """The drawn token's log-probability and the top ones' (ids int32, values float32 little-endian,
+    most probable first), of the model's distribution before shaping."""
+
+    logprob: float
+    top_ids: bytes
+    top_logprobs: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ForwardTextReply:
     errors: list[ItemError | None]
     dists: list[list[TopKDist] | None]  # one distribution per output index
     sampled: list[int | None] = field(default_factory=list)  # per item: its sampled token (empty: none sampled)
+    logprobs: list[SampledLogprobs | None] = field(default_factory=list)  # per item (empty: none asked for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,6 +491,7 @@ CODEC = Codec(
         "load_adapter": LoadAdapterRequest,
         "unload_adapter": UnloadAdapterRequest,
         "free_futures": FreeFuturesRequest,
+        "drop_decoders": DropDecodersRequest,
         "info": InfoRequest,
         "health": HealthRequest,
         "timeline": TimelineRequest,
@@ -465,6 +518,7 @@ BATCH_REQUESTS = (
     OffloadRequest,
     RestoreRequest,
 )
-REQUESTS = BATCH_REQUESTS + (LoadAdapterRequest, UnloadAdapterRequest, FreeFuturesRequest, InfoRequest, HealthRequest)
+REQUESTS = BATCH_REQUESTS + (LoadAdapterRequest, UnloadAdapterRequest, FreeFuturesRequest, DropDecodersRequest,
+                             InfoRequest, HealthRequest)
 REQUEST_BY_CALL_TYPE: dict[str, type] = {CODEC.tag(cls): cls for cls in BATCH_REQUESTS}
 CALL_TYPES = frozenset(REQUEST_BY_CALL_TYPE)

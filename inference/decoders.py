@@ -1,0 +1,83 @@
+"""Decoders: the state a constrained or penalised generation keeps in this process between its steps.
+
+A decoder (proto/inference.py, "Shaping") holds a grammar matcher and the counts its penalties
+read. It lives here, where tokens are drawn, so that the token drawn at one step has advanced the
+matcher before the next step, sent before that token came back, is masked: pipelined decode keeps
+working under a grammar, as in vLLM's and SGLang's engines.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from oven.proto import grammar as g
+from oven.proto import inference as p
+
+from .validate import ItemFailure
+
+MAX_DECODERS = 1 << 14  # per connection: a sender that never drops cannot grow this process without bound
+
+
+class Decoder:
+    def __init__(self, spec: p.DecoderSpec, matcher):
+        self.spec = spec
+        self.matcher = matcher  # llguidance.LLMatcher, or None without a grammar
+        self.seen: set[int] = set()  # inputs and draws: what repetition penalises
+        self.drawn: Counter[int] = Counter()  # draws: what presence and frequency penalise
+
+    @property
+    def penalises(self) -> bool:
+        s = self.spec
+        return s.presence != 0 or s.frequency != 0 or s.repetition != 1
+
+    def see(self, tokens: list[int]) -> None:
+        if self.spec.repetition != 1:
+            self.seen.update(tokens)
+
+    def draw(self, token: int) -> None:
+        """The token drawn under this decoder: the matcher and the counts move past it."""
+        if self.matcher is not None:
+            self.matcher.consume_token(token)  # a masked draw is always accepted; an error stays in the matcher
+        self.drawn[token] += 1
+        self.see([token])
+
+
+class Decoders:
+    """One connection's decoders by the id the sender chose; ``llg_tokenizer()`` gives llguidance's view
+    of the served tokenizer (built on first use: a second or so)."""
+
+    def __init__(self, llg_tokenizer, max_decoders: int = MAX_DECODERS):
+        self._llg_tokenizer = llg_tokenizer
+        self._max = max_decoders
+        self._decoders: dict[int, Decoder] = {}
+
+    def __len__(self) -> int:
+        return len(self._decoders)
+
+    def get(self, decoder_id: int, spec: p.DecoderSpec | None) -> Decoder:
+        """Decoder ``decoder_id``, made from ``spec`` if it is new; ItemFailure (bad_argument) for an
+        unknown id without a spec, a full table, a bad penalty or a grammar that does not compile."""
+        decoder = self._decoders.get(decoder_id)
+        if decoder is not None:
+            return decoder
+        if spec is None:
+            raise ItemFailure(p.ERR_BAD_ARGUMENT, f"decoder {decoder_id} is unknown here (never sent with its "
+                                                  "spec, dropped, or lost with an earlier inference process)")
+        if len(self._decoders) >= self._max:
+            raise ItemFailure(p.ERR_BAD_ARGUMENT, f"this connection already holds {self._max} decoders (drop some)")
+        for name, value in (("presence", spec.presence), ("frequency", spec.frequency)):
+            if not -2.0 <= value <= 2.0:
+                raise ItemFailure(p.ERR_BAD_ARGUMENT, f"{name} penalty {value} is outside [-2, 2]")
+        if not 0.0 < spec.repetition <= 10.0:
+            raise ItemFailure(p.ERR_BAD_ARGUMENT, f"repetition penalty {spec.repetition} is outside (0, 10]")
+        matcher = None
+        if spec.grammar:
+            matcher = g.matcher(spec.grammar, self._llg_tokenizer())
+            if matcher.is_error():
+                raise ItemFailure(p.ERR_BAD_ARGUMENT, f"grammar: {matcher.get_error()}")
+        decoder = self._decoders[decoder_id] = Decoder(spec, matcher)
+        return decoder
+
+    def drop(self, decoder_ids: list[int]) -> None:
+        for decoder_id in decoder_ids:
+            self._decoders.pop(decoder_id, None)
