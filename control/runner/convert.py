@@ -12,8 +12,9 @@ The types of our imports and exports never change, so :func:`lowerer` and
 in one ``memmove`` of a buffer laid out like C's ``wasmtime_component_val_t``
 array. The values, the checks and the C memory ownership are wasmtime-py's:
 the C side owns what a lowerer writes, and a lifter frees what it reads.
-Types no hot call uses (tuple, variant, enum, flags; lifted records) fall back
-to wasmtime-py itself.
+A lifted record is a dict of its fields (``forward-sample-shaped``'s shaping, which
+carries a vocabulary-wide mask on every step). Types no hot call uses (tuple,
+variant, enum, flags) fall back to wasmtime-py itself.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def lifter(ty: t.ValType) -> Lift:
         return _lift_string
     if isinstance(ty, t.ListType):
         return _lift_list(ty.element)
+    if isinstance(ty, t.RecordType):
+        return _lift_record(ty.fields)
     return ty.convert_from_c
 
 
@@ -250,6 +253,23 @@ def _lift_string(c) -> str:
         return ctypes.string_at(vec.data, vec.size).decode()
     finally:
         ffi.wasm_byte_vec_delete(byref(vec))
+
+
+def _lift_record(fields: list[tuple[str, t.ValType]]) -> Lift:
+    compiled = [(name, lifter(ty)) for name, ty in fields]
+
+    def lift(c):
+        raw = c.of.record
+        try:
+            values = {}
+            for i, (name, lift_field) in enumerate(compiled):
+                entry = raw.data[i].val
+                values[name] = lift_field(entry)  # frees what the field owned...
+                entry.kind = 0  # ...so the record's delete must see a plain `false` there
+            return values
+        finally:
+            ffi.wasmtime_component_valrecord_delete(byref(raw))
+    return lift
 
 
 def _lift_list(element: t.ValType) -> Lift:

@@ -16,7 +16,7 @@ import msgpack
 import wasmtime
 from wasmtime import component
 
-from oven.control.runtime.futures import TOKEN, FutureTable
+from oven.control.runtime.futures import TOKEN, FutureTable, token_of
 from oven.proto import runner as r
 
 from .guest_call import GuestExport
@@ -49,6 +49,9 @@ class Guest:
         self.calls: list[list] = []  # [name, args, expected] of this slice, for the control process
         self._call_bytes = 0
         self._next_queue = 1  # queue 0 exists from the start
+        self.grammars: set[int] = set()  # handles held (grammars.py); made ones count up, never reused
+        self.decoders: set[int] = set()
+        self.num_grammars_made = self.num_decoders_made = 0
         self.stderr_tail = ""
         self.store = wasmtime.Store(engine)
         self.store.set_limits(memory_size=setup.memory_bytes, table_elements=MAX_TABLE_ELEMENTS,
@@ -98,7 +101,7 @@ class Guest:
             if handle and self.futures.is_known(handle):
                 fut = self.futures.get(handle)
                 if fut.done and fut.error is None and fut.kind == TOKEN:
-                    tokens[i], input_futures[i] = fut.value, 0
+                    tokens[i], input_futures[i] = token_of(fut.value), 0
         return tokens, input_futures
 
     def new_queue(self) -> int:

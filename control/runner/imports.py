@@ -64,7 +64,7 @@ def define_imports(linker, current: Callable[[], object], calls: list[r.CallSpec
 
 
 def _forwarder(name: str, reply: str) -> Callable:
-    if name == "forward-sample":  # its input futures may have been delivered here: pass their tokens
+    if name in ("forward-sample", "forward-sample-shaped"):  # input futures delivered here: pass their tokens
         return lambda guest, q, tokens, inputs, *rest: guest.forward(
             name, (q, *guest.known_tokens(tokens, inputs), *rest), guest.futures.create("").handle)
     if reply == r.REPLY_FUTURE:

@@ -4,13 +4,14 @@ model's facts and its tokenizer. None of them changes anything the control proce
 from __future__ import annotations
 
 import time
+from math import nan as NAN
 from types import SimpleNamespace
 
 from wasmtime.component import Record, Variant
 
 from oven.control.runtime import futures as f
 
-from . import tokenize
+from . import grammars, tokenize
 
 
 def _take(guest, handle: int, kind: str):
@@ -23,6 +24,22 @@ def take_dists(guest, handle: int):
     if error is not None:
         return error
     return [SimpleNamespace(**{"token-ids": ids, "probs": probs}) for ids, probs in value]
+
+
+def take_token(guest, handle: int):
+    value, error = guest.futures.take(handle, f.TOKEN)
+    return error if error is not None else f.token_of(value)
+
+
+def take_sampled(guest, handle: int):
+    value, error = guest.futures.take(handle, f.TOKEN)
+    if error is not None:
+        return error
+    sampled = Record()  # wasmtime-py accepts only its own Record for a record inside a result
+    sampled.token, sampled.logprob, ids, logprobs = value if isinstance(value, list) else (value, NAN, [], [])
+    setattr(sampled, "top-ids", ids)
+    setattr(sampled, "top-logprobs", logprobs)
+    return sampled
 
 
 def take_text(guest, handle: int):
@@ -52,7 +69,8 @@ FUTURES = {
     "take-unit": lambda guest, handle: _take(guest, handle, f.UNIT),  # None = ok, str = err
     "take-handles": lambda guest, handle: _take(guest, handle, f.HANDLES),
     "take-dists": take_dists,
-    "take-token": lambda guest, handle: _take(guest, handle, f.TOKEN),
+    "take-token": take_token,
+    "take-sampled": take_sampled,
     "take-text": take_text,
     "take-http": take_http,
     "discard": discard,
@@ -67,4 +85,4 @@ RUNTIME = {
     "page-size": lambda guest: guest.setup.page_size,
 }
 
-INTERFACES = {"futures": FUTURES, "runtime": RUNTIME, "tokenize": tokenize.FUNCS}
+INTERFACES = {"futures": FUTURES, "runtime": RUNTIME, "tokenize": tokenize.FUNCS, "grammars": grammars.FUNCS}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from oven.control.scheduling import Batch, BatchScheduler, Command, Resource
 from oven.proto import inference as p
 
+from .decoders import DecoderIds
 from .futures import DISTS, TOKEN, Future
 from .queues import QueueState
 from .token_slots import TokenSlots
@@ -59,6 +60,7 @@ class InferenceCalls:
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
         self.token_slots = TokenSlots()  # the inference process's token future slots in use
+        self.decoder_ids = DecoderIds()  # and its decoders
 
     # -- an instance's queues --------------------------------------------------------------------
 
@@ -157,6 +159,7 @@ class InferenceCalls:
                 self._by_command_id.pop(command.command_id, None)
         self._in_flight.clear()
         self.token_slots.reset()
+        self.decoder_ids.reset()
 
     def _fail(self, commands: list[Command], error: str) -> None:
         for command in commands:
@@ -172,7 +175,9 @@ def _settle(inst: Instance, fut: Future, reply, i: int) -> None:
     elif reply.errors[i] is not None:
         inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
     elif fut.kind == TOKEN:
-        inst.futures.complete(fut, reply.sampled[i])
+        logprobs = reply.logprobs[i] if reply.logprobs else None
+        inst.futures.complete(fut, reply.sampled[i] if logprobs is None else [
+            reply.sampled[i], logprobs.logprob, *_decode_dist(p.TopKDist(logprobs.top_ids, logprobs.top_logprobs))])
     elif fut.kind == DISTS:
         dists = reply.dists[i] if isinstance(reply.dists[i], list) else [reply.dists[i]]
         inst.futures.complete(fut, [_decode_dist(d) for d in dists])

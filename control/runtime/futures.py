@@ -18,6 +18,12 @@ UNIT, HANDLES, DISTS, TOKEN, TEXT, HTTP = "unit", "handles", "dists", "token", "
 MAX_FUTURES = 1 << 16
 
 
+def token_of(value) -> int:
+    """A token future's token: its value, or the first of ``[token, logprob, top ids, top logprobs]``
+    when log-probabilities were asked for (forward-sample-shaped)."""
+    return value[0] if isinstance(value, list) else value
+
+
 class FutureError(ValueError):
     """A guest used a future handle wrongly (unknown, not ready, wrong getter): it is trapped."""
 

@@ -127,6 +127,9 @@ class Instance:
         self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []
         self.futures = FutureTable(self._on_future_ready)
+        self.grammars: dict[int, str] = {}  # handle -> llguidance text (host/grammars.py)
+        self.decoders: dict = {}  # handle -> decoders.Decoder
+        self.num_grammars_made = self.num_decoders_made = 0
         self.inbox = Inbox(limits.inbox_messages, limits.inbox_bytes)
         self.queues: dict[int, QueueState] = {}  # virtual queue id -> its state (InferenceCalls.open_queue)
         self.num_queues_opened = 0

@@ -178,6 +178,7 @@ class ControlLoop:
     def _retire(self, inst: Instance) -> None:
         """Return everything the instance holds; fail what it still had queued."""
         self.calls.drop_instance(inst)
+        host.grammars.drop_all(inst)
         self.allocator.forget(inst)
         self.http.forget(inst.instance_id)
         if inst.state is not State.FINISHED:  # its KV may be half written: no one should import it
@@ -454,6 +455,8 @@ class ControlLoop:
             if not policy.should_dispatch(now, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight,
                                           in_flight, instances_to_run, scheduler.num_pending_chained):
                 return
+            if drops := calls.decoder_ids.take_drops():  # after every item naming them (their commands settled)
+                self.client.send(p.DropDecodersRequest(drops))
             batch = scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
             if batch is None:
                 return

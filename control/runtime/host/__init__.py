@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from oven.proto import runner as r
 
-from . import adapters, embeds, forward, futures, http, kvpages, messaging, queues, runtime
+from . import adapters, embeds, forward, futures, grammars, http, kvpages, messaging, queues, runtime
 
 INTERFACES: dict[str, dict[str, Callable]] = {
     "futures": futures.FUNCS,
@@ -28,6 +28,7 @@ INTERFACES: dict[str, dict[str, Callable]] = {
     "embeds": embeds.FUNCS,
     "adapters": adapters.FUNCS,
     "forward": forward.FUNCS,
+    "grammars": grammars.FUNCS,
 }
 
 # What the guest gets back at once from a call answered here (the runner gives it before the call is
@@ -37,6 +38,8 @@ _REPLIES = {
     "discard": r.REPLY_NONE, "set-exit-code": r.REPLY_NONE, "pause-hint": r.REPLY_NONE, "send": r.REPLY_NONE,
     "broadcast": r.REPLY_NONE, "destroy-queue": r.REPLY_NONE, "set-priority": r.REPLY_NONE,
     "create-queue": r.REPLY_QUEUE,
+    # answered in the runner (control/runner/grammars.py), which reports them with the handle it gave
+    **dict.fromkeys(("create-grammar", "drop-grammar", "create-decoder", "drop-decoder"), r.REPLY_NONE),
     **dict.fromkeys(("export-kvpages", "import-kvpages", "release-export", "set-recomputable", "restore-discarded",
                      "open-adapter"), r.REPLY_VALUE),
 }

@@ -3,6 +3,9 @@ decode step whose token the inference process draws (``forward-sample``, a token
 
 from __future__ import annotations
 
+import array
+import sys
+
 from oven.control.resources import ResourceError
 from oven.control.scheduling import Embed, TokenSlot
 from oven.proto import inference as p
@@ -64,22 +67,30 @@ SAMPLE_KIND_BY_WIT = {"greedy": p.SAMPLE_GREEDY, "temperature": p.SAMPLE_TEMPERA
 
 
 def forward_sample(inst, q, tokens, input_futures, positions, pages, last_page_len, top_k, adapter, sampler,
-                   temperature, param, rng_state) -> int:
+                   temperature, param, rng_state, shaping=None) -> int:
     """A token future: its slot is held by this command and by every command it feeds until they settle
-    (see ``token_slots``); a bad handle or a failed input future fails it at once."""
+    (see ``token_slots``), as is its decoder (see ``decoders``); a bad handle or a failed input future
+    fails it at once."""
     fut = inst.futures.create(f.TOKEN)
     slots, held = inst.host.calls.token_slots, []
+    decoder = None
 
-    def release(_fut) -> None:
+    def release(done) -> None:
         for slot in held:
             slots.release(slot)
+        if decoder is not None:
+            inst.host.calls.decoder_ids.release(decoder, done.error is None)
 
     try:
         adapter_id = _adapter_id(inst, adapter)
         page_ids = inst.resources.physical_pages(pages)
         token_ids, token_futures = _inputs(inst, tokens, input_futures, held)
-    except ResourceError as exc:
-        release(fut)
+        shape = None
+        if shaping is not None:
+            shape, decoder = _shape(inst, shaping)
+    except (ResourceError, ValueError) as exc:
+        for slot in held:
+            slots.release(slot)
         inst.futures.fail(fut, str(exc))
         return fut.handle
     fut.token_slot = slots.allocate()
@@ -88,12 +99,51 @@ def forward_sample(inst, q, tokens, input_futures, positions, pages, last_page_l
     item = p.ForwardTextItem(token_ids, list(positions), page_ids, last_page_len, [len(tokens) - 1], top_k,
                              adapter_id=adapter_id, token_futures=token_futures,
                              sample=p.SampleSpec(fut.token_slot, SAMPLE_KIND_BY_WIT[sampler], temperature, param,
-                                                 rng_state))
+                                                 rng_state, shape))
     inst.host.calls.submit(inst, q, "forward_text", item, fut, num_tokens=len(tokens),
                            reads=frozenset(TokenSlot(s) for s in held[:-1]),
                            writes=frozenset({TokenSlot(fut.token_slot)}),
                            kv_context=_kv_context(inst, page_ids, last_page_len, len(tokens)))
     return fut.handle
+
+
+def forward_sample_shaped(inst, q, tokens, input_futures, positions, pages, last_page_len, top_k, adapter, sampler,
+                          temperature, param, rng_state, shaping) -> int:
+    return forward_sample(inst, q, tokens, input_futures, positions, pages, last_page_len, top_k, adapter, sampler,
+                          temperature, param, rng_state, shaping)
+
+
+def _shape(inst, shaping: dict):
+    """The item's ShapeSpec and the decoder it names (None); ValueError for a decoder this instance does
+    not hold or one lost with an earlier inference process (the decoder is then held by the command)."""
+    decoder = decoder_id = None
+    spec = None
+    if shaping["decoder"]:
+        decoder = inst.decoders.get(shaping["decoder"])
+        if decoder is None:
+            raise ValueError(f"decoder {shaping['decoder']} is not held by this inferlet")
+        decoder_id, spec = inst.host.calls.decoder_ids.shape_for(decoder)
+    bias_ids, bias_values = shaping["bias-tokens"], shaping["bias-values"]
+    vocab_size = inst.host.info.vocab_size
+    problem = (f"shaping has {len(bias_ids)} bias tokens and {len(bias_values)} bias values"
+               if len(bias_ids) != len(bias_values) else
+               f"bias token {max(bias_ids)} is outside the vocabulary of {vocab_size}"
+               if bias_ids and max(bias_ids) >= vocab_size else None)
+    if problem is not None:
+        if decoder is not None:
+            inst.host.calls.decoder_ids.release(decoder, False)
+        raise ValueError(problem)
+    shape = p.ShapeSpec(bytes(shaping["allowed"]) or None, _little("i", bias_ids), _little("f", bias_values),
+                        -1 if decoder is None else decoder_id, spec, shaping["logprobs"])
+    return shape, decoder
+
+
+def _little(code: str, values: list) -> bytes:
+    """int32 or float32 little-endian, as proto/inference.py's byte fields are."""
+    packed = array.array(code, values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _inputs(inst, tokens: list[int], input_futures: list[int], held: list[int]) -> tuple[list[int], list[int] | None]:
@@ -113,7 +163,7 @@ def _inputs(inst, tokens: list[int], input_futures: list[int], held: list[int]) 
         if source.error is not None:
             raise ResourceError(f"input token future {handle} failed: {source.error}")
         if source.done:
-            token_ids[i] = source.value
+            token_ids[i] = f.token_of(source.value)
         else:
             inst.host.calls.token_slots.hold(source.token_slot)
             held.append(source.token_slot)
@@ -122,4 +172,4 @@ def _inputs(inst, tokens: list[int], input_futures: list[int], held: list[int]) 
 
 
 FUNCS = {"forward": forward, "get-next-dist": get_next_dist, "forward-text": forward_text,
-         "forward-sample": forward_sample}
+         "forward-sample": forward_sample, "forward-sample-shaped": forward_sample_shaped}

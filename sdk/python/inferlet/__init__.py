@@ -19,11 +19,12 @@ from .host import (args, available_traits, broadcast, decode, encode, fetch, ins
                    page_size, pause_hint, receive, render_chat, send, sleep, stop_tokens, subscribe, vocab_size)
 from .queue import Queue
 from .sampling import Greedy, MinP, Rng, Sampler, Temperature, TopK, TopP, draw
+from .shaping import Grammar, Logprobs, Shape
 from .stop import Stop
 from .tasks import Future, HostFuture, OvenError, Task, gather, run, spawn
 
 __all__ = [
-    "Context", "Queue", "Stop", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP", "Rng", "draw",
+    "Context", "Queue", "Stop", "Grammar", "Shape", "Logprobs", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP", "Rng", "draw",
     "Future", "HostFuture", "Task", "OvenError", "run", "spawn", "gather",
     "args", "instance_id", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
     "encode", "decode", "render_chat", "page_size", "stop_tokens", "vocab_size", "models", "available_traits",

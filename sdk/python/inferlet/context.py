@@ -22,6 +22,7 @@ from .pages import PageTable
 from .queue import Queue
 from .recompute import Recompute, set_recomputable
 from .sampling import Greedy, Sampler, server_spec
+from .shaping import Logprobs, Shape
 from .sharing import Sharing
 from .stop import Stop
 from .tasks import HostFuture, OvenError, spawn
@@ -47,6 +48,8 @@ class Context(Editing, Sharing, Recompute, Pipelined):
         self.pages = PageTable()
         self.page_size = host.page_size()
         self.generated: list[int] = []  # the tokens of the last generate
+        self.logprobs: list[Logprobs] = []  # of the last generate or shaped_step whose Shape asked for them
+        self._shaping = None  # while a shaped generation runs: (WIT shaping, keep log-probabilities)
         self._hidden: set[int] = set()  # token indices masked out of attention (drop_range)
         self._planned_len = 0  # while generate runs: the length it may reach (pages are allocated ahead)
         self._spare: HostFuture | None = None  # pages allocated ahead of need (see _prefetch)
@@ -110,18 +113,24 @@ class Context(Editing, Sharing, Recompute, Pipelined):
         self.pending.append(token)
         return token
 
-    async def generate_tokens(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> list[int]:
+    async def generate_tokens(self, sampler: Sampler | None = None, stop: Stop = Stop(),
+                              shape: Shape | None = None) -> list[int]:
         """Decode until ``stop``; the new tokens, a final stop token included (also ``self.generated``).
 
         With a built-in sampler the server draws the tokens, one step in flight ahead (``pipelined.py``):
         the same tokens, the same context afterwards. Otherwise the loop is ``decode_step`` written
         out: it is the per-token path of most inferlets, and every coroutine frame costs
-        microseconds in WebAssembly.
+        microseconds in WebAssembly. ``shape`` (shaping.py: a grammar, a mask, biases, penalties,
+        log-probabilities into ``self.logprobs``) needs a built-in sampler: the server applies it.
         """
         sampler = sampler or Greedy()
         spec = server_spec(sampler)
+        self.logprobs = []
+        if shape is not None and spec is None:
+            raise ValueError("a Shape needs one of the built-in samplers (Greedy, Temperature, TopK, TopP, MinP): "
+                             "the server applies it where it draws the token")
         if spec is not None:
-            return await self._generate_pipelined(sampler, stop, spec)
+            return await self._generate_pipelined(sampler, stop, spec, shape)
         stop_ids = stop.stop_token_ids(host.stop_tokens())
         top_k, sample, limit = sampler.top_k, sampler.sample, stop.max_tokens
         strings, tail = stop.strings, stop.tail_tokens()
@@ -150,11 +159,11 @@ class Context(Editing, Sharing, Recompute, Pipelined):
             self._planned_len = 0
         return generated
 
-    async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop()) -> str:
+    async def generate(self, sampler: Sampler | None = None, stop: Stop = Stop(), shape: Shape | None = None) -> str:
         """Decode until ``stop``; the new text, without stop tokens and cut before the earliest stop
         string (the tokens are in ``self.generated``). With nothing pending, the first step feeds the
-        last token again; an empty context raises ValueError."""
-        generated = await self.generate_tokens(sampler, stop)
+        last token again; an empty context raises ValueError. ``shape``: as ``generate_tokens``."""
+        generated = await self.generate_tokens(sampler, stop, shape)
         stop_ids = stop.stop_token_ids(host.stop_tokens())
         text = host.decode([t for t in generated if t not in stop_ids])
         at = stop.find_string(text)

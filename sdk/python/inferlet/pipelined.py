@@ -19,6 +19,7 @@ from wit_world.imports import forward, futures
 
 from . import host
 from .sampling import Rng, Sampler
+from .shaping import Decoder, Shape, logprobs_of, wit_shaping
 from .stop import Stop
 from .tasks import HostFuture
 
@@ -31,7 +32,19 @@ _KIND = {"greedy": forward.SamplerKind.GREEDY, "temperature": forward.SamplerKin
 class Pipelined:
     """``Context``'s generation loop with one server-sampled step in flight ahead."""
 
-    async def _generate_pipelined(self, sampler: Sampler, stop: Stop, spec: tuple[str, float, float]) -> list[int]:
+    async def _generate_pipelined(self, sampler: Sampler, stop: Stop, spec: tuple[str, float, float],
+                                  shape: Shape | None = None) -> list[int]:
+        decoder = Decoder(shape) if shape is not None and shape.needs_decoder() else None
+        try:
+            self._shaping = None if shape is None else (wit_shaping(shape, decoder, host.vocab_size()),
+                                                        shape.logprobs >= 0)
+            return await self._generate_steps(sampler, stop, spec)
+        finally:
+            self._shaping = None
+            if decoder is not None:
+                decoder.drop()
+
+    async def _generate_steps(self, sampler: Sampler, stop: Stop, spec: tuple[str, float, float]) -> list[int]:
         stop_ids = stop.stop_token_ids(host.stop_tokens())
         limit, strings, tail = stop.max_tokens, stop.strings, stop.tail_tokens()
         rng: Rng | None = getattr(sampler, "rng", None)
@@ -101,7 +114,52 @@ class Pipelined:
         used = -(-end // self.page_size)
         positions = [start] if count == 1 else list(range(start, end))
         kind, temperature, param, top_k = sample
-        handle = forward.forward_sample(self.queue.id, tokens, inputs, positions, self.pages.handles[:used],
-                                        end - (used - 1) * self.page_size, top_k, self.adapter, kind, temperature,
-                                        param, rng_state)
-        return self.queue.result(handle, futures.take_token)
+        args = (self.queue.id, tokens, inputs, positions, self.pages.handles[:used], end - (used - 1) * self.page_size,
+                top_k, self.adapter, kind, temperature, param, rng_state)
+        if self._shaping is None:
+            return self.queue.result(forward.forward_sample(*args), futures.take_token)
+        shaping, keep_logprobs = self._shaping
+        return self.queue.result(forward.forward_sample_shaped(*args, shaping),
+                                 self._take_logprobs if keep_logprobs else _take_sampled_token)
+
+    def _take_logprobs(self, handle: int) -> int:
+        """A shaped step's token; its log-probabilities go to ``self.logprobs`` (steps complete in order,
+        and a step dropped ahead is never taken)."""
+        record = logprobs_of(futures.take_sampled(handle))
+        self.logprobs.append(record)
+        return record.token
+
+    async def shaped_step(self, shape: Shape, sampler: Sampler | None = None) -> int:
+        """One step that the server draws under ``shape``, for a custom decoder that changes the mask or
+        the biases from step to step (a decoder's grammar and penalties need ``generate``); the token
+        is filled, as ``decode_step`` does, and its log-probabilities appended to ``self.logprobs``."""
+        from .sampling import Greedy, server_spec
+        sampler = sampler or Greedy()
+        spec = server_spec(sampler)
+        if spec is None or shape.needs_decoder():
+            raise ValueError("shaped_step takes a built-in sampler and a Shape without grammar or penalties")
+        rng: Rng | None = getattr(sampler, "rng", None)
+        self._shaping = (wit_shaping(shape, None, host.vocab_size()), True)
+        try:
+            await self._recompute_discarded()
+            self._feed_last_again()
+            end = len(self.tokens) + len(self.pending)
+            if self._needs_pages(end):
+                await self._reserve(end)
+            one = len(self.pending) == 1
+            step = self._issue_sample(len(self.pending), None, (_KIND[spec[0]], spec[1], spec[2], sampler.top_k),
+                                      0 if rng is None else rng.state)
+            self._prefetch_after_decode(one)
+            token = await step
+        finally:
+            self._shaping = None
+        if shape.logprobs < 0:
+            self.logprobs.pop()
+        if rng is not None:
+            rng.state = (rng.state + _GAMMA) & _MASK64
+        self.pending.append(token)
+        return token
+
+
+def _take_sampled_token(handle: int) -> int:
+    return futures.take_sampled(handle).token
