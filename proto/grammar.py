@@ -51,6 +51,8 @@ def grammar_text(kind: str, spec: str) -> str:
     if kind == "json-schema":
         try:
             schema = json.loads(spec)
+        except RecursionError:
+            raise GrammarError("json-schema is nested too deeply") from None
         except ValueError as exc:
             raise GrammarError(f"json-schema is not JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
@@ -66,7 +68,7 @@ def grammar_text(kind: str, spec: str) -> str:
     if kind == "choice":
         try:
             options = json.loads(spec)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise GrammarError(f"choice is not a JSON array of strings: {exc}") from None
         if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
             raise GrammarError("choice must be a non-empty JSON array of non-empty strings")

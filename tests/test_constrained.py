@@ -63,6 +63,9 @@ def test_logprobs_come_with_each_token(loop):
     ("choice", "[]", "choice must be a non-empty JSON array"),
     ("json-schema", json.dumps({"enum": [f"value-{i}" for i in range(100_000)]}), "json-schema: "),
     ("xml", "<a/>", "unknown grammar kind"),
+    ("json-schema", '{"type": "object", "properties": {"a": ' * 200 + "{}" + "}}" * 200, "json-schema: "),
+    ("json-schema", "[" * 100_000 + "]" * 100_000, "json-schema is nested too deeply"),
+    ("lark", "start: " + " | ".join(f'"{i}"' for i in range(300_000)), "past the limit of 1 MiB"),
 ])
 def test_a_bad_grammar_is_one_clear_error_at_creation(loop, kind, spec, error):
     (inst,) = run(loop, "constrained", [[kind, spec, "Hi", "4"]])
