@@ -232,11 +232,11 @@ def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
         for entry in client.programs():
             print(f"{entry.sha256[:16]}  {entry.size_bytes / 1e6:7.1f} MB  {', '.join(entry.names)}")
         return
-    print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {'STATE':9} {'AGE':>8}  EXIT")
+    print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {'STATE':9} {'AGE':>8} {'CPU':>8}  EXIT")
     for i in client.instances():
         exit_text = "" if i.exit_code is None else str(i.exit_code)
-        print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {i.state:9} {i.age_s:7.1f}s  {exit_text:4} {i.error}"
-              .rstrip())
+        print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {i.state:9} {i.age_s:7.1f}s {i.cpu_s:7.2f}s  "
+              f"{exit_text:4} {i.error}".rstrip())
 
 
 @_with_client

@@ -242,7 +242,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
         now, snapshot = time.monotonic(), self.loop.snapshot()
         return c.InstanceList([c.InstanceEntry(r.instance_id, self.loop.programs.name_of(r.program, r.owner)
                                                or r.program[:12], r.shown_state, now - r.started_at,
-                                               r.exit_code, r.error or "", r.owner)
+                                               r.exit_code, r.error or "", r.owner, r.cpu_s)
                                for r in snapshot.instances + snapshot.finished
                                if caller.operator or r.owner == caller.name])
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 4  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context
+CONTROL_PROTOCOL_VERSION = 5  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
+# 5: InstanceEntry.cpu_s
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -116,6 +117,7 @@ class InstanceEntry:
     exit_code: int | None
     error: str
     owner: str  # the client that launched it
+    cpu_s: float = 0.0  # CPU its slices took in its client's runner (its own code and the host calls answered there)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,8 @@ def test_spinning_launches_of_one_client_hold_up_nothing_of_another(loop, expect
     assert sum(s.alive for s in spinners) >= 3
     assert loop.run_until(lambda: not any(s.alive for s in spinners), 60)
     assert all(s.state is State.FAILED and "slice ran past the 1000 ms deadline" in s.error for s in spinners)
+    # each spun its whole slice: the CPU `oven ps` shows for it (InstanceRecord.cpu_s)
+    assert all(loop.ended(s.instance_id).cpu_s > 0.5 for s in spinners)
 
 
 def test_a_tokenize_past_the_limit_fails_alone(loop, expected):

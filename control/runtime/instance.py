@@ -54,6 +54,7 @@ class InstanceRecord:
     owner: str
     output_held: bool = False  # running, but held until a client reads its output
     kv: str = ""  # running | preserved | swapped | discarded (Instance.kv_state); "" once ended
+    cpu_s: float = 0.0  # Instance.cpu_ns
 
     @property
     def shown_state(self) -> str:
@@ -196,7 +197,7 @@ class Instance:
 
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
-                              self.owner, self.output_held and self.alive, self.kv_state)
+                              self.owner, self.output_held and self.alive, self.kv_state, self.cpu_ns / 1e9)
 
     @property
     def alive(self) -> bool:
