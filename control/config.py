@@ -35,8 +35,8 @@ class ControlConfig:
     inbox_messages: int = 1024  # client messages waiting in one instance's inbox
     inbox_mib: int = 16  # and their bytes
     instance_memory_mib: int = 512  # one linear memory of one instance
-    # Address space of all one client's instances (its runner's RLIMIT_AS, beyond the runner's own 1 GiB): a
-    # Python inferlet maps about 45 MB of it (a tenth of that resident), so 256 of them fit.
+    # Memory of all one client's instances together, what their linear memories grew to chiefly (its runner
+    # ends the largest past it; control/runner/memory.py): a Python inferlet holds about 12 MiB of it.
     client_memory_mib: int = 16384
     max_runners: int = 64  # runner processes at once: clients with instances running (one each)
     runner_idle_s: float = 60.0  # a runner whose client has no instance left stops after this

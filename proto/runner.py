@@ -58,6 +58,7 @@ class Setup:
     calls: list[CallSpec]  # every host function but those the runner answers itself
     memory_bytes: int  # one linear memory's limit
     slice_ms: int  # one slice's epoch deadline
+    share_bytes: int  # the memory of all its instances together (the client's share, control/runner/memory.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,15 @@ class Ask:
 
 
 @dataclass(frozen=True, slots=True)
+class Evicted:
+    """runner -> control: the runner ended this instance between its slices, for ``failure`` (its client's
+    instances together held more than their share); a slice ordered for it since is answered as failed."""
+
+    instance_id: str
+    failure: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunnerReady:
     """runner -> control, once set up."""
 
@@ -134,5 +144,5 @@ class RunnerReady:
 
 CODEC = Codec(PROTOCOL_VERSION, {
     "setup": Setup, "run": RunSlices, "forget": Forget, "answer": Answer,
-    "ran": SlicesRan, "ask": Ask, "ready": RunnerReady,
+    "ran": SlicesRan, "ask": Ask, "ready": RunnerReady, "evicted": Evicted,
 })

@@ -97,11 +97,11 @@ def test_a_component_with_many_memories_fails_to_start_alone(loop, expected, tmp
 
 
 def test_a_client_past_its_memory_fails_alone(inference, expected):
-    """Eight instances that each grow 16 MiB at a time until they may not: one alone stops at the 192 MiB an instance may
-    have, but eight together pass mallory's share (512 MiB, and the runner's own 1 GiB), so some stop
-    there; alice decodes meanwhile, and the control process holds none of it. (Slices of 10 s: a memory
-    that grows moves, and under load that may take longer than the suite's usual 1 s.)"""
-    with two_client_loop(inference, client_memory_mib=512, slice_ms=10_000, runner_grace_s=10.0) as loop:
+    """Eight instances that each grow 16 MiB at a time until they may not: one alone stops at the 192 MiB
+    an instance may have, but eight together pass mallory's share (512 MiB), so its runner ends the
+    largest as they pass it and the rest go on; alice decodes meanwhile, the control process holds none
+    of it, and mallory's runner lives on: its next launch runs there."""
+    with two_client_loop(inference, client_memory_mib=512) as loop:
         control_rss = rss_mib(os.getpid())
         hogs = [loop.launch("hostile", ["hoard"], owner="mallory") for _ in range(8)]
         alice_runs(loop, expected)
@@ -109,6 +109,11 @@ def test_a_client_past_its_memory_fails_alone(inference, expected):
         assert all(h.state is State.FAILED and ": out of memory, " in h.error for h in hogs)
         assert any("this client's instances together reached their share" in h.error for h in hogs)
         assert rss_mib(os.getpid()) < control_rss + 64
+        runner = hogs[0].runner
+        again = loop.launch("hello-python", [PROMPT, str(NUM_TOKENS)], owner="mallory")
+        assert loop.run_until(lambda: not again.alive, 120)
+        assert (again.state, messages(loop, again), again.runner) == (State.FINISHED, [expected], runner)
+        assert runner.proc.poll() is None and runner.num_in_slice == 0
 
 
 def test_kill_9_of_a_runner_ends_its_instances_alone(loop, expected):

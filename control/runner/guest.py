@@ -9,7 +9,6 @@ the deadline and only that instance dies.
 from __future__ import annotations
 
 import re
-import resource
 from collections.abc import Callable
 
 import msgpack
@@ -21,16 +20,23 @@ from oven.proto import runner as r
 
 from .guest_call import GuestExport
 from .imports import WasmClock
+from .memory import SHARE_REACHED, data_left
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 _EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
 
 # What one store may create: a component needs a few core instances, memories and tables (a Python
 # inferlet: 2 memories, 9 instances); the caps stop one that asks for hundreds of each (every memory
-# reserves address space) before it is instantiated.
+# reserves 4 GiB of address space, see control/runtime/runners.py) before it is instantiated.
 MAX_INSTANCES, MAX_MEMORIES, MAX_TABLES, MAX_TABLE_ELEMENTS = 64, 8, 64, 1 << 20
+TABLE_ELEMENT_BYTES = 8  # a funcref or an externref in wasmtime's tables (on the runner's heap)
 # The calls one slice sends to the control process (its output included), roughly counted in bytes.
 MAX_SLICE_CALL_BYTES = 16 << 20
+
+
+def store_bytes(memory_bytes: int) -> int:
+    """The most one store may hold: its memories and tables at their limits."""
+    return MAX_MEMORIES * memory_bytes + MAX_TABLES * MAX_TABLE_ELEMENTS * TABLE_ELEMENT_BYTES
 
 
 class Ended(Exception):
@@ -53,6 +59,7 @@ class Guest:
         self.decoders: set[int] = set()
         self.num_grammars_made = self.num_decoders_made = 0
         self.stderr_tail = ""
+        self.grown_bytes = 0  # what its launch and slices added to the runner's data (its memories, mostly)
         self.store = wasmtime.Store(engine)
         self.store.set_limits(memory_size=setup.memory_bytes, table_elements=MAX_TABLE_ELEMENTS,
                               instances=MAX_INSTANCES, tables=MAX_TABLES, memories=MAX_MEMORIES)
@@ -159,24 +166,14 @@ class Guest:
             return (f"{reason}: one slice ran past the {self.setup.slice_ms} ms deadline without waiting on a "
                     "future (oven serve --slice-ms)", status)
         if "MemoryError" in self.stderr_tail:  # CPython's answer when memory.grow fails
-            # A moving memory maps its new size while the old is still mapped: a grow that failed with less
-            # than a whole instance's memory left under the runner's RLIMIT_AS failed for the client's share.
-            if _address_space_left() < self.setup.memory_bytes + (64 << 20):
-                reason += (": out of memory, this client's instances together reached their share "
-                           "(oven serve --client-memory-mib)")
+            # A grow fails at the instance's limit; at the runner's RLIMIT_DATA only if its own heap left
+            # the client less than its share (the runner ends instances past the share between slices).
+            if data_left() < self.setup.memory_bytes:
+                reason += f": {SHARE_REACHED}"
             else:
                 reason += (f": out of memory, the instance's limit is {self.setup.memory_bytes >> 20} MiB "
                            "(oven serve --instance-memory-mib)")
         return reason + (f" ({last_words})" if last_words else ""), status
-
-
-def _address_space_left() -> int:
-    """Bytes this process may still map under its RLIMIT_AS (a lot when it has none)."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit == resource.RLIM_INFINITY:
-        return 1 << 62
-    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
-    return limit - (int(status["VmSize"].split()[0]) << 10)
 
 
 def _trap_message(exc: Exception) -> str:

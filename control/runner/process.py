@@ -2,10 +2,10 @@
 
 ``python -m oven.control.runner ENDPOINT`` connects a PAIR socket to ENDPOINT (which the control
 process bound in a private folder), takes its :class:`~oven.proto.runner.Setup`, and then serves
-:class:`~oven.proto.runner.RunSlices` until the control process goes. Its OS limits (address space,
-priority) are set by the control process before it starts (``control/runtime/runners.py``); its
+:class:`~oven.proto.runner.RunSlices` until the control process goes. Its OS limits (memory, address
+space, priority) are set by the control process before it starts (``control/runtime/runners.py``); its
 wasmtime engine, epoch ticker and store limits are its own, so whatever its guests do, they do to
-this process alone.
+this process alone. It keeps its client's instances to their memory share itself (``memory.py``).
 
 Results go back in one :class:`SlicesRan` per order, or sooner when a slice ran long, so that one
 instance's long slice does not hold back the calls of the others.
@@ -33,6 +33,7 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .guest import Ended, Guest
 from .imports import WasmClock, define_imports
+from .memory import SHARE_REACHED, data_bytes
 
 log = logging.getLogger("oven.runner")
 
@@ -56,6 +57,7 @@ class Runner:
         self._slice_ticks = max(1, int(setup.slice_ms / 1000 / EPOCH_TICK_S))
         self._held: deque = deque()  # orders that arrived while a slice waited for an answer
         threading.Thread(target=self._tick_epochs, daemon=True, name="oven-epoch").start()
+        self._own_bytes = data_bytes()  # the runner's own data: what its instances add is their share's
 
     def serve(self) -> None:
         while parent_alive():
@@ -76,12 +78,13 @@ class Runner:
         results: list[r.SliceResult] = []
         since = time.monotonic()  # the first slice whose result waits in ``results`` started then
         for work in [*order.launches, *order.resumes]:
-            result = self._launch(work) if isinstance(work, r.Launch) else self._resume(work)
-            if result is not None:
-                results.append(result)
-            if results and time.monotonic() - since > FLUSH_AFTER_S:
+            results.append(self._launch(work) if isinstance(work, r.Launch) else self._resume(work))
+            evicted = self._keep_share()
+            if evicted or time.monotonic() - since > FLUSH_AFTER_S:  # an evicted one's last slice goes first
                 self._send(r.SlicesRan(results))
                 results, since = [], time.monotonic()
+            for message in evicted:
+                self._send(message)
         if results:
             self._send(r.SlicesRan(results))
 
@@ -89,8 +92,10 @@ class Runner:
         started = time.thread_time_ns()
         try:
             comp = self.programs.component(launch.program)
+            before = data_bytes()
             guest = Guest(launch.instance_id, launch.args, self.setup, self.tokenizer, self.engine, self.linker, comp,
                           self._slice_ticks, self.clock, self._ask)
+            guest.grown_bytes = data_bytes() - before
         except Exception as exc:  # a bad component, a store limit, the address space: this launch alone
             reason = " ".join(str(exc).split()) or type(exc).__name__
             return r.SliceResult(launch.instance_id, NO_CALLS, [], f"launch failed: {reason[:500]}", 1,
@@ -98,26 +103,40 @@ class Runner:
         self.guests[launch.instance_id] = guest
         return self._slice(guest, [], [], started)
 
-    def _resume(self, resume: r.Resume) -> r.SliceResult | None:
+    def _resume(self, resume: r.Resume) -> r.SliceResult:
         guest = self.guests.get(resume.instance_id)
-        if guest is None:  # forgotten meanwhile
-            return None
+        if guest is None:  # evicted here (the control process is told): every slice ordered is answered
+            return r.SliceResult(resume.instance_id, NO_CALLS, [], "evicted", 1, 0, 0, 0, 0)
         return self._slice(guest, resume.ready, msgpack.unpackb(resume.settled, raw=False), time.thread_time_ns())
 
     def _slice(self, guest: Guest, ready: list[int], settled: list, started_ns: int) -> r.SliceResult:
         clock = self.clock
         wasm_ns, host_ns, num_calls = clock.in_wasm_ns, clock.in_host_ns, clock.host_calls
         self.current = guest
+        before = data_bytes()
         try:
             waiting, failure, status = guest.run_slice(ready, settled)
         finally:
             self.current = None
+        guest.grown_bytes += data_bytes() - before
         if not waiting:
             self.guests.pop(guest.instance_id, None)
             guest.release()
         return r.SliceResult(guest.instance_id, guest.take_calls(), waiting, failure, status,
                              time.thread_time_ns() - started_ns, clock.in_wasm_ns - wasm_ns,
                              clock.in_host_ns - host_ns, clock.host_calls - num_calls)
+
+    def _keep_share(self) -> list[r.Evicted]:
+        """While the client's instances together hold more than their share, end the one that grew the most
+        (its memory goes at once); the others go on. Run after every launch and slice, so the runner's data
+        stays below its RLIMIT_DATA by the reserve the control process left its own heap."""
+        evicted = []
+        while self.guests and data_bytes() - self._own_bytes > self.setup.share_bytes:
+            guest = self.guests.pop(max(self.guests, key=lambda i: self.guests[i].grown_bytes))
+            guest.release()
+            evicted.append(r.Evicted(guest.instance_id, f"ended at {guest.grown_bytes >> 20} MiB, the most of "
+                                                        f"its client's instances: {SHARE_REACHED}"))
+        return evicted
 
     def _ask(self, instance_id: str, calls: bytes):
         """Send a slice's calls so far; wait for the value of the last (orders that arrive meanwhile wait)."""

@@ -139,11 +139,12 @@ class ControlLoop:
                                       config.inbox_messages, config.inbox_mib << 20)
         setup = r.Setup(str(config.programs_path), self.info.model_name,
                         [t.replace("_", "-") for t in self.info.traits], self.info.page_size, self.info.vocab_size,
-                        self.info.tokenizer, host.CALL_SPECS, config.instance_memory_mib << 20, config.slice_ms)
+                        self.info.tokenizer, host.CALL_SPECS, config.instance_memory_mib << 20, config.slice_ms,
+                        config.client_memory_mib << 20)
         self._runner_by_socket: dict[object, Runner] = {}
         # instance id -> (when its slice was ordered, its runner), oldest first: see WAVE_WAIT_S
         self._wave: dict[str, tuple[float, Runner]] = {}
-        self.runners = Runners(setup, config.client_memory_mib << 20, config.max_runners, config.runner_idle_s,
+        self.runners = Runners(setup, config.max_instances, config.max_runners, config.runner_idle_s,
                                on_started=self._watch_runner, on_closed=self._unwatch_runner)
 
     # -- lifecycle of instances ---------------------------------------------
@@ -406,12 +407,20 @@ class ControlLoop:
                     self._slices_ran(runner, message.results)
                 elif isinstance(message, r.Ask):
                     self._answer(runner, message)
+                elif isinstance(message, r.Evicted):
+                    self._evicted(runner, message)
         except RunnerLost as exc:
             runner.kill()
             self._runner_lost(runner, str(exc))
             return
         if exited:
             self._runner_lost(runner, runner.exit_reason())
+
+    def _evicted(self, runner: Runner, evicted: r.Evicted) -> None:
+        """The runner ended an instance between its slices (its client's share); it has freed its store."""
+        inst = self.instances.get(evicted.instance_id)
+        if inst is not None and inst.runner is runner:
+            self.kill(inst, evicted.failure, state=State.FAILED)
 
     def _watch_runners(self, now: float) -> None:
         limit_s = self.config.slice_ms / 1000 + self.config.runner_grace_s

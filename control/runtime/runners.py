@@ -2,11 +2,12 @@
 
 A runner (``control/runner/``) runs the WebAssembly of one client's instances, so whatever they do
 costs that client alone: its CPU is the runner's (shared with other clients' runners by the OS
-scheduler, and at a lower priority while it uses much, see BUSY_SHARE), its memory and address space
-are capped by ``RLIMIT_AS`` (``oven serve --client-memory-mib``), and a crash or a stall ends that
-runner and its instances only. The control loop polls each runner's socket and its ``pidfd`` (which
-turns readable when the process exits), and kills a runner that has slices to run and has said nothing
-for longer than a slice may last.
+scheduler, and at a lower priority while it uses much, see BUSY_SHARE), its memory is its client's
+share (``oven serve --client-memory-mib``: the runner ends the instances that pass it, and its
+``RLIMIT_DATA`` backs that), and a crash or a stall ends that runner and its instances only. The
+control loop polls each runner's socket and its ``pidfd`` (which turns readable when the process
+exits), and kills a runner that has slices to run and has said nothing for longer than a slice may
+last.
 
 One spare runner is kept started, so a client's first launch does not wait for a Python process to
 start and import wasmtime.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import zmq
 
+from oven.control.runner.guest import MAX_MEMORIES, store_bytes
 from oven.proto import runner as r
 from oven.proto.endpoints import PRIVATE_PREFIX
 from oven.proto.lifeline import lifeline_env
@@ -39,9 +41,19 @@ log = logging.getLogger(__name__)
 # or merely busy one keeps the priority that lets its slices answer within a device step (at a lower
 # priority from the start, 16 lockstep instances lost a third of their batch fill on two cores).
 BUSY_SHARE, BUSY_NICE, BALANCE_S = 0.8, 10, 1.0
-# A runner's own address space beyond its client's share: Python, wasmtime, the tokenizer, its threads
-# (measured: 210 MB started, 290 MB with a Python program's code mapped, 45 MB more per instance).
-BASE_ADDRESS_SPACE = 1 << 30
+# A runner's RLIMIT_DATA (private writable memory: what linear memories grow into, not what they reserve)
+# is its client's share, what one slice may add before the runner ends instances past the share (one
+# store's memories and tables at their limits: control/runner/memory.py), and RUNNER_HEAP, the runner's own heap
+# (Python, wasmtime, the tokenizer, its threads: 110 MiB started) with the rest as a reserve, so that its
+# own allocations never meet the limit (they would fail, and the runner hang). A Python instance's share
+# is about 12 MiB.
+RUNNER_HEAP = 1 << 30
+# Its RLIMIT_AS counts reservations, and each linear memory reserves wasmtime's default 4 GiB and a 32 MiB
+# guard on each side (MEMORY_SPAN): the limit is what the store limits let one runner reserve, every
+# instance of the server with MAX_MEMORIES memories (by default 1,024 x 8 x 4.06 GiB: 32.5 TiB, a quarter
+# of the 128 TiB a process may map), above its data and CODE_SPACE (libraries, compiled programs).
+MEMORY_SPAN = (4 << 30) + (64 << 20)
+CODE_SPACE = 4 << 30
 MAX_MESSAGE_BYTES = 64 << 20  # one message from a runner (a slice sends at most 16 MiB of calls)
 
 
@@ -57,7 +69,7 @@ class RunnerLost(Exception):
 class Runner:
     """One runner process and the control side of its socket."""
 
-    def __init__(self, setup: r.Setup, memory_bytes: int):
+    def __init__(self, setup: r.Setup, max_instances: int):
         self.folder = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))  # only this user may enter it
         endpoint = f"ipc://{self.folder / 'runner.sock'}"
         self.sock = zmq.Context.instance().socket(zmq.PAIR)
@@ -71,7 +83,10 @@ class Runner:
                                      start_new_session=True)
         self.pid = self.proc.pid
         try:  # set from here, so the runner's own code cannot skip them
-            resource.prlimit(self.pid, resource.RLIMIT_AS, (memory_bytes + BASE_ADDRESS_SPACE,) * 2)
+            data = setup.share_bytes + store_bytes(setup.memory_bytes) + RUNNER_HEAP
+            resource.prlimit(self.pid, resource.RLIMIT_DATA, (data,) * 2)
+            reserved = max_instances * MAX_MEMORIES * MEMORY_SPAN
+            resource.prlimit(self.pid, resource.RLIMIT_AS, (data + reserved + CODE_SPACE,) * 2)
             resource.prlimit(self.pid, resource.RLIMIT_CORE, (0, 0))
         except OSError as exc:  # it died at once; the pidfd says so
             log.warning("could not limit runner %d: %s", self.pid, exc)
@@ -174,9 +189,9 @@ class Runners:
     ``on_started`` / ``on_closed`` (a runner) let the loop register and unregister its socket and pidfd.
     """
 
-    def __init__(self, setup: r.Setup, memory_bytes: int, max_runners: int, idle_s: float,
+    def __init__(self, setup: r.Setup, max_instances: int, max_runners: int, idle_s: float,
                  on_started, on_closed):
-        self._setup, self._memory_bytes, self.max_runners, self.idle_s = setup, memory_bytes, max_runners, idle_s
+        self._setup, self._max_instances, self.max_runners, self.idle_s = setup, max_instances, max_runners, idle_s
         self._on_started, self._on_closed = on_started, on_closed
         self.by_client: dict[str, Runner] = {}
         self.spare: Runner | None = None
@@ -236,6 +251,6 @@ class Runners:
             self.spare = self._start()
 
     def _start(self) -> Runner:
-        runner = Runner(self._setup, self._memory_bytes)
+        runner = Runner(self._setup, self._max_instances)
         self._on_started(runner)
         return runner
