@@ -1,7 +1,8 @@
 """The two SDKs behave alike: the same scenarios through ``inferlets/conformance`` (Python SDK) and
 ``inferlets/conformance-rust`` (Rust SDK) on the tiny model give the same messages — the same
 tokens (greedy and seeded), the same stops, the same page handles after forks, copy-on-write,
-export/import, truncation and prefetching — and each also gives the answer the case knows.
+export/import, truncation and prefetching, the same shaped generations (grammars, allowed sets,
+biases, penalties, log-probabilities) — and each also gives the answer the case knows.
 
 Both instances run once, one after the other, in a module-scoped fixture; the tests read its reports.
 """
@@ -9,7 +10,9 @@ Both instances run once, one after the other, in a module-scoped fixture; the te
 from __future__ import annotations
 
 import json
+import re
 
+import jsonschema
 import pytest
 from conftest import write_adapter
 from harness import assert_pools_full, direct_greedy, messages, run
@@ -25,6 +28,19 @@ FOX = "The quick brown fox"
 ADAPTER = "tiny-lora"  # in the module loop's adapter store
 SAMPLERS = ["temperature:1.0:3", "temperature:1.0:4", "temperature:0.7:3", "top_k:20:0.8:5", "top_p:0.9:1.3:6",
             "min_p:0.05:1.0:7"]
+
+# Shaped generation (the tiny model's vocabulary is SmolLM2's tokenizer's, so grammars work on it).
+CHOICES = ["yes", "no", "maybe later"]
+REGEX = "[a-z]{3}-[0-9]{2}"
+# No free whitespace: the random model would fill a flexible JSON layout with it.
+SCHEMA = {"x-guidance": {"whitespace_flexible": False}, "type": "object",
+          "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"],
+          "additionalProperties": False}
+LARK = 'start: "(" NUMBER "," NUMBER ")"\nNUMBER: /[0-9]{1,3}/'
+ALLOWED = list(range(1000, 1016))
+BANNED = 1000  # allowed, but biased by -inf
+BIAS = f"{BANNED}:-inf,1003:0.5,2000:2.0"  # 2000 is outside the allowed set: removed all the same
+GAMMA = 0x9E3779B97F4A7C15  # SplitMix64: each draw adds it to the generator's state
 
 # README "Seeded sampling" test vectors.
 VECTORS = {
@@ -74,6 +90,24 @@ def scenarios(greedy) -> dict[str, str]:
         "adapter": f"adapter|{ADAPTER}|{PARTIAL}|12",
         "vectors": "vectors",
         "errors": "errors",
+        **shaped_scenarios(),
+    }
+
+
+def shaped_scenarios() -> dict[str, str]:
+    allowed = ",".join(map(str, ALLOWED))
+    return {
+        "choice greedy": f"shaped|greedy|{PARTIAL}|8|choice:{','.join(CHOICES)}|logprobs=3",
+        "choice seeded": f"shaped|temperature:1.0:3|{PARTIAL}|8|choice:{','.join(CHOICES)}",
+        "regex greedy": f"shaped|greedy|{FOX}|16|regex:{REGEX}",
+        "regex seeded": f"shaped|top_p:0.9:1.3:6|{FOX}|16|regex:{REGEX}|logprobs=2",
+        "json-schema greedy": f"shaped|greedy|{PARTIAL}|24|json-schema:{json.dumps(SCHEMA)}|logprobs=0",
+        "json-schema seeded": f"shaped|temperature:0.8:11|{PARTIAL}|24|json-schema:{json.dumps(SCHEMA)}",
+        "lark": f"shaped|min_p:0.05:1.0:7|{FOX}|24|lark:{LARK}",
+        "penalties": f"shaped|greedy|{PARTIAL}|12|none|penalties=0.5:0.5:1.3",
+        "allowed and bias": f"shaped|temperature:0.7:3|{PARTIAL}|6|none|allowed={allowed}|bias={BIAS}|noeos",
+        "shaped steps": f"masked|top_k:20:0.8:5|{PARTIAL}|6|{allowed}|{BIAS}|3",
+        "shape errors": "shape_errors",
     }
 
 
@@ -243,4 +277,92 @@ def test_errors_read_alike(reports):
         "empty": "the context is empty: fill it before decoding",
         "range": "[0, 3) is not a range of tokens before the last of 3",
         "import": "no kvpage export named 'conformance/none'",
+    }
+
+
+def ended_by_the_grammar(report, tokenizer) -> str:
+    """The generation ended with an end token (the grammar's language complete); its text."""
+    assert report["tokens"][-1] in tokenizer.stop_token_ids
+    assert report["text"] == tokenizer.decode(report["tokens"][:-1])
+    return report["text"]
+
+
+def assert_logprobs(report, top: int, first_best: int) -> None:
+    """One record per token: the token, its log-probability, the ``top`` most probable under the model
+    (before shaping: the first step's best is the unshaped greedy token)."""
+    assert [token for token, _, _ in report["logprobs"]] == report["tokens"]
+    for token, logprob, best in report["logprobs"]:
+        assert logprob <= 0 and len(best) == top
+        assert [lp for _, lp in best] == sorted((lp for _, lp in best), reverse=True)
+        assert all(lp >= logprob for _, lp in best[:1])
+    if top:
+        assert report["logprobs"][0][2][0][0] == first_best
+
+
+@pytest.mark.parametrize("case", ["choice greedy", "choice seeded"])
+def test_a_choice_grammar_gives_one_of_its_strings(reports, tokenizer, greedy, case):
+    report = both(reports, case)
+    assert ended_by_the_grammar(report, tokenizer) in CHOICES
+    if case == "choice greedy":
+        assert_logprobs(report, 3, greedy[PARTIAL, 24][0])
+    else:
+        assert report["logprobs"] == [] and report["rng"] == (3 + len(report["tokens"]) * GAMMA) % 2**64
+
+
+@pytest.mark.parametrize("case", ["regex greedy", "regex seeded"])
+def test_a_regex_grammar_gives_a_match(reports, tokenizer, greedy, case):
+    report = both(reports, case)
+    assert re.fullmatch(REGEX, ended_by_the_grammar(report, tokenizer))
+    if case == "regex seeded":
+        assert_logprobs(report, 2, greedy[FOX, 12][0])
+
+
+@pytest.mark.parametrize("case", ["json-schema greedy", "json-schema seeded"])
+def test_a_json_schema_gives_valid_json(reports, tokenizer, case):
+    report = both(reports, case)
+    jsonschema.validate(json.loads(ended_by_the_grammar(report, tokenizer)), SCHEMA)
+    if case == "json-schema greedy":
+        assert_logprobs(report, 0, 0)
+
+
+def test_a_lark_grammar_gives_its_language(reports, tokenizer):
+    assert re.fullmatch(r"\(\d{1,3},\d{1,3}\)", ended_by_the_grammar(both(reports, "lark"), tokenizer))
+
+
+def test_penalties_change_a_greedy_generation(reports, greedy):
+    """The tiny model's greedy output repeats one token; presence, frequency and repetition penalties
+    (a decoder without a grammar) push the generation off it."""
+    report = both(reports, "penalties")
+    assert len(report["tokens"]) == 12
+    assert len(set(report["tokens"])) > len(set(greedy[PARTIAL, 24][:12]))
+
+
+def test_an_allowed_set_and_biases_hold_in_a_pipelined_generation(reports):
+    report = both(reports, "allowed and bias")
+    assert len(report["tokens"]) == 6 and set(report["tokens"]) <= set(ALLOWED) - {BANNED}
+    assert report["rng"] == (3 + 6 * GAMMA) % 2**64
+    assert report["more"] and report["logprobs"] == []
+
+
+def test_shaped_steps_change_the_allowed_set_step_by_step(reports, greedy):
+    """Each step allows the tokens not drawn yet: six distinct allowed tokens, never the banned one."""
+    report = both(reports, "shaped steps")
+    tokens = report["tokens"]
+    assert len(set(tokens)) == 6 and set(tokens) <= set(ALLOWED) - {BANNED}
+    assert_logprobs(report, 3, greedy[PARTIAL, 24][0])
+    assert report["rng"] == (5 + 6 * GAMMA) % 2**64
+
+
+def test_shape_errors_read_alike(reports):
+    report = both(reports, "shape errors")
+    assert report.pop("regex").startswith("regex: ")
+    assert report == {
+        "kind": "unknown grammar kind 'xml' (one of json-schema, regex, lark, choice)",
+        "choice": "choice: choice must be a non-empty JSON array of non-empty strings",
+        "custom": "a Shape needs one of the built-in samplers (Greedy, Temperature, TopK, TopP, MinP): the server "
+                  "applies it where it draws the token",
+        "allowed": "allowed token 49152 is outside the vocabulary of 49152",
+        "presence": "create-decoder: presence penalty 5.0 is outside [-2, 2]",
+        "step": "shaped_step takes a built-in sampler and a Shape without grammar or penalties",
+        "pages": [],
     }

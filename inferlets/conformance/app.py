@@ -29,6 +29,17 @@ Arguments: one scenario each, its fields separated by "|":
   opening an adapter that does not exist
 * ``vectors``: the seeded-sampling test vectors of sdk/README.md, computed here
 * ``errors``: the messages of an empty decode, a bad drop range and a missing import
+* ``shaped|SAMPLER|PROMPT|MAX|GRAMMAR[|logprobs=N][|penalties=P:F:R][|allowed=IDS][|bias=BIAS][|stop options]``:
+  ``generate`` under a Shape (GRAMMAR: ``none``, ``json``, ``json-schema:SCHEMA``, ``regex:PATTERN``,
+  ``lark:GRAMMAR`` or ``choice:A,B,...``; IDS ``1,2,...``; BIAS ``ID:VALUE,...``, ``-inf`` bans), then 3
+  tokens more greedily, unshaped -> tokens, text, log-probabilities, page handles, the sampler's
+  generator state, the 3 tokens
+* ``masked|SAMPLER|PROMPT|STEPS|IDS|BIAS|N``: STEPS ``shaped_step``s, each allowing the tokens of IDS
+  not drawn yet, biased by BIAS, with N log-probabilities -> tokens, log-probabilities, page
+  handles, the generator state
+* ``shape_errors``: the messages of an unknown grammar kind, a bad regex, an empty choice, a Shape
+  with a custom sampler, penalties in ``shaped_step``, an allowed token outside the vocabulary and a
+  presence penalty out of range
 
 SAMPLER is ``greedy``, ``temperature:T:SEED``, ``top_k:K:T:SEED``, ``top_p:P:T:SEED`` or
 ``min_p:P:T:SEED``.
@@ -245,6 +256,102 @@ async def pipelined(spec, prompt, max_tokens, *options):
     return report
 
 
+def grammar(spec: str) -> inferlet.Grammar | None:
+    kind, _, text = spec.partition(":")
+    if kind == "none":
+        return None
+    if kind == "json":
+        return inferlet.Grammar.json()
+    if kind == "json-schema":
+        return inferlet.Grammar.json_schema(text)
+    if kind == "regex":
+        return inferlet.Grammar.regex(text)
+    if kind == "lark":
+        return inferlet.Grammar.lark(text)
+    if kind == "choice":
+        return inferlet.Grammar.choice(text.split(","))
+    raise ValueError(f"unknown grammar {spec!r}")
+
+
+def bias_of(spec: str) -> dict[int, float]:
+    return {int(token): float(value) for token, value in (item.split(":") for item in spec.split(",") if item)}
+
+
+def ids_of(spec: str) -> list[int]:
+    return [int(token) for token in spec.split(",") if token]
+
+
+def logprobs_json(ctx: inferlet.Context) -> list:
+    return [[lp.token, lp.logprob, [list(pair) for pair in lp.top]] for lp in ctx.logprobs]
+
+
+def rng_state(chosen: inferlet.Sampler):
+    return getattr(getattr(chosen, "rng", None), "state", None)
+
+
+async def shaped(spec, prompt, max_tokens, grammar_spec, *options):
+    fields = dict(o.split("=", 1) for o in options if o.startswith(("logprobs=", "penalties=", "allowed=", "bias=")))
+    presence, frequency, repetition = (float(v) for v in fields.get("penalties", "0:0:1").split(":"))
+    chosen = sampler(spec) if spec != "greedy" else inferlet.Greedy()
+    g = grammar(grammar_spec)
+    shape = inferlet.Shape(grammar=g, allowed=frozenset(ids_of(fields["allowed"])) if "allowed" in fields else None,
+                           bias=bias_of(fields.get("bias", "")), presence_penalty=presence,
+                           frequency_penalty=frequency, repetition_penalty=repetition,
+                           logprobs=int(fields.get("logprobs", "-1")))
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        text = await ctx.generate(chosen, stop(max_tokens, list(options)), shape)
+        report = {"tokens": list(ctx.generated), "text": text, "logprobs": logprobs_json(ctx), "pages": handles(ctx),
+                  "rng": rng_state(chosen)}
+        report["more"] = await ctx.generate_tokens(GREEDY, inferlet.Stop(3, eos=False))
+    if g is not None:
+        g.drop()
+    return report
+
+
+async def masked(spec, prompt, steps, ids, bias, logprobs):
+    chosen = sampler(spec) if spec != "greedy" else inferlet.Greedy()
+    allowed = ids_of(ids)
+    with inferlet.Context() as ctx:
+        ctx.fill(prompt)
+        tokens = []
+        for _ in range(int(steps)):
+            shape = inferlet.Shape(allowed=frozenset(t for t in allowed if t not in tokens), bias=bias_of(bias),
+                                   logprobs=int(logprobs))
+            tokens.append(await ctx.shaped_step(shape, chosen))
+        return {"tokens": tokens, "logprobs": logprobs_json(ctx), "pages": handles(ctx), "rng": rng_state(chosen)}
+
+
+async def shape_errors():
+    messages = {}
+    attempts = {
+        "kind": lambda: inferlet.Grammar("xml", "<a/>"),
+        "regex": lambda: inferlet.Grammar.regex("("),
+        "choice": lambda: inferlet.Grammar.choice([]),
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except (ValueError, inferlet.OvenError) as err:
+            messages[name] = str(err)
+    with inferlet.Context() as ctx:
+        ctx.fill("one two three")
+        shapes = {"custom": (Stepwise(inferlet.Greedy()), inferlet.Shape()),
+                  "allowed": (GREEDY, inferlet.Shape(allowed=frozenset({inferlet.vocab_size()}))),
+                  "presence": (GREEDY, inferlet.Shape(presence_penalty=5.0))}
+        for name, (chosen, shape) in shapes.items():
+            try:
+                await ctx.generate(chosen, inferlet.Stop(2), shape)
+            except (ValueError, inferlet.OvenError) as err:
+                messages[name] = str(err)
+        try:
+            await ctx.shaped_step(inferlet.Shape(repetition_penalty=1.2), GREEDY)
+        except ValueError as err:
+            messages["step"] = str(err)
+        messages["pages"] = handles(ctx)
+    return messages
+
+
 async def errors():
     messages = {}
     with inferlet.Context() as ctx:
@@ -265,7 +372,7 @@ async def errors():
 
 
 SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, pipelined, dists, adapter,
-                                      vectors, errors)}
+                                      vectors, errors, shaped, masked, shape_errors)}
 
 
 async def main(args: list[str]) -> None:

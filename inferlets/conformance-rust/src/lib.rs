@@ -5,7 +5,8 @@
 mod json;
 
 use oven::{
-    join, join_all, sleep, Context, Distribution, Greedy, MinP, Rng, Sampler, Stop, Temperature, TopK, TopP,
+    join, join_all, sleep, Context, Distribution, Grammar, Greedy, MinP, Rng, Sampler, Shape, Stop, Temperature, TopK,
+    TopP,
 };
 
 use json::{dist, ints, list, object, text};
@@ -286,6 +287,133 @@ fn vectors() -> Outcome {
     Ok(object(&[("u64", ints(&u64s)), ("f64", format!("[{}]", f64s.join(","))), ("draws", object(&draws))]))
 }
 
+fn grammar(spec: &str) -> Result<Option<Grammar>, String> {
+    let (kind, text) = match spec.find(':') {
+        Some(at) => (&spec[..at], &spec[at + 1..]),
+        None => (spec, ""),
+    };
+    Ok(Some(match kind {
+        "none" => return Ok(None),
+        "json" => Grammar::json()?,
+        "json-schema" => Grammar::json_schema(text)?,
+        "regex" => Grammar::regex(text)?,
+        "lark" => Grammar::lark(text)?,
+        "choice" => Grammar::choice(&text.split(',').collect::<Vec<&str>>())?,
+        _ => return Err(format!("unknown grammar {:?}", spec)),
+    }))
+}
+
+fn bias_of(spec: &str) -> Result<Vec<(u32, f32)>, String> {
+    let mut bias = Vec::new();
+    for item in spec.split(',').filter(|item| !item.is_empty()) {
+        let (token, value) = item.split_at(item.find(':').ok_or_else(|| format!("bad bias {:?}", item))?);
+        bias.push((number(token)?, number(&value[1..])?));
+    }
+    Ok(bias)
+}
+
+fn ids_of(spec: &str) -> Result<Vec<u32>, String> {
+    spec.split(',').filter(|token| !token.is_empty()).map(number).collect()
+}
+
+fn logprobs_json(ctx: &Context) -> String {
+    list(ctx.logprobs().iter().map(|lp| {
+        let top = list(lp.top.iter().map(|(id, logprob)| format!("[{},{}]", id, *logprob as f64)));
+        format!("[{},{},{}]", lp.token, lp.logprob as f64, top)
+    }))
+}
+
+fn rng_state(chosen: &mut dyn Sampler) -> String {
+    chosen.server_spec().and_then(|spec| spec.rng).map_or("null".to_string(), |rng| rng.state().to_string())
+}
+
+async fn shaped(spec: &str, prompt: &str, max_tokens: &str, grammar_spec: &str, options: &[&str]) -> Outcome {
+    let field = |name: &str| options.iter().find_map(|o| o.strip_prefix(name));
+    let penalties: Vec<f64> = field("penalties=").unwrap_or("0:0:1").split(':').map(number).collect::<Result<_, _>>()?;
+    let mut chosen = sampler(spec)?;
+    let g = grammar(grammar_spec)?;
+    let mut shape = Shape::new()
+        .with_presence_penalty(penalties[0])
+        .with_frequency_penalty(penalties[1])
+        .with_repetition_penalty(penalties[2])
+        .with_logprobs(number(field("logprobs=").unwrap_or("-1"))?);
+    if let Some(g) = &g {
+        shape = shape.with_grammar(g);
+    }
+    if let Some(ids) = field("allowed=") {
+        shape = shape.with_allowed(&ids_of(ids)?);
+    }
+    for (token, value) in bias_of(field("bias=").unwrap_or(""))? {
+        shape = shape.with_bias(token, value);
+    }
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let start = ctx.len();
+    let text_out = ctx.generate_shaped(chosen.as_mut(), &stop(max_tokens, options)?, &shape).await?;
+    let (tokens, logprobs, pages) = (ints(&ctx.token_ids()[start..]), logprobs_json(&ctx), handles(&ctx));
+    let rng = rng_state(chosen.as_mut());
+    let more = ctx.generate_tokens(&mut Greedy, &Stop::max_tokens(3).without_eos()).await?;
+    drop(ctx);
+    drop(shape);
+    drop(g); // the grammar's last holder: dropped on the server after the context, as Python does
+    Ok(object(&[("tokens", tokens), ("text", text(&text_out)), ("logprobs", logprobs), ("pages", pages),
+                ("rng", rng), ("more", ints(&more))]))
+}
+
+async fn masked(spec: &str, prompt: &str, steps: &str, ids: &str, bias: &str, logprobs: &str) -> Outcome {
+    let mut chosen = sampler(spec)?;
+    let allowed = ids_of(ids)?;
+    let bias = bias_of(bias)?;
+    let mut ctx = Context::new();
+    ctx.fill(prompt);
+    let mut tokens: Vec<u32> = Vec::new();
+    for _ in 0..number::<usize>(steps)? {
+        let left: Vec<u32> = allowed.iter().cloned().filter(|t| !tokens.contains(t)).collect();
+        let mut shape = Shape::new().with_allowed(&left).with_logprobs(number(logprobs)?);
+        for (token, value) in &bias {
+            shape = shape.with_bias(*token, *value);
+        }
+        tokens.push(ctx.shaped_step(&shape, chosen.as_mut()).await?);
+    }
+    Ok(object(&[("tokens", ints(&tokens)), ("logprobs", logprobs_json(&ctx)), ("pages", handles(&ctx)),
+                ("rng", rng_state(chosen.as_mut()))]))
+}
+
+async fn shape_errors() -> Outcome {
+    let mut messages = Vec::new();
+    let attempts: [(&str, fn() -> Result<Grammar, String>); 3] = [
+        ("kind", || Grammar::new("xml", "<a/>")),
+        ("regex", || Grammar::regex("(")),
+        ("choice", || Grammar::choice::<&str>(&[])),
+    ];
+    for (name, attempt) in attempts.iter() {
+        if let Err(message) = attempt() {
+            messages.push((*name, text(&message)));
+        }
+    }
+    let mut ctx = Context::new();
+    ctx.fill("one two three");
+    let mut greedy = Greedy;
+    let mut stepwise = Stepwise(&mut greedy);
+    if let Err(message) = ctx.generate_shaped(&mut stepwise, &Stop::max_tokens(2), &Shape::new()).await {
+        messages.push(("custom", text(&message)));
+    }
+    let shapes = [
+        ("allowed", Shape::new().with_allowed(&[oven::vocab_size()])),
+        ("presence", Shape::new().with_presence_penalty(5.0)),
+    ];
+    for (name, shape) in shapes.iter() {
+        if let Err(message) = ctx.generate_shaped(&mut Greedy, &Stop::max_tokens(2), shape).await {
+            messages.push((*name, text(&message)));
+        }
+    }
+    if let Err(message) = ctx.shaped_step(&Shape::new().with_repetition_penalty(1.2), &mut Greedy).await {
+        messages.push(("step", text(&message)));
+    }
+    messages.push(("pages", handles(&ctx)));
+    Ok(object(&messages))
+}
+
 async fn errors() -> Outcome {
     let mut messages = Vec::new();
     let mut ctx = Context::new();
@@ -320,6 +448,9 @@ async fn scenario(arg: &str) -> Outcome {
         ("adapter", [name, prompt, max]) => adapter(name, prompt, max).await,
         ("vectors", []) => vectors(),
         ("errors", []) => errors().await,
+        ("shaped", [spec, prompt, max, grammar, options @ ..]) => shaped(spec, prompt, max, grammar, options).await,
+        ("masked", [spec, prompt, steps, ids, bias, n]) => masked(spec, prompt, steps, ids, bias, n).await,
+        ("shape_errors", []) => shape_errors().await,
         _ => Err(format!("unknown scenario {:?}", arg)),
     }
 }

@@ -72,18 +72,18 @@ pub fn borrow_str(text: &str) -> RawList<u8> {
     RawList::borrow(text.as_bytes())
 }
 
-/// Stack space the host writes a multi-value result into. 16 bytes, align 4, covers every
-/// result in this world: the largest is `result<http-response, string>`
-/// (tag at 0, status at 4, body list at 8).
+/// Stack space the host writes a multi-value result into. 32 bytes, align 4, covers every
+/// result in this world: the largest is `result<sampled, string>` (tag at 0, token at 4, logprob
+/// at 8, top-ids at 12, top-logprobs at 20: 28 bytes).
 #[repr(C, align(4))]
 pub struct RetArea {
-    bytes: [u8; 16],
+    bytes: [u8; 32],
     _not_send: PhantomData<*mut u8>,
 }
 
 impl RetArea {
     pub fn new() -> Self {
-        RetArea { bytes: [0; 16], _not_send: PhantomData }
+        RetArea { bytes: [0; 32], _not_send: PhantomData }
     }
 
     pub fn ptr(&mut self) -> *mut u8 {
@@ -101,6 +101,10 @@ impl RetArea {
     pub fn u32_at(&self, offset: usize) -> u32 {
         let b = &self.bytes[offset..offset + 4];
         u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    pub fn f32_at(&self, offset: usize) -> f32 {
+        f32::from_bits(self.u32_at(offset))
     }
 
     /// The list at `offset` (a `(ptr, len)` pair), taken into a `Vec`.

@@ -59,7 +59,52 @@ extern "C" {
         param: f64,
         rng_state: i64,
     ) -> u32;
+    // forward-sample's sixteen flat parameters plus the shaping record's eight: past the canonical
+    // ABI's MAX_FLAT_PARAMS (16), so the parameters go in memory, laid out as a record of them
+    // ([`SampleShapedParams`]), and the call takes one pointer to it.
+    #[link_name = "forward-sample-shaped"]
+    fn raw_forward_sample_shaped(params: *const SampleShapedParams) -> u32;
 }
+
+/// `forward-sample-shaped`'s parameters as the canonical ABI stores them in memory: each field at
+/// its natural alignment (lists are `(ptr, len)` pairs, align 4; the enum is one byte; f64 and u64
+/// align 8), so on wasm32: q 0, tokens 4, input-futures 12, positions 20, pages 28, last-page-len
+/// 36, top-k 40, adapter 44, sampler 48, temperature 56, param 64, rng-state 72, and the shaping
+/// record at 80 (decoder 80, allowed 84, bias-tokens 92, bias-values 100, logprobs 108); 112
+/// bytes, align 8.
+#[repr(C)]
+struct SampleShapedParams {
+    q: u32,
+    tokens: RawList<u32>,
+    input_futures: RawList<u32>,
+    positions: RawList<u32>,
+    pages: RawList<u32>,
+    last_page_len: u32,
+    top_k: u32,
+    adapter: u32,
+    sampler: u8,
+    temperature: f64,
+    param: f64,
+    rng_state: u64,
+    shaping: RawShaping,
+}
+
+/// The `shaping` record in memory: 32 bytes, align 4.
+#[repr(C)]
+struct RawShaping {
+    decoder: u32,
+    allowed: RawList<u8>,
+    bias_tokens: RawList<u32>,
+    bias_values: RawList<f32>,
+    logprobs: i32,
+}
+
+#[cfg(target_arch = "wasm32")]
+const _: () = {
+    assert!(std::mem::size_of::<RawShaping>() == 32);
+    assert!(std::mem::size_of::<SampleShapedParams>() == 112);
+    assert!(std::mem::align_of::<SampleShapedParams>() == 8);
+};
 
 /// The SDK samplers the server runs (WIT `sampler-kind`), bit for bit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +115,22 @@ pub enum SamplerKind {
     TopK = 2,
     TopP = 3,
     MinP = 4,
+}
+
+/// How `forward-sample-shaped` changes the logits before its draw (WIT `shaping`), in this order:
+/// `bias_values[i]` added to token `bias_tokens[i]` (-inf bans it), the decoder's penalties, tokens
+/// outside `allowed` and outside the decoder's grammar removed.
+#[derive(Clone, Copy, Debug)]
+pub struct Shaping<'a> {
+    /// 0 or a decoder from [`crate::grammars::create_decoder`], advanced by the token drawn.
+    pub decoder: u32,
+    /// Empty: every token; else numpy.packbits of a boolean row over the vocabulary (the first
+    /// token is the high bit of byte 0), 1 = may be drawn.
+    pub allowed: &'a [u8],
+    pub bias_tokens: &'a [u32],
+    pub bias_values: &'a [f32],
+    /// -1: no log-probabilities; n >= 0: the drawn token's and the n most probable (at most 64).
+    pub logprobs: i32,
 }
 
 /// Run `inputs` as the last tokens of the context in `pages` (`last_page_len` valid tokens in the
@@ -184,4 +245,49 @@ pub fn forward_sample(
             rng_state as i64,
         )
     }
+}
+
+/// [`forward_sample`] with `shaping` applied before the draw. Returns a token future: take it with
+/// [`crate::futures::take_sampled`] (the token and its log-probabilities) or
+/// [`crate::futures::take_token`]. Pipelined steps under one decoder see each other's tokens in
+/// order.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_sample_shaped(
+    q: u32,
+    tokens: &[u32],
+    input_futures: &[u32],
+    positions: &[u32],
+    pages: &[u32],
+    last_page_len: u32,
+    top_k: u32,
+    adapter: u32,
+    sampler: SamplerKind,
+    temperature: f64,
+    param: f64,
+    rng_state: u64,
+    shaping: &Shaping<'_>,
+) -> u32 {
+    let params = SampleShapedParams {
+        q,
+        tokens: RawList::borrow(tokens),
+        input_futures: RawList::borrow(input_futures),
+        positions: RawList::borrow(positions),
+        pages: RawList::borrow(pages),
+        last_page_len,
+        top_k,
+        adapter,
+        sampler: sampler as u8,
+        temperature,
+        param,
+        rng_state,
+        shaping: RawShaping {
+            decoder: shaping.decoder,
+            allowed: RawList::borrow(shaping.allowed),
+            bias_tokens: RawList::borrow(shaping.bias_tokens),
+            bias_values: RawList::borrow(shaping.bias_values),
+            logprobs: shaping.logprobs,
+        },
+    };
+    // The host reads the parameters (and the lists they point at) during the call only.
+    unsafe { raw_forward_sample_shaped(&params) }
 }

@@ -16,6 +16,17 @@ struct RawDistribution {
     probs: RawList<f32>,
 }
 
+/// A token drawn by `forward-sample-shaped`, with the model's own log-probabilities (log-softmax
+/// over the whole vocabulary, before any shaping): `logprob` is NaN and the lists empty when none
+/// were asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+    pub top_ids: Vec<u32>,
+    pub top_logprobs: Vec<f32>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpResponse {
     pub status: u16,
@@ -34,6 +45,8 @@ extern "C" {
     fn raw_take_dists(f: u32, ret: *mut u8);
     #[link_name = "take-token"]
     fn raw_take_token(f: u32, ret: *mut u8);
+    #[link_name = "take-sampled"]
+    fn raw_take_sampled(f: u32, ret: *mut u8);
     #[link_name = "take-text"]
     fn raw_take_text(f: u32, ret: *mut u8);
     #[link_name = "take-http"]
@@ -89,6 +102,21 @@ pub fn take_token(f: u32) -> Result<u32, String> {
     unsafe {
         raw_take_token(f, ret.ptr());
         ret.take_result(|r| r.u32_at(4))
+    }
+}
+
+/// forward-sample-shaped: the token, and its log-probabilities if they were asked for. In memory
+/// the record sits at 4: token at 4, logprob at 8, top-ids at 12, top-logprobs at 20.
+pub fn take_sampled(f: u32) -> Result<Sampled, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_take_sampled(f, ret.ptr());
+        ret.take_result(|r| Sampled {
+            token: r.u32_at(4),
+            logprob: r.f32_at(8),
+            top_ids: r.take_list(12),
+            top_logprobs: r.take_list(20),
+        })
     }
 }
 

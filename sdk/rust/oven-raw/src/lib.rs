@@ -11,6 +11,8 @@
 //!   the guest then owns them and frees them with the same layout (see [`abi::RawList`]).
 //! * `result<T, string>` in memory: a discriminant byte at 0 (0 = ok), the payload at offset 4
 //!   (the payload's alignment is 4 for every result in this world).
+//! * A function whose parameters flatten to more than 16 core values (MAX_FLAT_PARAMS) takes one
+//!   pointer to them stored as a record in memory (`forward::forward_sample_shaped`).
 //!
 //! The module is built for `wasm32-unknown-unknown`, where pointers and `usize` are 32-bit and
 //! so match the ABI's `i32`. It also compiles (but is meaningless) on other targets.
@@ -22,6 +24,7 @@ pub mod adapters;
 pub mod embeds;
 pub mod forward;
 pub mod futures;
+pub mod grammars;
 pub mod http;
 pub mod kvpages;
 pub mod messaging;

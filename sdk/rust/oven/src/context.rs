@@ -10,9 +10,10 @@
 use oven_raw::futures::{self as raw_futures, Distribution};
 use oven_raw::{forward, kvpages, runtime};
 
-use crate::model::{detokenize, render_chat, tokenize};
+use crate::model::{detokenize, render_chat, tokenize, vocab_size};
 use crate::pages::PageTable;
-use crate::{spawn, HostFuture, Queue, Sampler, Stop};
+use crate::shaping::{Decoder, WitShaping};
+use crate::{spawn, HostFuture, Logprobs, Queue, Sampler, Shape, Stop};
 
 mod edit;
 mod pipelined;
@@ -48,6 +49,8 @@ pub struct Context {
     /// Calls issued without waiting (copies, masks, frees), checked after the next forward:
     /// issued earlier on the same queue, they have completed by then.
     side_calls: Vec<u32>,
+    /// Of the last generation or shaped step whose `Shape` asked for them.
+    logprobs: Vec<Logprobs>,
 }
 
 impl Default for Context {
@@ -76,6 +79,7 @@ impl Context {
             planned_len: 0,
             spare: None,
             side_calls: Vec::new(),
+            logprobs: Vec::new(),
         }
     }
 
@@ -127,6 +131,12 @@ impl Context {
     /// Tokens filled but not yet forwarded.
     pub fn num_pending(&self) -> usize {
         self.token_ids.len() - self.num_committed
+    }
+
+    /// The log-probabilities of each token of the last generation (`generate*` empties them) whose
+    /// [`Shape`] asked for them, and of each [`Context::shaped_step`] since.
+    pub fn logprobs(&self) -> &[Logprobs] {
+        &self.logprobs
     }
 
     /// The context's command queue.
@@ -221,19 +231,56 @@ impl Context {
     /// server draws the tokens, one step in flight ahead (`context/pipelined.rs`): the same tokens,
     /// the same context afterwards, the sampler's generator moved on by the same draws.
     pub async fn generate_tokens<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<Vec<u32>, String> {
-        self.planned_len = self.token_ids.len() + stop.max_new_tokens();
+        self.generate_tokens_with(sampler, stop, None).await
+    }
+
+    /// [`Context::generate_tokens`] under `shape` (a grammar, an allowed set, biases, penalties,
+    /// log-probabilities into [`Context::logprobs`]), which the server applies where it draws: the
+    /// sampler must be a built-in one. A grammar or penalties get a decoder on the server for the
+    /// generation, dropped at its end.
+    pub async fn generate_tokens_shaped<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop, shape: &Shape) -> Result<Vec<u32>, String> {
+        self.generate_tokens_with(sampler, stop, Some(shape)).await
+    }
+
+    async fn generate_tokens_with<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop, shape: Option<&Shape>) -> Result<Vec<u32>, String> {
+        self.logprobs.clear();
+        let draw = pipelined::Draw::of(sampler);
+        if shape.is_some() && draw.is_none() {
+            return Err("a Shape needs one of the built-in samplers (Greedy, Temperature, TopK, TopP, MinP): the server \
+                        applies it where it draws the token"
+                .to_string());
+        }
         let mut generated = Vec::new();
-        let result = match pipelined::Draw::of(sampler) {
-            Some(draw) => {
+        let result = match draw {
+            Some(mut draw) => {
+                let decoder = match shape {
+                    Some(shape) if shape.needs_decoder() => Some(Decoder::new(shape)?),
+                    _ => None,
+                };
+                let shaping = match shape {
+                    Some(shape) => match WitShaping::of(shape, decoder.as_ref(), vocab_size()) {
+                        Ok(shaping) => Some((shaping, shape.logprobs() >= 0)),
+                        Err(message) => return Err(message), // the decoder is dropped
+                    },
+                    None => None,
+                };
+                draw.shaping = shaping;
+                self.planned_len = self.token_ids.len() + stop.max_new_tokens();
                 let result = self.decode_pipelined(&draw, stop, &mut generated).await;
                 if let Some(rng) = sampler.server_spec().and_then(|spec| spec.rng) {
                     rng.skip(generated.len() as u64); // the draws the server made for the tokens kept
                 }
+                self.planned_len = 0;
+                drop(decoder); // after the last step (a step dropped ahead is discarded first)
                 result
             }
-            None => self.decode_until(sampler, stop, &mut generated).await,
+            None => {
+                self.planned_len = self.token_ids.len() + stop.max_new_tokens();
+                let result = self.decode_until(sampler, stop, &mut generated).await;
+                self.planned_len = 0;
+                result
+            }
         };
-        self.planned_len = 0;
         result.map(|()| generated)
     }
 
@@ -257,13 +304,24 @@ impl Context {
     /// Decode until `stop`; the new text, without stop tokens and cut before the earliest stop string.
     pub async fn generate<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop) -> Result<String, String> {
         let generated = self.generate_tokens(sampler, stop).await?;
+        Ok(Self::text_of(generated, stop))
+    }
+
+    /// [`Context::generate`] under `shape`, as [`Context::generate_tokens_shaped`].
+    pub async fn generate_shaped<S: Sampler + ?Sized>(&mut self, sampler: &mut S, stop: &Stop, shape: &Shape) -> Result<String, String> {
+        let generated = self.generate_tokens_shaped(sampler, stop, shape).await?;
+        Ok(Self::text_of(generated, stop))
+    }
+
+    /// The generated tokens less the stop tokens, detokenized, cut before the earliest stop string.
+    fn text_of(generated: Vec<u32>, stop: &Stop) -> String {
         let stop_token_ids = stop.stop_token_ids();
         let kept: Vec<u32> = generated.into_iter().filter(|t| !stop_token_ids.contains(t)).collect();
         let mut text = detokenize(&kept);
         if let Some(at) = stop.find_string(&text) {
             text.truncate(at);
         }
-        Ok(text)
+        text
     }
 
     /// One forward-text call over the pending tokens up to `upto`; the top-`top_k` distributions

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
-use oven_raw::futures::{self as raw, Distribution, HttpResponse};
+use oven_raw::futures::{self as raw, Distribution, HttpResponse, Sampled};
 
 use crate::executor;
 
@@ -63,6 +63,21 @@ impl HostFuture<u32> {
     /// `forward-sample`: the token the server drew.
     pub fn token(handle: u32) -> Self {
         Self::new(handle, raw::take_token)
+    }
+}
+
+impl HostFuture<Sampled> {
+    /// `forward-sample-shaped`: the token the server drew, with its log-probabilities if they were
+    /// asked for.
+    pub fn sampled(handle: u32) -> Self {
+        Self::new(handle, raw::take_sampled)
+    }
+
+    /// `forward-sample`'s token (take-token) as a [`Sampled`] without log-probabilities.
+    pub(crate) fn token_as_sampled(handle: u32) -> Self {
+        Self::new(handle, |handle| {
+            raw::take_token(handle).map(|token| Sampled { token, logprob: f32::NAN, top_ids: Vec::new(), top_logprobs: Vec::new() })
+        })
     }
 }
 

@@ -27,6 +27,9 @@
 //!   drop_range, truncate, offload/restore, evict, export/imported/release_export) on its own
 //!   [`Queue`], samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`], drawing from
 //!   the seeded [`Rng`] with [`draw`], as the Python SDK does bit for bit) and [`Stop`].
+//! * Shaped generation: [`Grammar`] (JSON Schema, regex, Lark, choice) and [`Shape`] (a grammar,
+//!   an allowed set, biases, penalties, [`Logprobs`]) for `Context::generate_shaped` and
+//!   `Context::shaped_step`; the server applies them where it draws.
 //! * The model: [`tokenize`], [`detokenize`], [`render_chat`], [`stop_tokens`], ...
 //!
 //! Errors are `String`s, as in the raw API: a failed host call's message, or the SDK's own.
@@ -45,6 +48,7 @@ mod pages;
 mod promise;
 mod queue;
 mod sampling;
+mod shaping;
 mod stop;
 
 pub use context::Context;
@@ -60,6 +64,8 @@ pub use model::{
 pub use oven_raw::futures::{Distribution, HttpResponse};
 pub use sampling::{draw, Greedy, MinP, Rng, Sampler, ServerSpec, Temperature, TopK, TopP};
 pub use oven_raw::forward::SamplerKind;
+pub use oven_raw::grammars::GrammarKind;
+pub use shaping::{Grammar, Logprobs, Shape};
 pub use stop::Stop;
 
 /// The raw bindings, for calls the SDK does not wrap (embeds, release-export, ...).
