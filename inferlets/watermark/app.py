@@ -1,0 +1,138 @@
+"""watermark: green-list watermarking of generated text, and its detector (Kirchenbauer et al. 2023,
+"A Watermark for Large Language Models", the soft watermark with a one-token context).
+
+Arguments:
+  generate PROMPT [MAX_NEW_TOKENS=200] [--gamma G] [--delta D] [--key K] [--temperature T] [--seed S]
+           [--chat] [--ignore-eos]
+  detect TEXT [--gamma G] [--key K]
+
+At every step the previous token and the secret KEY seed a generator that splits the vocabulary
+into a green list (a fraction GAMMA, default 0.25) and a red one; DELTA (default 2.0) is added to
+the green tokens' logits before the draw (``shaped_step`` with a sparse bias over the green list,
+one step at a time: the next list depends on the token drawn). ``--delta 0`` generates plain text
+the same way (the unwatermarked reference). ``--ignore-eos`` bans the end tokens, so exactly
+MAX_NEW_TOKENS are drawn. Sampling is the SDK's ``Temperature`` (T 1.0, seed S 0), so a seed gives
+the same text every time.
+
+The split: P = the smallest prime >= the vocabulary size, ``a`` in [1, P) and ``b`` in [0, P) drawn
+from ``Rng(KEY * 2**32 + previous token)``; token v is green iff (a*v + b) mod P < round(GAMMA * P).
+A keyed affine permutation of the vocabulary instead of the paper's ``randperm``: the green list
+is GAMMA * P values of the inverse map, about 12,300 entries for SmolLM2 at 0.25, a few
+milliseconds of Python in WebAssembly per step instead of a shuffle of the whole vocabulary, and
+membership is one multiplication, so the detector needs no list at all. Lists are cached per
+previous token.
+
+detect tokenizes TEXT and scores every token after the first against the list its predecessor
+seeds: z = (green - GAMMA * T) / sqrt(T * GAMMA * (1 - GAMMA)) over the T tokens scored; plain
+text gives |z| of about 1 or less, watermarked text grows with its length (z >= 4 is the paper's
+threshold). Each mode sends one JSON message: generate {"text", "tokens", "green", "scored", "z",
+"ms_lists", "ms_total"} (z over the generated tokens, the first scored against the prompt's last
+token; ms_lists: the time spent building green lists), detect {"green", "scored", "z"}.
+"""
+
+import json
+import math
+
+import inferlet
+
+USAGE = ("usage: watermark generate PROMPT [MAX_NEW_TOKENS] [--gamma G] [--delta D] [--key K] [--temperature T] "
+         "[--seed S] [--chat] [--ignore-eos] | watermark detect TEXT [--gamma G] [--key K]")
+DEFAULT_KEY = 15485863
+MAX_CACHED = 1024  # green lists kept (per previous token)
+
+
+def option(args: list[str], name: str, default: str) -> str:
+    return args[args.index(name) + 1] if name in args else default
+
+
+def smallest_prime_from(n: int) -> int:
+    def prime(m: int) -> bool:
+        return m > 1 and all(m % d for d in range(2, math.isqrt(m) + 1))
+    while not prime(n):
+        n += 1
+    return n
+
+
+class Watermark:
+    def __init__(self, vocab_size: int, gamma: float, key: int):
+        if not 0 < gamma < 1:
+            raise ValueError(f"gamma {gamma} is outside (0, 1)")
+        self.vocab_size, self.gamma, self.key = vocab_size, gamma, key
+        self.prime = smallest_prime_from(vocab_size)
+        self.cut = round(gamma * self.prime)
+        self._lists: dict[int, list[int]] = {}
+
+    def split(self, prev: int) -> tuple[int, int]:
+        """The affine map (a, b) that ``prev`` seeds."""
+        rng = inferlet.Rng(self.key * 2**32 + prev)
+        return 1 + rng.next_u64() % (self.prime - 1), rng.next_u64() % self.prime
+
+    def is_green(self, prev: int, token: int) -> bool:
+        a, b = self.split(prev)
+        return (a * token + b) % self.prime < self.cut
+
+    def green_list(self, prev: int) -> list[int]:
+        green = self._lists.get(prev)
+        if green is None:
+            a, b = self.split(prev)
+            p, inverse, vocab = self.prime, pow(a, self.prime - 2, self.prime), self.vocab_size
+            green = [v for v in ((k - b) * inverse % p for k in range(self.cut)) if v < vocab]
+            if len(self._lists) >= MAX_CACHED:
+                self._lists.clear()
+            self._lists[prev] = green
+        return green
+
+    def z_score(self, prevs: list[int], tokens: list[int]) -> tuple[int, int, float]:
+        """(green tokens, tokens scored, z) of ``tokens``, each after its ``prevs`` entry."""
+        scored = len(tokens)
+        green = sum(self.is_green(prev, token) for prev, token in zip(prevs, tokens))
+        g = self.gamma
+        z = (green - g * scored) / math.sqrt(scored * g * (1 - g)) if scored else 0.0
+        return green, scored, z
+
+
+async def generate(args: list[str], mark: Watermark) -> dict:
+    prompt = args[0]
+    max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 200
+    delta = float(option(args, "--delta", "2.0"))
+    sampler = inferlet.Temperature(float(option(args, "--temperature", "1.0")), int(option(args, "--seed", "0")))
+    banned = {t: float("-inf") for t in inferlet.stop_tokens()} if "--ignore-eos" in args else {}
+    stops = inferlet.stop_tokens()
+    start, ms_lists = inferlet.now_ms(), 0
+    with inferlet.Context() as ctx:
+        ctx.fill_chat([{"role": "user", "content": prompt}]) if "--chat" in args else ctx.fill(prompt)
+        first_prev = prev = ctx.pending[-1]
+        tokens: list[int] = []
+        for _ in range(max_new):
+            bias = {}
+            if delta:
+                before = inferlet.now_ms()
+                bias = dict.fromkeys(mark.green_list(prev), delta)
+                ms_lists += inferlet.now_ms() - before
+            bias.update(banned)
+            prev = await ctx.shaped_step(inferlet.Shape(bias=bias), sampler)
+            tokens.append(prev)
+            if prev in stops:
+                break
+    green, scored, z = mark.z_score([first_prev] + tokens[:-1], tokens)
+    text = inferlet.decode([t for t in tokens if t not in stops])
+    return {"text": text, "tokens": tokens, "green": green, "scored": scored, "z": z, "ms_lists": ms_lists,
+            "ms_total": inferlet.now_ms() - start}
+
+
+def detect(args: list[str], mark: Watermark) -> dict:
+    tokens = inferlet.encode(args[0])
+    green, scored, z = mark.z_score(tokens[:-1], tokens[1:])
+    return {"green": green, "scored": scored, "z": z}
+
+
+async def main(args: list[str]) -> None:
+    if len(args) < 2 or args[0] not in ("generate", "detect") or not args[1]:
+        raise ValueError(USAGE)
+    mark = Watermark(inferlet.vocab_size(), float(option(args, "--gamma", "0.25")),
+                     int(option(args, "--key", str(DEFAULT_KEY))))
+    result = await generate(args[1:], mark) if args[0] == "generate" else detect(args[1:], mark)
+    inferlet.send(json.dumps(result))
+
+
+WitWorld = inferlet.run(main)
