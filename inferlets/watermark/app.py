@@ -75,8 +75,12 @@ class Watermark:
         green = self._lists.get(prev)
         if green is None:
             a, b = self.split(prev)
-            p, inverse, vocab = self.prime, pow(a, self.prime - 2, self.prime), self.vocab_size
-            green = [v for v in ((k - b) * inverse % p for k in range(self.cut)) if v < vocab]
+            p, inverse = self.prime, pow(a, self.prime - 2, self.prime)
+            start = -b * inverse % p  # green[k] = (k - b) / a mod p: an arithmetic progression mod p
+            green = [x % p for x in range(start, start + self.cut * inverse, inverse)]
+            for k in sorted(((a * v + b) % p for v in range(self.vocab_size, p)), reverse=True):
+                if k < self.cut:  # the few values of the map past the vocabulary
+                    del green[k]
             if len(self._lists) >= MAX_CACHED:
                 self._lists.clear()
             self._lists[prev] = green
