@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 
 from oven.inference.server import InferenceServer
+from oven.inference.validate import ItemFailure
 from oven.proto import inference as p
 
 FAKE_MODEL_NAME = "fake-device (no model; SmolLM2 tokenizer)"
@@ -100,6 +101,11 @@ class FakeEngine:
             p.FreeFuturesRequest: lambda _request: p.AckReply([]),
             **{cls: self._ack for cls in p.BATCH_REQUESTS if cls not in (p.NextDistRequest, p.ForwardTextRequest)},
         }
+
+    def llg_tokenizer(self):
+        """The server gives each connection's decoders this (``Engine.llg_tokenizer``): the fake has no
+        grammars, so a decoder asked of it fails its item."""
+        raise ItemFailure(p.ERR_BAD_ARGUMENT, "grammars are not available from the fake device")
 
     def handle(self, request, _token_futures=None):
         return self.handlers[type(request)](request)
