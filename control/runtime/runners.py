@@ -43,10 +43,10 @@ log = logging.getLogger(__name__)
 BUSY_SHARE, BUSY_NICE, BALANCE_S = 0.8, 10, 1.0
 # A runner's RLIMIT_DATA (private writable memory: what linear memories grow into, not what they reserve)
 # is its client's share, what one slice may add before the runner ends instances past the share (one
-# store's memories and tables at their limits: control/runner/memory.py), and RUNNER_HEAP, the runner's own heap
-# (Python, wasmtime, the tokenizer, its threads: 110 MiB started) with the rest as a reserve, so that its
-# own allocations never meet the limit (they would fail, and the runner hang). A Python instance's share
-# is about 12 MiB.
+# store's memories and tables at their limits: control/runner/memory.py), and RUNNER_HEAP, the runner's
+# own heap (Python, wasmtime, the tokenizer, its threads: 110 MiB started) with the rest as a reserve, so
+# that its own allocations never meet the limit (they would fail, and the runner hang). A Python
+# instance takes about 12 MiB of the share.
 RUNNER_HEAP = 1 << 30
 # Its RLIMIT_AS counts reservations, and each linear memory reserves wasmtime's default 4 GiB and a 32 MiB
 # guard on each side (MEMORY_SPAN): the limit is what the store limits let one runner reserve, every
