@@ -11,6 +11,7 @@ import os
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -29,7 +30,7 @@ from .llama import PagedLlama, build_model
 from .lora import Segment, make_lora_executor, merge_runs
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
-from .shaping import Shaping, check_shape, sampled_logprobs, shape_row
+from .shaping import NOTHING_LEFT, Shaping, check_shape, grammar_masks, sampled_logprobs, shape_row
 from .token_futures import TokenFutures, check_sample, fail_samples, resolve_tokens, settle_samples
 from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
@@ -98,6 +99,7 @@ class Engine:
         # The token future slots of in-process callers; the server passes each connection's own.
         self.token_futures = TokenFutures(self.llg_tokenizer)
         self._llg_tokenizer = None
+        self._mask_worker: ThreadPoolExecutor | None = None  # grammar masks beside the forward (on first use)
         # Each request's handler is the method named by its wire tag (its call type, for a batch),
         # called with the request and the sender's token futures (only two handlers look at them).
         self.handlers: dict[type, Callable] = {cls: self._bind(cls) for cls in p.REQUESTS}
@@ -256,6 +258,7 @@ class Engine:
         positions = self._long([q for it in items for q in it.positions])
         layout = BatchLayout.build(self.cfg.page_size, [
             (it.kv_page_ids, it.kv_last_page_len, len(it.token_ids), good[i].mask) for i, it in zip(order, items)])
+        masks = self._grammar_masks_ahead(good)
         out = self._run(hidden, positions, layout, items)
         rows = self._output_rows(layout, order, {i: items_in[i].output_indices for i in good})
         top_ks = [items_in[i].top_k for i in good for _ in items_in[i].output_indices]
@@ -264,12 +267,24 @@ class Engine:
             row += len(items_in[i].output_indices)
             if good[i].shaping is not None:
                 shaped[row] = (i, good[i].shaping, good[i].token_ids)
-        flat = iter(self._top_k(out[rows], top_ks, shaped, errors, raw))
+        flat = iter(self._top_k(out[rows], top_ks, shaped, errors, raw, masks))
         for i in good:
             dists[i] = [next(flat) for _ in items_in[i].output_indices]
             if errors[i] is not None:
                 dists[i] = None
         return dists
+
+    def _grammar_masks_ahead(self, good: dict) -> Future | None:
+        """The grammar masks of the good items under a grammar, computed on a worker thread while the
+        forward runs (``shaping.grammar_masks``): the mask work is off the step's path unless it takes
+        longer than the forward. One worker, so a batch's masks never race the previous batch's."""
+        shapings = {i: c.shaping for i, c in good.items()
+                    if c.shaping is not None and c.shaping.decoder is not None and c.shaping.decoder.matcher is not None}
+        if not shapings:
+            return None
+        if self._mask_worker is None:
+            self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._mask_worker.submit(grammar_masks, shapings, self.limits.vocab_size)
 
     def drop_decoders(self, req: p.DropDecodersRequest, futures: TokenFutures) -> p.AckReply:
         futures.decoders.drop(req.decoder_ids)
@@ -431,15 +446,15 @@ class Engine:
 
     @torch.inference_mode()
     def _top_k(self, hidden: torch.Tensor, top_ks: list[int], shaped: dict | None = None, errors: list | None = None,
-               raw: dict | None = None) -> list[p.TopKDist]:
+               raw: dict | None = None, masks: Future | None = None) -> list[p.TopKDist]:
         """Each row's top-K distribution; ``shaped``: {row: (item, Shaping)} to shape first (see
-        ``_forward_text_batch`` for ``errors`` and ``raw``)."""
+        ``_forward_text_batch`` for ``errors`` and ``raw``; ``masks``: their grammar masks, if any)."""
         if not top_ks:
             return []
         ks = [k or self.cfg.default_top_k for k in top_ks]
         logits = self.model.logits(hidden)
         if shaped:
-            logits = self._shape(logits, shaped, errors, raw)
+            logits = self._shape(logits, shaped, errors, raw, {} if masks is None else masks.result())
         top_logits, ids = torch.topk(logits, min(max(ks), logits.shape[-1]), dim=-1)
         # Probabilities of the top K only: exp(logit - logsumexp), no full softmax materialised.
         values = torch.exp(top_logits - torch.logsumexp(logits, dim=-1, keepdim=True))
@@ -447,22 +462,29 @@ class Engine:
         ids = ids.cpu().numpy().astype("<i4")
         if shaped:  # a shaped row's excluded tokens are no part of its distribution
             ks = [int(np.count_nonzero(values[r, :k])) if r in shaped else k for r, k in enumerate(ks)]
+            for r, (i, _, _) in shaped.items():
+                if errors[i] is None and not values[r, 0] > 0:  # every logit -inf: NaN
+                    errors[i] = p.ItemError(p.ERR_BAD_ARGUMENT, NOTHING_LEFT)
         return [p.TopKDist(ids[r, :k].tobytes(), values[r, :k].tobytes()) for r, k in enumerate(ks)]
 
-    def _shape(self, logits: torch.Tensor, shaped: dict, errors: list, raw: dict) -> torch.Tensor:
+    def _shape(self, logits: torch.Tensor, shaped: dict, errors: list, raw: dict, masks: dict) -> torch.Tensor:
         """``logits`` with the shaped rows shaped (on the CPU, in float32: the masks and matchers live
-        there); a row whose shaping fails its item is left as it was."""
+        there; float32 logits on the CPU are shaped where they lie, others through a copy); a row whose
+        shaping fails its item may be left half shaped: that item's distributions are dropped with it."""
         rows = list(shaped)
-        host = logits[rows].float().cpu()
+        in_place = logits.device.type == "cpu" and logits.dtype == torch.float32  # the model's fresh output
+        host = logits if in_place else logits[rows].float().cpu()
         for j, r in enumerate(rows):
             i, shaping, tokens = shaped[r]
+            row = host[r] if in_place else host[j]
             if shaping.logprobs >= 0:
-                raw[i] = host[j].clone()
+                raw[i] = row.clone()
             try:
-                shape_row(host[j], shaping, tokens)
+                shape_row(row, shaping, tokens, masks.get(i))
             except ItemFailure as failure:
                 errors[i] = failure.error
-                host[j] = logits[r].float().cpu()
+        if in_place:
+            return logits
         logits = logits.float()  # the model's fresh output (a copy when it was not float32): written in place
         logits[rows] = host.to(logits.device)
         return logits

@@ -176,3 +176,38 @@ def test_bad_shapes_fail_their_item_alone(engine):
                                                                                        shape=shape))]))
         assert reply.errors[0] is None and reply.errors[1] is not None, (k, reply.errors)
         good = item(PagedSequence(PAGE, [61]), prompt, p.SampleSpec(0, p.SAMPLE_GREEDY))
+
+
+def test_grammar_masks_are_computed_beside_the_forward(engine, monkeypatch):
+    """A batch's grammar masks are computed on the engine's mask worker, submitted before the model
+    runs, and the draws are those of masks computed inline (in ``shape_row``)."""
+    import threading
+
+    from oven.inference import engine as engine_module
+
+    calls = []
+    real_masks, real_run = engine_module.grammar_masks, engine._run
+
+    def masks(*args):
+        calls.append(("masks", threading.current_thread().name))
+        return real_masks(*args)
+
+    def run(*args):
+        calls.append(("run", threading.current_thread().name))
+        return real_run(*args)
+
+    def tokens(replies):
+        assert all(r.errors == [None] for r in replies), [r.errors for r in replies]
+        return [r.sampled[0] for r in replies]
+
+    prompt = prompt_ids(engine, "Give me a person as JSON:")
+    with monkeypatch.context() as inline:
+        inline.setattr(engine, "_grammar_masks_ahead", lambda good: None)
+        want = tokens(pipelined(engine, prompt, 12, decoder_shape(20, json.dumps(SCHEMA)), first_page=48))
+    monkeypatch.setattr(engine_module, "grammar_masks", masks)
+    monkeypatch.setattr(engine, "_run", run)
+    assert tokens(pipelined(engine, prompt, 12, decoder_shape(21, json.dumps(SCHEMA)), first_page=48)) == want
+    main = threading.current_thread().name
+    assert sorted(kind for kind, _ in calls) == ["masks"] * 12 + ["run"] * 12
+    assert all(name.startswith("grammar-masks") if kind == "masks" else name == main for kind, name in calls)
+    engine.handle(p.DropDecodersRequest([20, 21]))
