@@ -34,12 +34,17 @@ class Decoder:
         if self.spec.repetition != 1:
             self.seen.update(tokens)
 
-    def draw(self, token: int) -> None:
-        """The token drawn under this decoder: the matcher and the counts move past it."""
-        if self.matcher is not None:
-            self.matcher.consume_token(token)  # a masked draw is always accepted; an error stays in the matcher
+    def draw(self, token: int, advance_matcher: bool = True) -> None:
+        """The token drawn under this decoder: the counts move past it, and the matcher unless
+        ``advance_matcher`` is False (the engine then advances it on its mask worker: ``advance``)."""
+        if advance_matcher:
+            self.advance(token)
         self.drawn[token] += 1
         self.see([token])
+
+    def advance(self, token: int) -> None:
+        if self.matcher is not None:
+            self.matcher.consume_token(token)  # a masked draw is always accepted; an error stays in the matcher
 
 
 class Decoders:

@@ -30,7 +30,8 @@ from .llama import PagedLlama, build_model
 from .lora import Segment, make_lora_executor, merge_runs
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
-from .shaping import NOTHING_LEFT, Shaping, check_shape, grammar_masks, sampled_logprobs, shape_row
+from .shaping import (NOTHING_LEFT, Shaping, advance_matchers, check_shape, grammar_masks, sampled_logprobs,
+                      shape_row)
 from .token_futures import TokenFutures, check_sample, fail_samples, resolve_tokens, settle_samples
 from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
@@ -99,7 +100,10 @@ class Engine:
         # The token future slots of in-process callers; the server passes each connection's own.
         self.token_futures = TokenFutures(self.llg_tokenizer)
         self._llg_tokenizer = None
-        self._mask_worker: ThreadPoolExecutor | None = None  # grammar masks beside the forward (on first use)
+        # Grammar matchers' work beside the forward (on first use): the masks of a batch, the advances
+        # past its draws; one thread, in order, and ``_shape`` waits for the last job sent to it.
+        self._mask_worker: ThreadPoolExecutor | None = None
+        self._mask_job: Future | None = None
         # Each request's handler is the method named by its wire tag (its call type, for a batch),
         # called with the request and the sender's token futures (only two handlers look at them).
         self.handlers: dict[type, Callable] = {cls: self._bind(cls) for cls in p.REQUESTS}
@@ -235,14 +239,19 @@ class Engine:
         good = {i: c for i, c in good.items() if errors[i] is None}
         sampled = settle_samples(req.items, errors, {i: c.sampler for i, c in good.items()}, dists, futures)
         logprobs: list[p.SampledLogprobs | None] = []
+        advances = []  # matchers to move past their draws, beside the reply's trip and the next forward
         for i, checked in good.items():
             if checked.shaping is None:
                 continue
             if checked.shaping.decoder is not None:
-                checked.shaping.decoder.draw(sampled[i])
+                checked.shaping.decoder.draw(sampled[i], advance_matcher=self._mask_worker is None)
+                if self._mask_worker is not None and checked.shaping.decoder.matcher is not None:
+                    advances.append((checked.shaping.decoder, sampled[i]))
             if checked.shaping.logprobs >= 0:
                 logprobs = logprobs or [None] * len(req.items)
                 logprobs[i] = sampled_logprobs(raw[i], sampled[i], checked.shaping.logprobs)
+        if advances:
+            self._to_mask_worker(advance_matchers, advances)
         return p.ForwardTextReply(errors, dists, sampled, logprobs)
 
     def _forward_text_batch(self, items_in: list[p.ForwardTextItem], good: dict, errors: list,
@@ -277,14 +286,18 @@ class Engine:
     def _grammar_masks_ahead(self, good: dict) -> Future | None:
         """The grammar masks of the good items under a grammar, computed on a worker thread while the
         forward runs (``shaping.grammar_masks``): the mask work is off the step's path unless it takes
-        longer than the forward. One worker, so a batch's masks never race the previous batch's."""
+        longer than the forward. One worker, in order: a batch's masks come after the previous batch's
+        advances (``advance_matchers``)."""
         shapings = {i: c.shaping for i, c in good.items()
-                    if c.shaping is not None and c.shaping.decoder is not None and c.shaping.decoder.matcher is not None}
-        if not shapings:
-            return None
+                    if c.shaping is not None and c.shaping.decoder is not None
+                    and c.shaping.decoder.matcher is not None}
+        return self._to_mask_worker(grammar_masks, shapings, self.limits.vocab_size) if shapings else None
+
+    def _to_mask_worker(self, fn, *args) -> Future:
         if self._mask_worker is None:
             self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        return self._mask_worker.submit(grammar_masks, shapings, self.limits.vocab_size)
+        self._mask_job = self._mask_worker.submit(fn, *args)
+        return self._mask_job
 
     def drop_decoders(self, req: p.DropDecodersRequest, futures: TokenFutures) -> p.AckReply:
         futures.decoders.drop(req.decoder_ids)
@@ -471,6 +484,9 @@ class Engine:
         """``logits`` with the shaped rows shaped (on the CPU, in float32: the masks and matchers live
         there; float32 logits on the CPU are shaped where they lie, others through a copy); a row whose
         shaping fails its item may be left half shaped: that item's distributions are dropped with it."""
+        job, self._mask_job = self._mask_job, None
+        if job is not None:
+            job.result()  # matchers advanced (a mask computed here reads them): normally done already
         rows = list(shaped)
         in_place = logits.device.type == "cpu" and logits.dtype == torch.float32  # the model's fresh output
         host = logits if in_place else logits[rows].float().cpu()

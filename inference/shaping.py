@@ -82,6 +82,13 @@ def grammar_masks(shapings: dict[int, Shaping], vocab_size: int) -> dict[int, np
     return masks
 
 
+def advance_matchers(draws: list[tuple[Decoder, int]]) -> None:
+    """Each decoder's matcher past the token drawn under it (the engine's mask worker runs this after a
+    batch's reply is made, before the next batch's masks)."""
+    for decoder, token in draws:
+        decoder.advance(token)
+
+
 def shape_row(logits: torch.Tensor, shaping: Shaping, inputs: list[int],
               grammar: np.ndarray | ItemFailure | None = None) -> None:
     """Shape one row of float32 logits (contiguous, on the CPU) in place; ItemFailure when the grammar

@@ -180,17 +180,22 @@ def test_bad_shapes_fail_their_item_alone(engine):
 
 def test_grammar_masks_are_computed_beside_the_forward(engine, monkeypatch):
     """A batch's grammar masks are computed on the engine's mask worker, submitted before the model
-    runs, and the draws are those of masks computed inline (in ``shape_row``)."""
+    runs, the matchers advanced past the draws there too, and the draws are those of masks computed
+    inline (in ``shape_row``)."""
     import threading
 
     from oven.inference import engine as engine_module
 
     calls = []
-    real_masks, real_run = engine_module.grammar_masks, engine._run
+    real_masks, real_advance, real_run = engine_module.grammar_masks, engine_module.advance_matchers, engine._run
 
     def masks(*args):
         calls.append(("masks", threading.current_thread().name))
         return real_masks(*args)
+
+    def advance(*args):
+        calls.append(("advance", threading.current_thread().name))
+        return real_advance(*args)
 
     def run(*args):
         calls.append(("run", threading.current_thread().name))
@@ -205,9 +210,11 @@ def test_grammar_masks_are_computed_beside_the_forward(engine, monkeypatch):
         inline.setattr(engine, "_grammar_masks_ahead", lambda good: None)
         want = tokens(pipelined(engine, prompt, 12, decoder_shape(20, json.dumps(SCHEMA)), first_page=48))
     monkeypatch.setattr(engine_module, "grammar_masks", masks)
+    monkeypatch.setattr(engine_module, "advance_matchers", advance)
     monkeypatch.setattr(engine, "_run", run)
     assert tokens(pipelined(engine, prompt, 12, decoder_shape(21, json.dumps(SCHEMA)), first_page=48)) == want
+    engine._mask_worker.submit(lambda: None).result()  # the last draw's advance runs after its reply
     main = threading.current_thread().name
-    assert sorted(kind for kind, _ in calls) == ["masks"] * 12 + ["run"] * 12
-    assert all(name.startswith("grammar-masks") if kind == "masks" else name == main for kind, name in calls)
+    assert sorted(kind for kind, _ in calls) == ["advance"] * 12 + ["masks"] * 12 + ["run"] * 12
+    assert all(name == main if kind == "run" else name.startswith("grammar-masks") for kind, name in calls)
     engine.handle(p.DropDecodersRequest([20, 21]))
