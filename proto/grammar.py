@@ -17,6 +17,10 @@ import json
 KINDS = ("json-schema", "regex", "lark", "choice")
 MAX_SPEC_BYTES = 1 << 20  # one grammar's text as the inferlet gives it
 MAX_CHOICES = 4096
+# JSON laid out as Python's json.dumps does (", " and ": ", no other whitespace). llguidance's default allows
+# any run of whitespace between tokens, and a small model then writes newlines until its budget ends; a
+# schema's own "x-guidance" options still override this.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class GrammarError(ValueError):
@@ -58,7 +62,7 @@ def grammar_text(kind: str, spec: str) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"json-schema must be an object or a boolean, not {type(schema).__name__}")
         try:
-            return LLMatcher.grammar_from_json_schema(schema)
+            return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
         except ValueError as exc:
             raise GrammarError(f"json-schema: {exc}") from None
     if kind == "regex":
