@@ -100,8 +100,10 @@ class Engine:
         # The token future slots of in-process callers; the server passes each connection's own.
         self.token_futures = TokenFutures(self.llg_tokenizer)
         self._llg_tokenizer = None
-        # Grammar matchers' work beside the forward (on first use): the masks of a batch, the advances
-        # past its draws; one thread, in order, and ``_shape`` waits for the last job sent to it.
+        # Grammar matchers' work beside the forward (on first use; ``masks_beside_forward``): the masks of
+        # a batch, the advances past its draws; one thread, in order, and ``_shape`` waits for the last
+        # job sent to it.
+        self.masks_beside_forward = True
         self._mask_worker: ThreadPoolExecutor | None = None
         self._mask_job: Future | None = None
         # Each request's handler is the method named by its wire tag (its call type, for a batch),
@@ -240,12 +242,13 @@ class Engine:
         sampled = settle_samples(req.items, errors, {i: c.sampler for i, c in good.items()}, dists, futures)
         logprobs: list[p.SampledLogprobs | None] = []
         advances = []  # matchers to move past their draws, beside the reply's trip and the next forward
+        beside = self.masks_beside_forward
         for i, checked in good.items():
             if checked.shaping is None:
                 continue
             if checked.shaping.decoder is not None:
-                checked.shaping.decoder.draw(sampled[i], advance_matcher=self._mask_worker is None)
-                if self._mask_worker is not None and checked.shaping.decoder.matcher is not None:
+                checked.shaping.decoder.draw(sampled[i], advance_matcher=not beside)
+                if beside and checked.shaping.decoder.matcher is not None:
                     advances.append((checked.shaping.decoder, sampled[i]))
             if checked.shaping.logprobs >= 0:
                 logprobs = logprobs or [None] * len(req.items)
@@ -291,7 +294,9 @@ class Engine:
         shapings = {i: c.shaping for i, c in good.items()
                     if c.shaping is not None and c.shaping.decoder is not None
                     and c.shaping.decoder.matcher is not None}
-        return self._to_mask_worker(grammar_masks, shapings, self.limits.vocab_size) if shapings else None
+        if not shapings or not self.masks_beside_forward:
+            return None
+        return self._to_mask_worker(grammar_masks, shapings, self.limits.vocab_size)
 
     def _to_mask_worker(self, fn, *args) -> Future:
         if self._mask_worker is None:

@@ -207,7 +207,7 @@ def test_grammar_masks_are_computed_beside_the_forward(engine, monkeypatch):
 
     prompt = prompt_ids(engine, "Give me a person as JSON:")
     with monkeypatch.context() as inline:
-        inline.setattr(engine, "_grammar_masks_ahead", lambda good: None)
+        inline.setattr(engine, "masks_beside_forward", False)
         want = tokens(pipelined(engine, prompt, 12, decoder_shape(20, json.dumps(SCHEMA)), first_page=48))
     monkeypatch.setattr(engine_module, "grammar_masks", masks)
     monkeypatch.setattr(engine_module, "advance_matchers", advance)
