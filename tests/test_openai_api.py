@@ -161,9 +161,11 @@ def test_seeded_samples_repeat_and_n_gives_n_choices(api):
 @pytest.mark.parametrize("kwargs, param, message", [
     (dict(temperature=3), "temperature", "3.0 is not in [0, 2] - 'temperature'"),
     (dict(n=0), "n", "n must be from 1 to 16, not 0"),
-    (dict(logprobs=True), "logprobs", "'logprobs' is not supported by this server (only false)"),
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}], tool_choice="required"),
-     "tool_choice", "only tool_choice 'auto' is supported (the model decides whether to call)"),
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs", "top_logprobs must be from 0 to 20, not 21"),
+    (dict(presence_penalty=3), "presence_penalty", "3.0 is not in [-2, 2] - 'presence_penalty'"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}], tool_choice="maybe"),
+     "tool_choice", "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": "
+                    "{\"name\": ...}}"),
     (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role",
      "messages[0]: a message is an object whose 'role' is one of system, developer, user, assistant, tool"),
 ])

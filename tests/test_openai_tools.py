@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -70,7 +71,13 @@ def test_an_earlier_turn_with_calls_is_one_assistant_message():
      "must be a name of letters, digits and underscores"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "'get_weather' is already a tool"),
     ({"tools": [{"type": "code_interpreter"}]}, "tools[0]", 'a tool is {"type": "function"'),
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "only tool_choice 'auto' is supported"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be 'none', 'auto', 'required'"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name", "tool_choice names 'nope', which is not one of the request's tools"),
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice 'required' or a function needs the request's 'tools'"),
+    ({"tools": [WEATHER], "logprobs": True}, "logprobs", "logprobs are not given with tools here"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format",
+     "a JSON response_format is not supported together with tools here"),
     ({"functions": [WEATHER["function"]]}, "functions", "'functions' is deprecated by OpenAI"),
     ({"tools": [WEATHER], "messages": [{"role": "user", "content": "x"},
                                        {"role": "tool", "tool_call_id": "zz", "content": "1"}]},
@@ -102,15 +109,16 @@ def test_the_calls_the_model_wrote_become_tool_calls_and_the_rest_its_content():
 
 # -- end to end: the real openai client, SmolLM2 on the packaged asynclm adapter --------------------------
 
-@pytest.fixture(scope="module")
-def smollm2_api(tmp_path_factory):
+@contextmanager
+def smollm2_openai(root):
+    """``oven serve`` of SmolLM2 (with the packaged asynclm adapter) and its OpenAI API: (the real
+    ``openai`` client, the harness's Server)."""
     import openai
     from harness import PROGRAM_DIR, Server
     from test_openai_api import free_port, http
 
     port = free_port()
-    server = Server(tmp_path_factory.mktemp("smollm2"), "--program-dir", PROGRAM_DIR, "--openai-port", str(port),
-                    model="smollm2-135m-instruct")
+    server = Server(root, "--program-dir", PROGRAM_DIR, "--openai-port", str(port), model="smollm2-135m-instruct")
     try:
         url, deadline = f"http://127.0.0.1:{port}/v1", time.monotonic() + 120
         while True:
@@ -121,9 +129,15 @@ def smollm2_api(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, "the OpenAI API did not come up"
             time.sleep(0.5)
-        yield openai.OpenAI(base_url=url, api_key=server.operator_token, max_retries=0)
+        yield openai.OpenAI(base_url=url, api_key=server.operator_token, max_retries=0), server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def smollm2_api(tmp_path_factory):
+    with smollm2_openai(tmp_path_factory.mktemp("smollm2")) as (api, _):
+        yield api
 
 
 DEMO_TOOLS = [{"type": "function", "function": {

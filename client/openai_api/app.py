@@ -28,7 +28,7 @@ from oven.client.rpc import OvenClient
 from oven.proto.auth import AuthError, Token
 from oven.proto.control import UPLOAD_CHUNK_BYTES
 
-from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key, not_answering, refused_key
+from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key, bad_request, not_answering, refused_key
 from .requests import Job, check_context, parse_body, parse_job
 from .session import InferletFailed, Session
 from .tools import parse_reply
@@ -77,6 +77,9 @@ class Api:
             raise ApiError(500, str(exc), SERVER) from None
         except StopAsyncIteration:
             raise ApiError(500, "the chat-completion inferlet ended without an answer", SERVER) from None
+        if "error" in first:  # a request the inferlet cannot serve (a grammar that does not compile, ...)
+            session.close()
+            raise bad_request(first["error"]["message"], first["error"]["param"])
         try:
             check_context(job, first["prompt_tokens"], self.max_context)
         except ApiError:
@@ -122,11 +125,14 @@ class Reply:
         self.id, self.created = id_prefix + secrets.token_hex(12), int(time.time())
         self.texts = [""] * job.n
         self.finish: list[str | None] = [None] * job.n
+        self.entries: list[list[list]] = [[] for _ in range(job.n)]  # [token, logprob, top] per token
+        self.offsets = [0] * job.n  # the completions' text_offset of each choice's next token
         self.completion_tokens = 0
 
     def add(self, message: dict) -> None:
         i = message["index"]
         self.texts[i] += message["text"]
+        self.entries[i] += message.get("logprobs", [])
         if "finish_reason" in message:
             self.finish[i] = message["finish_reason"]
             self.completion_tokens += message["completion_tokens"]
@@ -142,6 +148,25 @@ class Reply:
         content, calls = parse_reply(self.texts[i], self.job.tools)
         return content, calls, "tool_calls" if calls else self.finish[i]
 
+    def logprobs(self, i: int, entries: list[list]) -> dict | None:
+        """``entries`` of choice ``i`` as OpenAI shapes them: chat's ``{"content": [{"token", "logprob",
+        "bytes", "top_logprobs"}]}``, the completions' ``{"tokens", "token_logprobs", "top_logprobs",
+        "text_offset"}`` (offsets from the completion's start, each token's text its own decoding);
+        None without ``logprobs``. A token's ``bytes`` are its text's UTF-8 (a token that ends inside a
+        character decodes to U+FFFD, as in vLLM)."""
+        if self.job.logprobs < 0:
+            return None
+        if self.job.chat:
+            return {"content": [{**_token(token, logprob),
+                                 "top_logprobs": [_token(t, lp) for t, lp in top]} for token, logprob, top in entries],
+                    "refusal": None}
+        offsets = []
+        for token, _, _ in entries:
+            offsets.append(self.offsets[i])
+            self.offsets[i] += len(token)
+        return {"tokens": [token for token, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [dict(top) for _, _, top in entries], "text_offset": offsets}
+
     def whole(self) -> dict:
         if self.job.chat:
             choices = []
@@ -149,10 +174,10 @@ class Reply:
                 content, calls, finish = self.answer(i)
                 message = {"role": "assistant", "content": content or (None if calls else ""), "refusal": None}
                 choices.append({"index": i, "message": message | ({"tool_calls": calls} if calls else {}),
-                                "logprobs": None, "finish_reason": finish})
+                                "logprobs": self.logprobs(i, self.entries[i]), "finish_reason": finish})
         else:
-            choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": self.finish[i]}
-                       for i, text in enumerate(self.texts)]
+            choices = [{"index": i, "text": text, "logprobs": self.logprobs(i, self.entries[i]),
+                        "finish_reason": self.finish[i]} for i, text in enumerate(self.texts)]
         return {**self._head("chat.completion" if self.job.chat else "text_completion"), "choices": choices,
                 "usage": self.usage()}
 
@@ -170,8 +195,9 @@ class Reply:
                         for chunk in self._tool_chunks(i):
                             yield _sse(chunk)
                     continue
-                if message["text"]:
-                    yield _sse(self._chunk(i, self._delta(message["text"]), None))
+                if message["text"] or message.get("logprobs"):
+                    logprobs = self.logprobs(i, message.get("logprobs", []))
+                    yield _sse(self._chunk(i, self._delta(message["text"]), None, logprobs))
                 if finish:
                     yield _sse(self._chunk(i, {} if self.job.chat else self._delta(""), finish))
             if self.job.include_usage:
@@ -191,8 +217,8 @@ class Reply:
     def _delta(self, text: str) -> dict:
         return {"content": text} if self.job.chat else {"text": text}
 
-    def _chunk(self, index: int, delta: dict, finish: str | None) -> dict:
-        choice = {"index": index, "logprobs": None, "finish_reason": finish}
+    def _chunk(self, index: int, delta: dict, finish: str | None, logprobs: dict | None = None) -> dict:
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish}
         choice.update({"delta": delta} if self.job.chat else delta)
         return {**self._head(self._chunk_object()), "choices": [choice]}
 
@@ -201,6 +227,10 @@ class Reply:
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
+
+
+def _token(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
 
 
 def _sse(data: dict) -> str:
