@@ -22,7 +22,7 @@ progression mod P: about 4 ms of Python in WebAssembly per list on a 2-core CPU,
 of the whole vocabulary would cost tens), and membership is one multiplication, so the detector
 needs no list at all. Lists are cached per previous token. Measured there on SmolLM2, 100 tokens:
 a watermarked step (list, 12k-entry bias through the API, added on the server) took about 13 ms
-more than a plain ``shaped_step`` (about 110 against 97 ms), 4 of them the list.
+more than a plain ``shaped_step`` (about 113 against 100 ms), 4 of them the list.
 
 detect tokenizes TEXT and scores every token after the first against the list its predecessor
 seeds: z = (green - GAMMA * T) / sqrt(T * GAMMA * (1 - GAMMA)) over the T tokens scored; plain
