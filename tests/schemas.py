@@ -72,8 +72,8 @@ SCHEMAS: list[tuple[str, dict]] = [
     ("matrix", _obj({"rows": {"type": "array", "minItems": 2, "maxItems": 2,
                               "items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
                                         "minItems": 2, "maxItems": 2}}})),
-    ("team", _obj({"team": NAME, "members": {"type": "array", "minItems": 2, "maxItems": 3,
-                                              "items": _obj({"name": NAME, "role": {"enum": ["lead", "dev", "qa"]}})}})),
+    ("team", _obj({"team": NAME, "members": {"type": "array", "minItems": 2, "maxItems": 3, "items": _obj(
+        {"name": NAME, "role": {"enum": ["lead", "dev", "qa"]}})}})),
     ("pair", {"type": "array", "prefixItems": [WORD, {"type": "integer", "minimum": 0, "maximum": 100}],
               "items": False, "minItems": 2}),
     ("boolean_flags", {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4}),
@@ -118,7 +118,8 @@ SCHEMAS: list[tuple[str, dict]] = [
                                                         "maxItems": 2}}, required=["value"])},
                    "$ref": "#/$defs/node"}),
     ("money", {"$defs": {"currency": {"enum": ["USD", "EUR", "GBP"]}},
-               **_obj({"amount": {"type": "number", "minimum": 0, "maximum": 100}, "currency": {"$ref": "#/$defs/currency"}})}),
+               **_obj({"amount": {"type": "number", "minimum": 0, "maximum": 100},
+                       "currency": {"$ref": "#/$defs/currency"}})}),
     # -- strings: lengths, patterns, formats ---------------------------------------------------------
     ("product_code", _obj({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"}})),
     ("hex_colour", _obj({"hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}})),

@@ -71,17 +71,15 @@ def test_json_schema_outputs_validate(api):
 
 
 def test_json_object_is_a_json_object_streamed_or_not(api):
-    for stream, temperature in ((False, 0), (True, 0), (False, 0.8)):
-        kwargs = dict(temperature=temperature, seed=3, max_tokens=60, response_format={"type": "json_object"})
-        question = "Give me a JSON object with a cat's name and age."
-        if stream:
-            chunks = list(chat(api, question, stream=True, **kwargs))
-            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            finish = chunks[-1].choices[0].finish_reason
-        else:
-            choice = chat(api, question, **kwargs).choices[0]
-            text, finish = choice.message.content, choice.finish_reason
-        assert finish == "stop" and isinstance(json.loads(text), dict), text
+    question = "Give me a JSON object with a cat's name and age."
+    kwargs = dict(max_tokens=60, response_format={"type": "json_object"})
+    chunks = list(chat(api, question, temperature=0, stream=True, **kwargs))
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    reply = chat(api, question, temperature=0.6, seed=3, n=2, **kwargs)  # each fork its own grammar state
+    assert [c.finish_reason for c in reply.choices] == ["stop", "stop"]
+    texts += [c.message.content for c in reply.choices]
+    assert all(isinstance(json.loads(text), dict) for text in texts), texts
 
 
 def test_text_response_format_is_plain_generation(api):
@@ -206,7 +204,8 @@ def repetitive(api, **kwargs) -> list[str]:
 def test_penalties_change_a_repetitive_greedy_output(api):
     plain = repetitive(api)
     assert plain == ["yes"] * 12, plain  # greedy, it goes on repeating
-    for kwargs in (dict(frequency_penalty=2.0), dict(presence_penalty=2.0), dict(extra_body={"repetition_penalty": 1.5})):
+    for kwargs in (dict(frequency_penalty=2.0), dict(presence_penalty=2.0),
+                   dict(extra_body={"repetition_penalty": 1.5})):
         shaped = repetitive(api, **kwargs)
         assert shaped.count("yes") < len(plain), (kwargs, shaped)
 
@@ -237,6 +236,8 @@ def test_top_k_1_and_min_p_1_are_greedy(api):
     (dict(response_format={"type": "yaml"}), "response_format", "'response_format' must be"),
     (dict(response_format={"type": "json_schema", "json_schema": {"schema": {}}}), "response_format.json_schema.name",
      "'response_format.json_schema.name' must be"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "no", "schema": False}}), "response_format",
+     "'response_format.json_schema.schema' is false, which no output satisfies"),
     (dict(extra_body={"echo": True}), "echo", "'echo' is not supported by this server (only false)"),
 ])
 def test_out_of_range_values_are_a_400_naming_them(api, kwargs, param, message):
@@ -259,22 +260,28 @@ def ask_tools(api, content: str, **kwargs):
 
 
 def test_tool_choice_none_required_and_named(api):
-    question = "What is the weather in Paris and the price of AAPL?"
-    auto = ask_tools(api, question)
-    assert auto.finish_reason == "tool_calls" and len(auto.message.tool_calls) == 2
-    none = ask_tools(api, question, tool_choice="none")
+    """Greedy on the committed adapter: asked for two things, the model calls both tools (auto); to a
+    thank-you it answers in words. tool_choice holds it to words, or to calls (of one function), one
+    call alone without parallel_tool_calls."""
+    question, thanks = "What is the weather in Paris and the price of AAPL?", "Thanks, that is all."
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    cases = {"auto": (question, {}), "none": (question, dict(tool_choice="none")), "thanks": (thanks, {}),
+             "required": (thanks, dict(tool_choice="required")), "named": (question, dict(tool_choice=weather)),
+             "single": (question, dict(parallel_tool_calls=False)),
+             "single_required": (thanks, dict(tool_choice="required", parallel_tool_calls=False))}
+    with ThreadPoolExecutor(len(cases)) as pool:
+        replies = dict(zip(cases, pool.map(lambda case: ask_tools(api, case[0], **case[1]), cases.values())))
+    assert replies["auto"].finish_reason == "tool_calls" and len(replies["auto"].message.tool_calls) == 2
+    none = replies["none"]
     assert none.message.tool_calls is None and "[CALL]" not in none.message.content
     assert none.finish_reason in ("stop", "length")
-    chatty = "Thanks, that is all."
-    assert ask_tools(api, chatty).message.tool_calls is None  # auto: the model answers in words
-    required = ask_tools(api, chatty, tool_choice="required")
+    assert replies["thanks"].message.tool_calls is None
+    required = replies["required"]
     assert required.finish_reason == "tool_calls" and required.message.tool_calls
     for call in required.message.tool_calls:
         schema = next(t["function"]["parameters"] for t in DEMO_TOOLS if t["function"]["name"] == call.function.name)
         jsonschema.validate(json.loads(call.function.arguments), schema)
-    named = ask_tools(api, question, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert named.message.tool_calls and {c.function.name for c in named.message.tool_calls} == {"get_weather"}
-    single = ask_tools(api, question, parallel_tool_calls=False)
-    assert single.finish_reason == "tool_calls" and len(single.message.tool_calls) == 1
-    single_required = ask_tools(api, chatty, tool_choice="required", parallel_tool_calls=False)
-    assert len(single_required.message.tool_calls) == 1
+    named = replies["named"].message.tool_calls
+    assert named and {c.function.name for c in named} == {"get_weather"}
+    assert replies["single"].finish_reason == "tool_calls" and len(replies["single"].message.tool_calls) == 1
+    assert len(replies["single_required"].message.tool_calls) == 1

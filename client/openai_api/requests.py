@@ -272,6 +272,8 @@ def _response_format(value, tools: tuple[dict, ...]) -> tuple[tuple[str, str] | 
     schema = spec.get("schema", {})  # strict or not, the output is held to it
     if not isinstance(schema, (dict, bool)):
         raise bad_request(f"'{where}.schema' must be a JSON Schema object", f"{where}.schema", "invalid_type")
+    if schema is False:
+        raise bad_request(f"'{where}.schema' is false, which no output satisfies", "response_format")
     return ("json-schema", json.dumps(_one_line(schema))), "response_format", "all"
 
 
