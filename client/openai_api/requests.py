@@ -12,6 +12,7 @@ held by a grammar over it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 
@@ -194,7 +195,7 @@ def _sampling(body: dict, chat: bool, tools: tuple[dict, ...]) -> Sampling:
 
 def _number(body: dict, name: str, default: float, low: float, high: float | None, low_open: bool = False) -> float:
     value = float(_get(body, name, (int, float), default=default))
-    if value != value or (value <= low if low_open else value < low) or high is not None and value > high:
+    if not math.isfinite(value) or (value <= low if low_open else value < low) or high is not None and value > high:
         bounds = f"{'(' if low_open else '['}{low:g}, {'inf)' if high is None else f'{high:g}]'}"
         raise bad_request(f"{value} is not in {bounds} - '{name}'", name)
     return value
