@@ -259,7 +259,7 @@ def _response_format(value, tools: tuple[dict, ...]) -> tuple[tuple[str, str] | 
         raise bad_request("a JSON response_format is not supported together with tools here", "response_format",
                           "unsupported_parameter")
     if kind == "json_object":
-        return ("json-schema", json.dumps(_one_line({"type": "object"}))), "response_format", "all"
+        return ("json-schema", json.dumps({"type": "object"})), "response_format", "all"
     spec = value.get("json_schema")
     where = "response_format.json_schema"
     if not isinstance(spec, dict):
@@ -275,22 +275,8 @@ def _response_format(value, tools: tuple[dict, ...]) -> tuple[tuple[str, str] | 
         raise bad_request(f"'{where}.schema' must be a JSON Schema object", f"{where}.schema", "invalid_type")
     if schema is False:
         raise bad_request(f"'{where}.schema' is false, which no output satisfies", "response_format")
-    return ("json-schema", json.dumps(_one_line(schema))), "response_format", "all"
-
-
-# JSON as json.dumps writes it, on one line: free whitespace between tokens lets a small model fall
-# into a loop of newlines until max_tokens, and the separators cost tokens besides.
-ONE_LINE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def _one_line(schema: dict | bool) -> dict | bool:
-    """``schema`` with llguidance's layout options (``x-guidance``) set to :data:`ONE_LINE`, unless it
-    sets its own."""
-    if schema is True:
-        schema = {}
-    if not isinstance(schema, dict) or "x-guidance" in schema:
-        return schema
-    return {**schema, "x-guidance": ONE_LINE}
+    # laid out on one line by proto/grammar.py (JSON_LAYOUT) unless the schema's own x-guidance says otherwise
+    return ("json-schema", json.dumps({} if schema is True else schema)), "response_format", "all"
 
 
 def check_context(job: Job, prompt_tokens: int, max_context: int) -> None:
