@@ -70,11 +70,8 @@ class Decoders:
                                                   "spec, dropped, or lost with an earlier inference process)")
         if len(self._decoders) >= self._max:
             raise ItemFailure(p.ERR_BAD_ARGUMENT, f"this connection already holds {self._max} decoders (drop some)")
-        for name, value in (("presence", spec.presence), ("frequency", spec.frequency)):
-            if not -2.0 <= value <= 2.0:
-                raise ItemFailure(p.ERR_BAD_ARGUMENT, f"{name} penalty {value} is outside [-2, 2]")
-        if not 0.0 < spec.repetition <= 10.0:
-            raise ItemFailure(p.ERR_BAD_ARGUMENT, f"repetition penalty {spec.repetition} is outside (0, 10]")
+        if (problem := g.penalty_problem(spec.presence, spec.frequency, spec.repetition)) is not None:
+            raise ItemFailure(p.ERR_BAD_ARGUMENT, problem)
         matcher = None
         if spec.grammar:
             matcher = g.matcher(spec.grammar, self._llg_tokenizer())

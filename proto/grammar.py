@@ -27,6 +27,17 @@ class GrammarError(ValueError):
     """A grammar that cannot be used; the message is one line (two for Lark: where, then what)."""
 
 
+def penalty_problem(presence: float, frequency: float, repetition: float) -> str | None:
+    """Why a decoder's penalties cannot be used (OpenAI's ranges for presence and frequency, vLLM's
+    for repetition), or None."""
+    for name, value in (("presence", presence), ("frequency", frequency)):
+        if not -2.0 <= value <= 2.0:
+            return f"{name} penalty {value} is outside [-2, 2]"
+    if not 0.0 < repetition <= 10.0:
+        return f"repetition penalty {repetition} is outside (0, 10]"
+    return None
+
+
 def limits():
     """llguidance's caps on one grammar: its size, the lexer's states and the work of one mask step.
 

@@ -64,11 +64,8 @@ def create_decoder(guest, grammar: int, presence: float, frequency: float, repet
         return f"create-decoder: {MAX_DECODERS} decoders are held already (drop-decoder some)"
     if grammar and grammar not in guest.grammars:
         return f"create-decoder: grammar {grammar} is not held by this inferlet"
-    for name, value in (("presence", presence), ("frequency", frequency)):
-        if not -2.0 <= value <= 2.0:
-            return f"create-decoder: {name} penalty {value} is outside [-2, 2]"
-    if not 0.0 < repetition <= 10.0:
-        return f"create-decoder: repetition penalty {repetition} is outside (0, 10]"
+    if (problem := g.penalty_problem(presence, frequency, repetition)) is not None:
+        return f"create-decoder: {problem}"
     handle = guest.forward("create-decoder", (grammar, presence, frequency, repetition), guest.num_decoders_made + 1)
     guest.num_decoders_made = handle
     guest.decoders.add(handle)
