@@ -105,31 +105,34 @@ ENTRIES = [c.InstanceEntry("i-1", "prog", "ready", 1.25, None, "", "alice"),
 
 # Captured from the codec before it compiled its hints: the wire format must not move. (Since then
 # ForwardTextItem gained adapter_id and InfoReply max_adapters and adapters: the trailing fields; the
-# inference protocol is at version 5 (token futures: ForwardTextItem's token_futures and sample,
-# ForwardTextReply's sampled, the trailing fields), the control protocol at 3: the second byte.)
+# inference protocol is at version 6 (5: token futures, ForwardTextItem's token_futures and sample,
+# ForwardTextReply's sampled; 6: shaping, ForwardTextReply's logprobs: the trailing fields), the control
+# protocol at 5: the second byte.)
 GOLDEN = [
     (p.CODEC, p.ForwardTextRequest([p.ForwardTextItem([5], [100], [1, 2, 3, 4, 5, 6, 7], 12, [0], top_k=4),
                                     p.ForwardTextItem([5, 6], [0, 1], [3], 2, [1], 0, [b"\xff"])]), 7,
-     "9405ac666f72776172645f746578740791929a9105916497010203040506070c910004c000c0c09a92050692000191030291010091c401ff00c0c0"),
+     "9406ac666f72776172645f746578740791929a9105916497010203040506070c910004c000c0c09a92050692000191030291010091c401ff00c0c0"),
     (p.CODEC, p.ForwardTextReply([None, ERR], [[DIST, DIST], None]), 8,
-     ("9405b2666f72776172645f746578745f7265706c79089392c092a86261645f70616765a26e6f929292c40401000000c404000080"
-      "3f92c40401000000c4040000803fc090")),
+     ("9406b2666f72776172645f746578745f7265706c79089492c092a86261645f70616765a26e6f929292c40401000000c404000080"
+      "3f92c40401000000c4040000803fc09090")),
     (p.CODEC, p.NextDistReply([ERR, None], [None, DIST]), 9,
-     "9405af6e6578745f646973745f7265706c7909929292a86261645f70616765a26e6fc092c092c40401000000c4040000803f"),
+     "9406af6e6578745f646973745f7265706c7909929292a86261645f70616765a26e6fc092c092c40401000000c4040000803f"),
     (p.CODEC, p.AckReply([None, ERR]), 2**64 - 1,
-     "9405a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
-    (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9405ac6865616c74685f7265706c790095c302000100"),
+     "9406a361636bcfffffffffffffffff9192c092a86261645f70616765a26e6f"),
+    (p.CODEC, p.HealthReply(True, 2, 0, 1, 0), 0, "9406ac6865616c74685f7265706c790095c302000100"),
     (p.CODEC, INFO, 1,
-     ("9405aa696e666f5f7265706c7901dc0014a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
+     ("9406aa696e666f5f7265706c7901dc0014a16da56c6c616d610a080240a3637075a7666c6f61743332a4736470611004040008"
       "401491a7666f727761726495a27b7da0a33c733ea43c2f733e91020090")),
     # A dataclass where an int belongs: the walker always sent it as a nested array.
-    (p.CODEC, p.IdleNotice(DIST), 0, "9405a469646c65009192c40401000000c4040000803f"),
-    # Control protocol 2 (authenticated clients; instances carry their owner), 3 (adapters), now 4 (max_context).
+    (p.CODEC, p.IdleNotice(DIST), 0, "9406a469646c65009192c40401000000c4040000803f"),
+    # Control protocol 2 (authenticated clients; instances carry their owner), 3 (adapters), 4 (max_context),
+    # now 5 (InstanceEntry.cpu_s, the trailing field).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
-     ("9404ad696e7374616e63655f6c69737403919297a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c69636597"
-      "a3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72")),
-    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9404a66c61756e63680493a470726f6791a32d2d78c3"),
-    (c.CODEC, c.Ok(), 5, "9404a26f6b0590"),
+     ("9405ad696e7374616e63655f6c69737403919298a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c696365"
+      "cb000000000000000098a3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72"
+      "cb0000000000000000")),
+    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9405a66c61756e63680493a470726f6791a32d2d78c3"),
+    (c.CODEC, c.Ok(), 5, "9405a26f6b0590"),
 ]
 
 
