@@ -18,7 +18,7 @@ from __future__ import annotations
 from wit_world.imports import forward, futures
 
 from . import host
-from .sampling import Rng, Sampler
+from .sampling import Greedy, Rng, Sampler, server_spec
 from .shaping import Decoder, Shape, logprobs_of, wit_shaping
 from .stop import Stop
 from .tasks import HostFuture
@@ -56,16 +56,7 @@ class Pipelined:
         try:
             if limit <= 0:
                 return generated
-            # Pages the server discarded while the inferlet waited are rewritten first (recompute.py):
-            # a step that failed on one could not be retried once the next is issued on its token.
-            await self._recompute_discarded()
-            self._feed_last_again()
-            end = len(self.tokens) + len(self.pending)
-            if self._needs_pages(end):
-                await self._reserve(end)
-            one = len(self.pending) == 1
-            step = self._issue_sample(len(self.pending), None, sample, first_state)
-            self._prefetch_after_decode(one)
+            step = await self._issue_first(sample, first_state)
             while True:
                 ahead = None
                 if len(generated) + 1 < limit and not self._needs_pages(len(self.tokens) + 1):
@@ -97,6 +88,20 @@ class Pipelined:
             if rng is not None:  # the draws of the tokens generated, as if the inferlet had sampled them
                 rng.state = (first_state + len(generated) * draw_step) & _MASK64
         return generated
+
+    async def _issue_first(self, sample: tuple, rng_state: int) -> HostFuture:
+        """The first step of a server-drawn generation: every pending token (the last one again if none
+        is), pages reserved. Pages the server discarded while the inferlet waited are rewritten first
+        (recompute.py): a step that failed on one could not be retried once the next is issued on its token."""
+        await self._recompute_discarded()
+        self._feed_last_again()
+        end = len(self.tokens) + len(self.pending)
+        if self._needs_pages(end):
+            await self._reserve(end)
+        one = len(self.pending) == 1
+        step = self._issue_sample(len(self.pending), None, sample, rng_state)
+        self._prefetch_after_decode(one)
+        return step
 
     def _issue_sample(self, count: int, feeds: HostFuture | None, sample: tuple, rng_state: int) -> HostFuture:
         """The ``forward-sample`` call for the first ``count`` pending tokens (pages reserved), or, given
@@ -132,29 +137,20 @@ class Pipelined:
     async def shaped_step(self, shape: Shape, sampler: Sampler | None = None) -> int:
         """One step that the server draws under ``shape``, for a custom decoder that changes the mask or
         the biases from step to step (a decoder's grammar and penalties need ``generate``); the token
-        is filled, as ``decode_step`` does, and its log-probabilities appended to ``self.logprobs``."""
-        from .sampling import Greedy, server_spec
+        is filled, as ``decode_step`` does, and its log-probabilities appended to ``self.logprobs``
+        when ``shape.logprobs`` >= 0."""
         sampler = sampler or Greedy()
         spec = server_spec(sampler)
         if spec is None or shape.needs_decoder():
             raise ValueError("shaped_step takes a built-in sampler and a Shape without grammar or penalties")
         rng: Rng | None = getattr(sampler, "rng", None)
-        self._shaping = (wit_shaping(shape, None, host.vocab_size()), True)
+        self._shaping = (wit_shaping(shape, None, host.vocab_size()), shape.logprobs >= 0)
         try:
-            await self._recompute_discarded()
-            self._feed_last_again()
-            end = len(self.tokens) + len(self.pending)
-            if self._needs_pages(end):
-                await self._reserve(end)
-            one = len(self.pending) == 1
-            step = self._issue_sample(len(self.pending), None, (_KIND[spec[0]], spec[1], spec[2], sampler.top_k),
-                                      0 if rng is None else rng.state)
-            self._prefetch_after_decode(one)
+            step = await self._issue_first((_KIND[spec[0]], spec[1], spec[2], sampler.top_k),
+                                           0 if rng is None else rng.state)
             token = await step
         finally:
             self._shaping = None
-        if shape.logprobs < 0:
-            self.logprobs.pop()
         if rng is not None:
             rng.state = (rng.state + _GAMMA) & _MASK64
         self.pending.append(token)
