@@ -64,12 +64,14 @@ def test_spinning_launches_of_one_client_hold_up_nothing_of_another(loop, expect
     """Six instances whose start spins to the slice deadline (1 s each, one after another in mallory's
     runner) are still spinning when alice's decode, launched after them, has finished."""
     spinners = [loop.launch("hostile", ["spin"], owner="mallory") for _ in range(6)]
-    alice_runs(loop, expected)
+    alice, _ = alice_runs(loop, expected)
     assert sum(s.alive for s in spinners) >= 3
     assert loop.run_until(lambda: not any(s.alive for s in spinners), 60)
     assert all(s.state is State.FAILED and "slice ran past the 1000 ms deadline" in s.error for s in spinners)
-    # each spun its whole slice: the CPU `oven ps` shows for it (InstanceRecord.cpu_s)
-    assert all(loop.ended(s.instance_id).cpu_s > 0.5 for s in spinners)
+    # each spun its whole slice: the CPU `oven ps` shows for it (InstanceRecord.cpu_s) is more than a
+    # whole decode's; not a fixed figure, since a loaded machine gives a spinning second less CPU
+    alice_cpu_s = loop.ended(alice.instance_id).cpu_s
+    assert 0 < alice_cpu_s < min(loop.ended(s.instance_id).cpu_s for s in spinners)
 
 
 def test_a_tokenize_past_the_limit_fails_alone(loop, expected):
