@@ -264,7 +264,7 @@ def run_policy(bench: Bench, policy: str, args, profile: bool) -> dict:
         if profiler:
             profiler.disable()
         wall, thread = time.perf_counter() - wall0, time.thread_time() - thread0
-        stats = loop.scheduler.stats()
+        stats = loop.replicas[0].scheduler.stats()
     finally:
         loop.close()
     device_s = (stats.num_batches * args.base_ms + stats.num_commands * args.per_item_ms) / 1e3

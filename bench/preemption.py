@@ -86,14 +86,14 @@ def run_policy(server, args, policy: str) -> Outcome:
                                   str(args.tokens), "--chat"]) for i in range(args.instances)]
     loop.run_until(lambda: not any(r.alive for r in runs), args.timeout_s)
     wall_s = time.perf_counter() - start
-    stats = loop.scheduler.stats()
+    stats = loop.replicas[0].scheduler.stats()
     outputs = {i: messages[r.instance_id] for i, r in enumerate(runs)
                if r.state is State.FINISHED and r.instance_id in messages}
     errors = [r.error for r in runs if r.error]
     outcome = Outcome(policy, sum(r.state is State.FINISHED for r in runs), sum(r.state is State.KILLED for r in runs),
                       sum(r.state is State.FAILED for r in runs), sum(r.alive for r in runs), wall_s,
                       sum(len(text.split()) for text in outputs.values()),
-                      stats.num_commands / max(1, stats.num_batches), loop.allocator.num_preempted, outputs,
+                      stats.num_commands / max(1, stats.num_batches), loop.replicas[0].allocator.num_preempted, outputs,
                       errors[0] if errors else "")
     loop.close()
     return outcome

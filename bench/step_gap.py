@@ -65,13 +65,13 @@ def measure(client: InferenceClient, program_dir: str, program: str, instances: 
     try:
         name, *flags = program.split()
         loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name)
-        loop.client.call(p.TimelineRequest(clear=True))
+        loop.replicas[0].client.call(p.TimelineRequest(clear=True))
         launched = [loop.launch(name, PROGRAMS[program](tokens)) for _ in range(instances)]
         if not loop.run_until(lambda: not any(i.alive for i in launched), 900):
             raise TimeoutError(f"{program} x {instances} did not finish")
         if any(i.exit_code != 0 for i in launched):
             raise RuntimeError(f"{program}: an instance failed: {next(i for i in launched if i.exit_code)}")
-        gaps, items, busy, tpot_ms = decode_gaps(loop.client.call(p.TimelineRequest(clear=True)), instances)
+        gaps, items, busy, tpot_ms = decode_gaps(loop.replicas[0].client.call(p.TimelineRequest(clear=True)), instances)
     finally:
         loop.close()
     return {"program": program, "instances": instances, "median": statistics.median(gaps),

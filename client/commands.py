@@ -232,11 +232,11 @@ def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
         for entry in client.programs():
             print(f"{entry.sha256[:16]}  {entry.size_bytes / 1e6:7.1f} MB  {', '.join(entry.names)}")
         return
-    print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {'STATE':9} {'AGE':>8} {'CPU':>8}  EXIT")
+    print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {'STATE':9} {'AGE':>8} {'CPU':>8} {'REPLICA':>7}  EXIT")
     for i in client.instances():
         exit_text = "" if i.exit_code is None else str(i.exit_code)
-        print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {i.state:9} {i.age_s:7.1f}s {i.cpu_s:7.2f}s  "
-              f"{exit_text:4} {i.error}".rstrip())
+        print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {i.state:9} {i.age_s:7.1f}s {i.cpu_s:7.2f}s "
+              f"{i.replica:7d}  {exit_text:4} {i.error}".rstrip())
 
 
 @_with_client
@@ -252,6 +252,11 @@ def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
           f"back in ahead of their return, {s.num_discarded} discarded; {s.num_preempted} preempted for the pool")
     if s.profile is not None:
         print(f"profile: {s.profile.describe()}")
+    if len(s.replicas) > 1:
+        for r in s.replicas:
+            mean = r.num_commands / r.num_batches if r.num_batches else 0.0
+            print(f"replica {r.index}: {'serving' if r.serving else 'restarting'}, {r.num_instances} instances, "
+                  f"{r.free_kv_pages} free KvPages, {r.num_batches} batches ({mean:.1f} commands per batch)")
 
 
 @_with_client

@@ -32,26 +32,31 @@ from .inference_client import InferenceClient
 
 
 class InferenceProcess:
-    def __init__(self, config: InferenceConfig, echo_stderr: bool = False):
+    """``env``: more environment for the child (a replica's CUDA device); ``label`` starts each line of
+    its stderr that is echoed (which replica said it)."""
+
+    def __init__(self, config: InferenceConfig, echo_stderr: bool = False, env: dict[str, str] | None = None,
+                 label: str = ""):
         self.config = config
         cmd = [sys.executable, "-m", "oven.inference.server", *config_to_argv(config)]
         self._stderr_tail: deque[str] = deque(maxlen=40)
         server_keys, self._client_keys = Keypair.generate(), Keypair.generate()
         self.token = Token(server_keys.public, self._client_keys)
-        env = {**os.environ, **inference_keys_env(server_keys, self._client_keys.public), **lifeline_env()}
+        env = {**os.environ, **(env or {}), **inference_keys_env(server_keys, self._client_keys.public),
+               **lifeline_env()}
         # A session of its own: a Ctrl-C at the terminal goes to its parent alone, which stops it (its
         # lifeline ends it if the parent dies), rather than killing it mid-batch as if it had crashed.
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-        self._pump = threading.Thread(target=self._read_stderr, args=(echo_stderr,), daemon=True)
+        self._pump = threading.Thread(target=self._read_stderr, args=(echo_stderr, label), daemon=True)
         self._pump.start()
         self.info: p.InfoReply | None = None
 
-    def _read_stderr(self, echo: bool) -> None:
+    def _read_stderr(self, echo: bool, label: str) -> None:
         for line in self.proc.stderr:
             self._stderr_tail.append(line)
             if echo:
-                sys.stderr.write(line)
+                sys.stderr.write(label + line)
                 sys.stderr.flush()
 
     def wait_ready(self, timeout_s: float) -> p.InfoReply:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from .supervisor import InferenceSupervisor, InferenceUnavailable
 
 log = logging.getLogger(__name__)
 
+INFERENCE_START_S = 300.0  # to load the model
 GC_YOUNG_THRESHOLD = 10_000  # Python's default, 700, runs a young pass every few host calls
 
 
@@ -51,15 +53,15 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
     except (EndpointError, AuthError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return 1
-    print(f"oven: starting the inference process ({inference.model}) ...", file=sys.stderr, flush=True)
-    try:
-        supervisor = InferenceSupervisor(inference, verbose, control.inference_restarts)
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"oven: {exc}", file=sys.stderr)
+    n = control.data_parallel
+    print(f"oven: starting {'the inference process' if n == 1 else f'{n} inference processes'} ({inference.model}) "
+          "...", file=sys.stderr, flush=True)
+    supervisors = start_replicas(inference, control, verbose)
+    if supervisors is None:
         server.close()
         return 1
     try:
-        server.loop = loop = ControlLoop(supervisor.client(), control, server.on_event, supervisor)
+        server.loop = loop = ControlLoop([s.client() for s in supervisors], control, server.on_event, supervisors)
         settle_heap()
         print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to {server.endpoint}",
               file=sys.stderr, flush=True)
@@ -79,5 +81,38 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
         loop.close()
         return 0
     finally:
-        supervisor.stop()
+        for supervisor in supervisors:
+            supervisor.stop()
         server.close()
+
+
+def start_replicas(inference: InferenceConfig, control: ControlConfig,
+                   verbose: bool) -> list[InferenceSupervisor] | None:
+    """The ``data_parallel`` inference processes, loading side by side; None (said why) if one cannot serve.
+
+    On a CPU each replica gets an equal share of the cores but the control process's one, unless
+    ``torch_threads`` says otherwise; on CUDA replica k sees the k-th of ``replica_devices`` alone."""
+    n = control.data_parallel
+    if n > 1 and inference.endpoint:
+        print("oven: --data-parallel needs private inference endpoints (no --endpoint)", file=sys.stderr)
+        return None
+    if n > 1 and inference.torch_threads is None:
+        inference = inference.replace(torch_threads=max(1, ((os.cpu_count() or 1) - 1) // n))
+    devices = [d.strip() for d in control.replica_devices.split(",") if d.strip()]
+    supervisors: list[InferenceSupervisor] = []
+    try:
+        for k in range(n):
+            env = {"CUDA_VISIBLE_DEVICES": devices[k % len(devices)]} if devices else None
+            supervisors.append(InferenceSupervisor(inference, verbose, control.inference_restarts, None, env,
+                                                   f"replica {k}" if n > 1 else ""))
+        for k, supervisor in enumerate(supervisors):
+            try:
+                supervisor.wait_ready(INFERENCE_START_S)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"inference replica {k}: {exc}" if n > 1 else str(exc)) from None
+    except RuntimeError as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        for supervisor in supervisors:
+            supervisor.stop()
+        return None
+    return supervisors

@@ -242,7 +242,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
         now, snapshot = time.monotonic(), self.loop.snapshot()
         return c.InstanceList([c.InstanceEntry(r.instance_id, self.loop.programs.name_of(r.program, r.owner)
                                                or r.program[:12], r.shown_state, now - r.started_at,
-                                               r.exit_code, r.error or "", r.owner, r.cpu_s)
+                                               r.exit_code, r.error or "", r.owner, r.cpu_s, r.replica)
                                for r in snapshot.instances + snapshot.finished
                                if caller.operator or r.owner == caller.name])
 
@@ -316,7 +316,9 @@ class ControlServer(AdapterRequests, ProgramRequests):
                             snapshot.num_discarded, snapshot.interception_policy, snapshot.profile,
                             snapshot.device_s, snapshot.rewrite_s, snapshot.intercepted_page_s,
                             snapshot.contended_page_s, snapshot.num_preempted, snapshot.rewrite_page_s,
-                            snapshot.copy_s, snapshot.copy_page_s)
+                            snapshot.copy_s, snapshot.copy_page_s,
+                            [c.ReplicaStats(r.index, r.serving, r.num_instances, r.num_free_kv_pages, r.stats.num_batches,
+                                            r.stats.num_commands) for r in snapshot.replicas])
 
     # -- clients -------------------------------------------------------------------------------
 
@@ -351,7 +353,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
             self.loop.terminate(inst.instance_id, "its client was removed", exit_code=143)
         self.loop.forget_ended(name)
         self._prune_output()
-        for export in [export for export in self.loop.exports.exports() if export.namespace == name]:
+        for export in [export for export in self.loop.exports() if export.namespace == name]:
             self.loop.drop_export(export.name, namespace=name)
         self.loop.programs.forget_client(name)
         self._drop_uploads(client=name)

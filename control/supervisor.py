@@ -18,7 +18,7 @@ from oven.inference.config import InferenceConfig
 from oven.proto.endpoints import private_endpoint
 
 from .inference_client import InferenceClient
-from .inference_process import InferenceProcess, start_inference_process
+from .inference_process import InferenceProcess
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,15 @@ class InferenceUnavailable(RuntimeError):
 
 class InferenceSupervisor:
     def __init__(self, config: InferenceConfig, echo_stderr: bool = False, max_restarts: int = 5,
-                 start_timeout_s: float = 300.0):
-        """Start the first process and wait until it serves (raises RuntimeError/TimeoutError if it cannot)."""
+                 start_timeout_s: float | None = 300.0, env: dict[str, str] | None = None, name: str = ""):
+        """Start the first process and wait until it serves (raises RuntimeError/TimeoutError if it cannot);
+        with ``start_timeout_s`` None, return at once (:meth:`wait_ready` then; several load side by side).
+        ``env`` and ``name`` (a replica's device, and what its log lines start with) go to every process."""
         self.config, self.echo_stderr, self.max_restarts = config, echo_stderr, max_restarts
-        self.process = start_inference_process(self._next_config(), start_timeout_s, echo_stderr)
+        self._env, self._label = env, f"[{name}] " if name else ""
+        self.process = self._start()
+        if start_timeout_s is not None:
+            self.wait_ready(start_timeout_s)
         self._restarts: list[float] = []
         self._next_check = 0.0
         self._killed_because: str | None = None
@@ -43,6 +48,13 @@ class InferenceSupervisor:
     def _next_config(self) -> InferenceConfig:
         # A private endpoint is new at every start: nothing of the old process can be reached there.
         return self.config if self.config.endpoint else dataclasses.replace(self.config, endpoint=private_endpoint())
+
+    def _start(self) -> InferenceProcess:
+        return InferenceProcess(self._next_config(), self.echo_stderr, self._env, self._label)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the process serves; RuntimeError/TimeoutError (it is stopped) if it cannot."""
+        self.process.wait_ready(timeout_s)
 
     def client(self) -> InferenceClient:
         return self.process.client()
@@ -74,10 +86,10 @@ class InferenceSupervisor:
             raise InferenceUnavailable(f"the inference process died {len(self._restarts)} times in "
                                        f"{RESTART_WINDOW_S / 60:.0f} minutes; giving up (oven serve "
                                        "--inference-restarts)")
-        log.warning("restarting the inference process (%d of at most %d within %.0f minutes)",
-                    len(self._restarts), self.max_restarts, RESTART_WINDOW_S / 60)
+        log.warning("%srestarting the inference process (%d of at most %d within %.0f minutes)",
+                    self._label, len(self._restarts), self.max_restarts, RESTART_WINDOW_S / 60)
         self._killed_because = None
-        self.process = InferenceProcess(self._next_config(), self.echo_stderr)
+        self.process = self._start()
         return self.process.client()
 
     def stop(self) -> None:

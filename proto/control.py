@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 5  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
-# 5: InstanceEntry.cpu_s
+CONTROL_PROTOCOL_VERSION = 6  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
+# 5: InstanceEntry.cpu_s; 6: InstanceEntry.replica, StatsReply.replicas
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -118,6 +118,7 @@ class InstanceEntry:
     error: str
     owner: str  # the client that launched it
     cpu_s: float = 0.0  # CPU its slices took in its client's runner (its own code and the host calls answered there)
+    replica: int = 0  # the inference replica its KV lives (lived) on (oven serve --data-parallel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,18 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """One inference replica's share (oven serve --data-parallel)."""
+
+    index: int
+    serving: bool  # False while a restarted process loads its model
+    num_instances: int  # living there now
+    free_kv_pages: int
+    num_batches: int
+    num_commands: int
+
+
+@dataclass(frozen=True, slots=True)
 class InterceptionProfile:
     """The interception policy's cost profile (control/scheduling/profiler.py): a recompute's seconds per
     token, one page's copy to or from the host tier, and the pages copied per iteration (the swap budget).
@@ -252,6 +265,7 @@ class StatsReply:
     # and those seconds x the device pages of the contexts that were not intercepted, kept waiting.
     copy_s: float = 0.0
     copy_page_s: float = 0.0
+    replicas: list[ReplicaStats] = ()  # the counts per inference replica, in order
 
 
 @dataclass(frozen=True, slots=True)

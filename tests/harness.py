@@ -100,9 +100,9 @@ def rss_mib(pid: int) -> int:
 
 
 def assert_pools_full(loop) -> None:
-    assert loop.kv_pool.num_free == NUM_PAGES
-    assert loop.embed_pool.num_free == NUM_EMBEDS
-    assert loop.host_pool.num_free == loop.info.num_host_pages
+    assert loop.replicas[0].kv_pool.num_free == NUM_PAGES
+    assert loop.replicas[0].embed_pool.num_free == NUM_EMBEDS
+    assert loop.replicas[0].host_pool.num_free == loop.info.num_host_pages
 
 
 # -- `oven serve` processes ---------------------------------------------------------------------------

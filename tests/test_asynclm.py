@@ -162,9 +162,9 @@ def test_keep_offload_and_drop_resume_to_the_same_continuation_and_free_device_p
             kv = [e for e in c.trace if e["type"] == "kv"]
             if len(kv) == len(seen.setdefault("free", [])):
                 return  # not waiting yet, or this wait's calls are already answered
-            if policy != "keep" and loop.kv_pool.num_free != NUM_PAGES:
+            if policy != "keep" and loop.replicas[0].kv_pool.num_free != NUM_PAGES:
                 return  # the offload (or the dealloc) has not landed yet
-            seen["free"].append((loop.kv_pool.num_free, loop.host_pool.num_free, kv[-1]["pages"]))
+            seen["free"].append((loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free, kv[-1]["pages"]))
             for event in c.trace:
                 if event["type"] == "call" and event["id"] not in seen.setdefault("answered", set()):
                     seen["answered"].add(event["id"])

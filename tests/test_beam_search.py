@@ -66,7 +66,7 @@ def run_counting_pages(loop, args: list[str]):
     inst, peak = loop.launch("beam-search", args), [0]
 
     def done() -> bool:
-        peak[0] = max(peak[0], NUM_PAGES - loop.kv_pool.num_free)
+        peak[0] = max(peak[0], NUM_PAGES - loop.replicas[0].kv_pool.num_free)
         return not inst.alive
     assert loop.run_until(done, 120)
     assert inst.exit_code == 0, inst.error

@@ -204,12 +204,12 @@ def test_detach_send_attach_kill_and_ps(home, env, server):
     third = re.search(r"^oven: (\S+) failed: (.*)$", failed.stderr, re.M)
     assert third[2] == failure
     rows = {line.split()[0]: line.split() for line in oven("ps", cwd=home, env=env).stdout.splitlines()[1:]}
-    # INSTANCE PROGRAM OWNER STATE AGE CPU EXIT ERROR
-    assert rows[first][1:4] == ["echo", "operator", "finished"] and rows[first][6] == "0"
-    assert rows[second][1:4] == ["echo", "operator", "killed"] and rows[second][6:] == ["143", "terminated", "by",
+    # INSTANCE PROGRAM OWNER STATE AGE CPU REPLICA EXIT ERROR
+    assert rows[first][1:4] == ["echo", "operator", "finished"] and rows[first][6:8] == ["0", "0"]
+    assert rows[second][1:4] == ["echo", "operator", "killed"] and rows[second][7:] == ["143", "terminated", "by",
                                                                                          "a", "client"]
-    assert rows[third[1]][1:4] == ["chat-completion", "operator", "failed"] and rows[third[1]][6] == "1"
-    assert all(re.fullmatch(r"\d+\.\d\ds", row[5]) for row in rows.values())
+    assert rows[third[1]][1:4] == ["chat-completion", "operator", "failed"] and rows[third[1]][7] == "1"
+    assert all(re.fullmatch(r"\d+\.\d\ds", row[5]) and row[6] == "0" for row in rows.values())
 
 
 def test_a_closed_pipe_ends_quietly(home, env, server):

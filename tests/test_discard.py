@@ -111,20 +111,20 @@ def paused_run(inference, program: str, policy: str, then=None) -> tuple[str, in
     while paused). ``then(loop, inst)``, if given, replaces resuming it."""
     with control_loop(inference, None, [program], interception_policy=policy) as loop:
         inst = loop.launch(program, [PROMPT, str(NEW), "--pause", "60000"])
-        assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+        assert loop.run_until(lambda: inst.io_idle and not loop.replicas[0].calls.has_calls(inst), 60)
         for _ in range(3):  # the policy decides every turn
             loop.step(0.001)
         paused_state = inst.record().shown_state
         if paused_state == "discarded":  # every page of the paused context went back to the pool
-            assert (loop.kv_pool.num_free, loop.snapshot().num_discarded) == (NUM_PAGES, 1)
+            assert (loop.replicas[0].kv_pool.num_free, loop.snapshot().num_discarded) == (NUM_PAGES, 1)
         if then is not None:
             then(loop, inst)
-            return "", loop.interceptions.num_discarded, paused_state
+            return "", loop.replicas[0].interceptions.num_discarded, paused_state
         loop.deliver(inst.instance_id, "go on")
         assert loop.run_until(lambda: not inst.alive, 60)
         assert (inst.state, inst.error) == (State.FINISHED, None)
-        assert (loop.kv_pool.num_free, loop.embed_pool.num_free) == (NUM_PAGES, NUM_EMBEDS)
-        return messages(loop, inst)[0], loop.interceptions.num_discarded, paused_state
+        assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].embed_pool.num_free) == (NUM_PAGES, NUM_EMBEDS)
+        return messages(loop, inst)[0], loop.replicas[0].interceptions.num_discarded, paused_state
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
@@ -154,7 +154,7 @@ def test_infercept_discards_a_long_pause_it_cannot_swap_and_the_sdk_recomputes_i
 def test_a_killed_instance_whose_pages_were_discarded_leaves_nothing_behind(inference):
     def kill(loop, inst):
         loop.kill(inst, "the test is over")
-        assert (inst.state, loop.kv_pool.num_free, loop.host_pool.num_free) == (State.KILLED, NUM_PAGES, 16)
+        assert (inst.state, loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (State.KILLED, NUM_PAGES, 16)
     paused_run(inference, "text-completion", "discard", then=kill)
 
 
@@ -162,7 +162,7 @@ def test_the_loop_measures_the_recompute_and_the_pages_a_pause_keeps(inference):
     def paused_for_a_while(policy: str):
         with control_loop(inference, None, ["text-completion"], interception_policy=policy) as loop:
             inst = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
-            assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+            assert loop.run_until(lambda: inst.io_idle and not loop.replicas[0].calls.has_calls(inst), 60)
             paused_at = time.monotonic()
             loop.run_until(lambda: time.monotonic() - paused_at > 0.5, 5)
             loop.deliver(inst.instance_id, "go on")
@@ -185,10 +185,10 @@ def test_an_inferlet_on_the_raw_api_is_never_discarded(inference):
     # hello-python never says it can recompute its pages: `discard` preserves them.
     with control_loop(inference, None, ["hello-python"], interception_policy="discard") as loop:
         inst = loop.launch("hello-python", [PROMPT, str(NEW), "--pause"])
-        assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+        assert loop.run_until(lambda: inst.io_idle and not loop.replicas[0].calls.has_calls(inst), 60)
         for _ in range(3):
             loop.step(0.001)
-        assert (inst.record().shown_state, loop.interceptions.num_discarded) == ("preserved", 0)
+        assert (inst.record().shown_state, loop.replicas[0].interceptions.num_discarded) == ("preserved", 0)
         loop.deliver(inst.instance_id, "go on")
         assert loop.run_until(lambda: not inst.alive, 60)
         assert inst.state is State.FINISHED
@@ -197,11 +197,11 @@ def test_an_inferlet_on_the_raw_api_is_never_discarded(inference):
 def test_pages_with_calls_queued_or_in_flight_are_never_discarded(inference):
     with control_loop(inference, None, ["text-completion"], interception_policy="preserve") as loop:
         inst = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
-        assert loop.run_until(lambda: inst.io_idle and not loop.calls.has_calls(inst), 60)
+        assert loop.run_until(lambda: inst.io_idle and not loop.replicas[0].calls.has_calls(inst), 60)
 
         def discard_step(has_calls: bool) -> Interceptions:
-            interceptions = Interceptions(InterceptionPolicy("discard"), loop.profiler, allocator=loop.allocator,
-                                          kv_pool=loop.kv_pool, host_pool=loop.host_pool,
+            interceptions = Interceptions(InterceptionPolicy("discard"), loop.replicas[0].profiler, allocator=loop.replicas[0].allocator,
+                                          kv_pool=loop.replicas[0].kv_pool, host_pool=loop.replicas[0].host_pool,
                                           page_size=loop.info.page_size, has_calls=lambda _: has_calls)
             interceptions.step([inst], time.monotonic())
             return interceptions
@@ -214,7 +214,7 @@ def test_a_forward_over_a_discarded_page_fails_before_any_device_work_until_rest
         inst = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
         assert loop.run_until(lambda: inst.record().shown_state == "discarded", 60)
         pages = inst.resources.kvpage_handles()
-        loop.allocator.swap_in(inst)  # what running it again does first: fresh masked pages
+        loop.replicas[0].allocator.swap_in(inst)  # what running it again does first: fresh masked pages
         assert loop.run_until(lambda: not inst.swapping, 30)
         assert {inst.resources.location(page) for page in pages} == {BLANK}
 
@@ -223,13 +223,13 @@ def test_a_forward_over_a_discarded_page_fails_before_any_device_work_until_rest
             return inst.futures.get(handle)
         refused = forward_text()
         assert refused.done and refused.error.startswith(f"{KV_DISCARDED} kvpage handle {pages[0]} lost its K/V")
-        assert not loop.calls.has_calls(inst)  # nothing was queued for the device
+        assert not loop.replicas[0].calls.has_calls(inst)  # nothing was queued for the device
         assert kvpages.FUNCS["restore-discarded"](inst, pages[:1]) == pages[:1]
         rewritten = forward_text()
         assert loop.run_until(lambda: rewritten.done, 30)
         assert rewritten.error is None
         loop.kill(inst, "the test is over")
-        assert loop.kv_pool.num_free == NUM_PAGES
+        assert loop.replicas[0].kv_pool.num_free == NUM_PAGES
 
 
 def test_oven_serve_with_the_discard_policy_shows_and_counts_the_discard(inference, tmp_path):
@@ -269,9 +269,9 @@ def test_a_discarded_instance_returning_to_a_full_pool_is_admitted_as_a_swapped_
         paused = loop.launch("text-completion", [PROMPT, str(NEW), "--pause", "60000"])
         assert loop.run_until(lambda: paused.record().shown_state == "discarded", 60)
         newer = loop.launch("text-completion", [PROMPT, str(NEW)])  # takes the pages the paused one gave up
-        assert loop.run_until(lambda: loop.kv_pool.num_free < NUM_PAGES // 2, 60)
+        assert loop.run_until(lambda: loop.replicas[0].kv_pool.num_free < NUM_PAGES // 2, 60)
         loop.deliver(paused.instance_id, "go on")  # its pages do not fit now: the newer instance is preempted
         assert loop.run_until(lambda: not paused.alive and not newer.alive, 60)
         assert [(i.state, i.error, messages(loop, i)) for i in (paused, newer)] == [(State.FINISHED, None, [kept])] * 2
-        assert loop.allocator.num_preempted >= 1
-        assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, 16)
+        assert loop.replicas[0].allocator.num_preempted >= 1
+        assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (NUM_PAGES, 16)

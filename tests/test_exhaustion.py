@@ -71,7 +71,7 @@ def test_terminate_newest_kills_the_newcomer(inference, expected, tmp_path):
     settle(loop, old, new)
     assert message(loop, old) == expected[PROMPT_A]
     assert new.state is State.KILLED and "exhausted" in new.error
-    assert loop.kv_pool.num_free == NUM_PAGES
+    assert loop.replicas[0].kv_pool.num_free == NUM_PAGES
     loop.close()
 
 
@@ -82,7 +82,7 @@ def test_wait_parks_the_allocation_until_pages_return(inference, expected, tmp_p
     second = loop.launch("hello-python", [PROMPT_B, str(NEW)])
     settle(loop, first, second)
     assert (message(loop, first), message(loop, second)) == (expected[PROMPT_A], expected[PROMPT_B])
-    assert loop.kv_pool.num_free == NUM_PAGES
+    assert loop.replicas[0].kv_pool.num_free == NUM_PAGES
     loop.close()
 
 
@@ -94,11 +94,11 @@ def test_offload_swaps_out_an_instance_waiting_on_io(inference, expected, tmp_pa
     newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)])
     settle(loop, newcomer)
     assert message(loop, newcomer) == expected[PROMPT_B]
-    assert paused.resources.num_offloaded == 3 and loop.host_pool.num_free == 8 - 3
+    assert paused.resources.num_offloaded == 3 and loop.replicas[0].host_pool.num_free == 8 - 3
     paused.inbox.push("go on")
     settle(loop, paused)
     assert message(loop, paused) == expected[PROMPT_A]
-    assert loop.kv_pool.num_free == NUM_PAGES and loop.host_pool.num_free == 8
+    assert loop.replicas[0].kv_pool.num_free == NUM_PAGES and loop.replicas[0].host_pool.num_free == 8
     loop.close()
 
 
@@ -111,12 +111,12 @@ def test_an_ended_exporters_export_is_dropped_before_anyone_is_terminated(infere
     exporter = loop.launch("prefix-cache", [prefix, "go", "2"])
     settle(loop, exporter)
     assert exporter.exit_code == 0, exporter.error
-    ((name, num_pages),) = loop.exports.list_exports()
-    assert num_pages == 3 and loop.kv_pool.num_free == NUM_PAGES - 3
+    ((name, num_pages),) = loop.replicas[0].exports.list_exports()
+    assert num_pages == 3 and loop.replicas[0].kv_pool.num_free == NUM_PAGES - 3
     newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)])
     settle(loop, newcomer)
     assert message(loop, newcomer) == expected[PROMPT_B]
-    assert name not in loop.exports and loop.kv_pool.num_free == NUM_PAGES
+    assert name not in loop.replicas[0].exports and loop.replicas[0].kv_pool.num_free == NUM_PAGES
     loop.close()
 
 
@@ -126,7 +126,7 @@ def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expecte
     holder = loop.launch("hello-python", [PROMPT_A, str(NEW), "--pause"])
     assert loop.run_until(lambda: holder.io_idle, 30)
     handles = holder.resources.exclusive_device_handles()
-    loop.exports.export_kvpages(holder.resources, "held", handles, holder.owner)
+    loop.replicas[0].exports.export_kvpages(holder.resources, "held", handles, holder.owner)
     holder.resources.dealloc_kvpages(handles)  # the export alone holds the 3 pages; its exporter still runs
     waiter = loop.launch("hello-python", [PROMPT_B, str(NEW)])
     assert loop.run_until(lambda: getattr(waiter, "blocked_since", None) is not None, 30)
@@ -134,7 +134,7 @@ def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expecte
     settle(loop, waiter)
     assert message(loop, waiter) == expected[PROMPT_B]
     loop.kill(holder, "the test is over")
-    assert loop.kv_pool.num_free == NUM_PAGES
+    assert loop.replicas[0].kv_pool.num_free == NUM_PAGES
     loop.close()
 
 
@@ -146,7 +146,7 @@ def test_preempt_runs_more_instances_than_the_pool_holds_with_the_outputs_of_a_b
     runs = [loop.launch("text-completion", [prompt, str(NEW)]) for prompt in prompts]
     settle(loop, *runs)
     assert [(r.state, message(loop, r)) for r in runs] == [(State.FINISHED, expected[p]) for p in prompts]
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.allocator.num_waiting) == (NUM_PAGES, 8, 0)
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free, loop.replicas[0].allocator.num_waiting) == (NUM_PAGES, 8, 0)
     loop.close()
 
 
@@ -162,11 +162,11 @@ def test_preempt_swaps_out_the_newer_instance_and_resumes_it_intact(inference, e
     loop.hold_output(old.instance_id, False)
     settle(loop, old)
     assert message(loop, old) == expected[PROMPT_A]
-    assert (loop.allocator.num_preempted, new.resources.num_offloaded, loop.host_pool.num_free) == (1, 3, 5)
+    assert (loop.replicas[0].allocator.num_preempted, new.resources.num_offloaded, loop.replicas[0].host_pool.num_free) == (1, 3, 5)
     loop.hold_output(new.instance_id, False)
     settle(loop, new)
     assert (new.state, message(loop, new)) == (State.FINISHED, expected[PROMPT_B])
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, 8)
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (NUM_PAGES, 8)
     loop.close()
 
 
@@ -187,7 +187,7 @@ def test_a_client_holding_the_pool_and_host_tier_gives_way_to_another_client(inf
         assert loop.run_until(lambda: hoarder.io_idle or not hoarder.alive, 60)
         assert messages(loop, hoarder) == [f"holding {device} + {host}"]
         hoarders.append(hoarder)
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (0, 0)
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (0, 0)
     newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)], owner="b")
     settle(loop, newcomer)
     assert (newcomer.state, message(loop, newcomer)) == (State.FINISHED, expected[PROMPT_B])
@@ -196,10 +196,10 @@ def test_a_client_holding_the_pool_and_host_tier_gives_way_to_another_client(inf
                                                         "than its fair share of 3, while client 'b' waited for "
                                                         "pages, and the host tier had no room for its pages")
     assert swapped.alive and swapped.resources.num_offloaded == 5 and kept.resources.num_offloaded == 2
-    assert loop.allocator.num_preempted == 1
+    assert loop.replicas[0].allocator.num_preempted == 1
     for hoarder in (swapped, kept):
         hoarder.inbox.push("go on")
     settle(loop, swapped, kept)
     assert [(h.state, messages(loop, h)[-1]) for h in (swapped, kept)] == [(State.FINISHED, "released")] * 2
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.allocator.num_waiting) == (NUM_PAGES, 8, 0)
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free, loop.replicas[0].allocator.num_waiting) == (NUM_PAGES, 8, 0)
     loop.close()

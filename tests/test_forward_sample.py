@@ -43,7 +43,7 @@ def test_a_chain_of_steps_issued_before_any_completes(loop):
         stepwise.append(take(loop, inst, step(inst, pages, len(PROMPT) + i, [stepwise[-1]]), "take-token"))
     assert tokens == stepwise
     loop.kill(inst, "test over")
-    assert len(loop.calls.token_slots) == 0
+    assert len(loop.replicas[0].calls.token_slots) == 0
 
 
 def test_bad_and_failed_input_futures_fail_their_step_alone(loop):
@@ -65,7 +65,7 @@ def test_bad_and_failed_input_futures_fail_their_step_alone(loop):
     assert isinstance(take(loop, inst, good, "take-token"), int)
     assert take(loop, inst, bad, "take-token") == f"bad_token: token 1000000 is out of range [0, {vocab})"
     loop.kill(inst, "test over")
-    assert len(loop.calls.token_slots) == 0
+    assert len(loop.replicas[0].calls.token_slots) == 0
 
 
 def test_a_killed_instance_with_steps_in_flight_leaks_nothing(loop):
@@ -76,9 +76,9 @@ def test_a_killed_instance_with_steps_in_flight_leaks_nothing(loop):
         chained.append(step(inst, pages, len(PROMPT) + i, [0], [chained[-1]]))
     loop._dispatch()  # some in flight, the rest queued
     loop.kill(inst, "test over")
-    assert loop.run_until(lambda: not loop.calls.num_in_flight, 30)
-    assert len(loop.calls.token_slots) == 0
-    assert loop.kv_pool.num_free == loop.info.num_kv_pages
+    assert loop.run_until(lambda: not loop.replicas[0].calls.num_in_flight, 30)
+    assert len(loop.replicas[0].calls.token_slots) == 0
+    assert loop.replicas[0].kv_pool.num_free == loop.info.num_kv_pages
 
 
 def test_a_step_on_another_queue_may_feed_on_a_pending_future(loop):
@@ -93,4 +93,4 @@ def test_a_step_on_another_queue_may_feed_on_a_pending_future(loop):
     child = step(inst, pages[1:], len(PROMPT), [0], [parent], q=fork_queue)
     assert [take(loop, inst, parent, "take-token"), take(loop, inst, child, "take-token")] == expected
     loop.kill(inst, "test over")
-    assert len(loop.calls.token_slots) == 0
+    assert len(loop.replicas[0].calls.token_slots) == 0

@@ -47,7 +47,7 @@ def test_stopped_by_max_tokens(loop, free_runs, spec):
     assert len(report["pipelined"]["generated"]) == 40
     assert_pools_full(loop)
     # It did run pipelined: a step and the one ahead of it held two slots at once; none is left.
-    assert loop.calls.token_slots.high_water >= 2 and len(loop.calls.token_slots) == 0
+    assert loop.replicas[0].calls.token_slots.high_water >= 2 and len(loop.replicas[0].calls.token_slots) == 0
 
 
 @pytest.mark.parametrize("spec", SAMPLERS)

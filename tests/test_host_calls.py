@@ -85,13 +85,13 @@ def test_export_import_shares_pages_with_refcounts(loop):
     assert b.resources.physical_pages(imported) == physical
     assert call(b, "kvpages", "import-kvpages", "nothing") == "no kvpage export named 'nothing'"
     take(loop, a, call(a, "kvpages", "dealloc-kvpages", 0, pages), "take-unit")
-    assert all(loop.kv_pool.refcount(p) == 2 for p in physical)  # the export and b still hold them
+    assert all(loop.replicas[0].kv_pool.refcount(p) == 2 for p in physical)  # the export and b still hold them
     assert "only its exporter may release it" in call(b, "kvpages", "release-export", "prefix")
     loop.kill(b, "test over")
     assert call(a, "kvpages", "release-export", "prefix") is None
-    assert all(loop.kv_pool.refcount(p) == 0 for p in physical)
+    assert all(loop.replicas[0].kv_pool.refcount(p) == 0 for p in physical)
     loop.kill(a, "test over")
-    assert loop.kv_pool.num_free == 32
+    assert loop.replicas[0].kv_pool.num_free == 32
 
 
 def test_broadcast_reaches_subscribers_only(loop):

@@ -68,7 +68,7 @@ def finish(loop, runs, events, expected) -> None:
     assert loop.run_until(lambda: not any(r.alive for r in runs), 60)
     outputs = [next(p for i, k, p in events if i == r.instance_id and k == "message") for r in runs]
     assert ([r.state for r in runs], outputs) == ([State.FINISHED] * 2, list(expected.values()))
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES)
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES)
     loop.close()
 
 
@@ -76,8 +76,8 @@ def test_infercept_swaps_paused_instances_out_of_a_full_pool_and_back_with_the_s
                                                                                          tmp_path):
     loop, runs, events = run_paused_pair(inference, tmp_path, "infercept")
     assert loop.run_until(lambda: all(r.record().shown_state == "swapped" for r in runs), 30)
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES - NUM_PAGES)
-    assert loop.interceptions.num_swapped_out == 2
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES - NUM_PAGES)
+    assert loop.replicas[0].interceptions.num_swapped_out == 2
     # The copies took time, which counts against the pages of whoever was not paused (at most the pool).
     snapshot = loop.snapshot()
     assert snapshot.copy_s > 0 and 0 <= snapshot.copy_page_s <= NUM_PAGES * snapshot.copy_s
@@ -89,9 +89,9 @@ def test_preserve_keeps_paused_instances_on_the_device(inference, expected, tmp_
     for _ in range(20):  # the policy is asked every turn; under `preserve` nothing moves
         loop.step(0.005)
     assert [r.record().shown_state for r in runs] == ["preserved", "preserved"]
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free, loop.interceptions.num_swapped_out) == (
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free, loop.replicas[0].interceptions.num_swapped_out) == (
         0, NUM_HOST_PAGES, 0)
-    assert (loop.interceptions.copy_s, loop.interceptions.copy_page_s) == (0.0, 0.0)
+    assert (loop.replicas[0].interceptions.copy_s, loop.replicas[0].interceptions.copy_page_s) == (0.0, 0.0)
     finish(loop, runs, events, expected)
 
 
@@ -99,7 +99,7 @@ def test_a_killed_swapped_out_instance_gives_its_host_slots_back(inference, tmp_
     loop, runs, _ = run_paused_pair(inference, tmp_path, "swap")
     assert loop.run_until(lambda: all(r.record().shown_state == "swapped" for r in runs), 30)
     loop.kill(runs[0], "the test is over")
-    assert (loop.host_pool.num_free, runs[0].state) == (NUM_HOST_PAGES - 2, State.KILLED)
+    assert (loop.replicas[0].host_pool.num_free, runs[0].state) == (NUM_HOST_PAGES - 2, State.KILLED)
     loop.kill(runs[1], "the test is over")
-    assert (loop.kv_pool.num_free, loop.host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES)
+    assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES)
     loop.close()

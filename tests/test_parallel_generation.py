@@ -22,14 +22,14 @@ PROGRAMS = ["parallel-generation"]  # stored in the module's ControlLoop (the `l
 
 def record_batches(loop) -> list:
     """(call type, number of commands, number of queues) of every batch the scheduler forms from now on."""
-    batches, form = [], loop.scheduler.form_batch
+    batches, form = [], loop.replicas[0].scheduler.form_batch
 
     def recording(*args):
         batch = form(*args)
         if batch is not None:
             batches.append((batch.call_type, len(batch.commands), len({c.queue_id for c in batch.commands})))
         return batch
-    loop.scheduler.form_batch = recording
+    loop.replicas[0].scheduler.form_batch = recording
     return batches
 
 
@@ -37,10 +37,10 @@ def test_branches_equal_solo_generation_and_batch_horizontally(loop, inference):
     tok = Tokenizer(loop.info.tokenizer)
     prompt_ids = tok.encode(PROMPT)
     assert len(prompt_ids) > loop.info.page_size and len(prompt_ids) % loop.info.page_size  # a partial page to copy
-    before, batches = loop.scheduler.stats(), record_batches(loop)
+    before, batches = loop.replicas[0].scheduler.stats(), record_batches(loop)
     (inst,) = run(loop, "parallel-generation", [[PROMPT, str(MAX_NEW), *SUFFIXES]])
     assert inst.exit_code == 0, inst.error
-    after = loop.scheduler.stats()
+    after = loop.replicas[0].scheduler.stats()
     (message,) = messages(loop, inst)
     results = json.loads(message)
     assert [r["suffix"] for r in results] == SUFFIXES

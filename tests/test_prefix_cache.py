@@ -67,9 +67,9 @@ def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
     assert result(loop, first) == {"tokens": expected[0], "imported": False,
                                    "forwarded": len(prefix) + len(suffixes[0]) + MAX_NEW - 1}
     # The exporter has exited; its export lives on with the pages of the prefix but its last token.
-    ((name, num_pages),) = loop.exports.list_exports()
+    ((name, num_pages),) = loop.replicas[0].exports.list_exports()
     assert name.startswith("prefix-cache/") and num_pages == -(-len(held) // page_size)
-    assert [e.name for e in loop.exports.exported_by(first.instance_id)] == [name]
+    assert [e.name for e in loop.replicas[0].exports.exported_by(first.instance_id)] == [name]
 
     later = run(loop, "prefix-cache", [[PREFIX, s, str(MAX_NEW)] for s in SUFFIXES] +
                 [[PREFIX, SUFFIXES[1], str(MAX_NEW), "--no-cache"]])
@@ -77,12 +77,12 @@ def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
         assert result(loop, inst) == {"tokens": want, "imported": True, "forwarded": 1 + len(s) + MAX_NEW - 1}
     assert result(loop, later[-1]) == {"tokens": expected[1], "imported": False,
                                        "forwarded": len(prefix) + len(suffixes[1]) + MAX_NEW - 1}
-    assert loop.exports.list_exports() == [(name, num_pages)]  # --no-cache neither imports nor exports
+    assert loop.replicas[0].exports.list_exports() == [(name, num_pages)]  # --no-cache neither imports nor exports
 
     # The export holds the prefix but its last token and nothing else: no instance wrote into its
     # pages after exporting (the importers' last prefix token included).
-    exported = list(loop.exports.get(name, first.owner).page_ids)
-    free = [i for i in range(loop.kv_pool.size) if loop.kv_pool.refcount(i) == 0][:num_pages + 2]
+    exported = list(loop.replicas[0].exports.get(name, first.owner).page_ids)
+    free = [i for i in range(loop.replicas[0].kv_pool.size) if loop.replicas[0].kv_pool.refcount(i) == 0][:num_pages + 2]
     clean_prefix_pages(inference, page_size, held, free[:num_pages])
     (got_ids, got), (want_ids, want) = (probe(inference, page_size, exported, free[-1]),
                                         probe(inference, page_size, free[:num_pages], free[-2]))

@@ -167,9 +167,9 @@ def test_a_stall_of_the_loop_itself_is_not_taken_for_a_hung_inference_process(in
     tokenize on its thread once made it): the reply that came meanwhile is read before the batch is
     judged, so the healthy inference process is not killed (row 3)."""
     with two_client_loop(inference, inference_timeout_s=1.0) as loop:
-        loop.supervisor = judge = _Judge()
+        loop.replicas[0].supervisor = judge = _Judge()
         inst = loop.launch("hello-python", [PROMPT, str(NUM_TOKENS)], owner="alice")
-        assert loop.run_until(lambda: loop.calls.num_in_flight > 0, 60)
+        assert loop.run_until(lambda: loop.replicas[0].calls.num_in_flight > 0, 60)
         time.sleep(1.5)
         assert loop.run_until(lambda: not inst.alive, 60)
         assert (inst.state, messages(loop, inst), judge.killed) == (State.FINISHED, [expected], [])

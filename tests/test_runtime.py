@@ -39,9 +39,9 @@ def test_wasm_clock_counts_host_calls_and_inferlet_code(loop, inference, program
 
 def test_64_concurrent_inferlets_match_solo_runs_and_batch(loop, inference):
     prompts = [f"Sequence {i}: {'abc ' * (i % 7)}" for i in range(64)]
-    before = loop.scheduler.stats()
+    before = loop.replicas[0].scheduler.stats()
     instances = run(loop, "hello-python", [[prompt, "6"] for prompt in prompts])
-    after = loop.scheduler.stats()
+    after = loop.replicas[0].scheduler.stats()
     assert all(i.exit_code == 0 for i in instances)
     for inst, prompt in zip(instances, prompts):
         assert messages(loop, inst) == [" ".join(map(str, direct_greedy(inference, loop, prompt, 6)))]
@@ -58,9 +58,9 @@ def test_instances_in_lockstep_decode_in_one_batch_a_round(loop, inference):
     these 144 commands, 6 items on average). The first calls may go out in a few parts: the 16 starts run
     one after another in the client's runner (an instantiation and a start slice each, milliseconds),
     and their first pages' masks go out as they come."""
-    before = loop.scheduler.stats()
+    before = loop.replicas[0].scheduler.stats()
     instances = run(loop, "hello-python", [[f"Sequence {i:02d}: the same length", "8", "--fused"] for i in range(16)])
-    after = loop.scheduler.stats()
+    after = loop.replicas[0].scheduler.stats()
     assert all(i.exit_code == 0 for i in instances)
     sizes = dict(after.batch_size_histogram)
     for size, count in before.batch_size_histogram:

@@ -213,14 +213,14 @@ def test_concurrent_completions_equal_solo_runs_and_seeded_sampling_repeats(loop
 
 def record_forwards(loop, monkeypatch) -> list[list[int]]:
     """The positions of every forward-text command the scheduler batches during the test."""
-    positions, form = [], loop.scheduler.form_batch
+    positions, form = [], loop.replicas[0].scheduler.form_batch
 
     def recording(*args):
         batch = form(*args)
         if batch is not None and batch.call_type == "forward_text":
             positions.extend(list(command.item.positions) for command in batch.commands)
         return batch
-    monkeypatch.setattr(loop.scheduler, "form_batch", recording)
+    monkeypatch.setattr(loop.replicas[0].scheduler, "form_batch", recording)
     return positions
 
 

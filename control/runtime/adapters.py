@@ -6,6 +6,8 @@ while the server runs, and an id is never given to another adapter. So when the
 inference process is restarted, :meth:`Adapters.reload` loads every adapter again
 under the same id before any batch is sent (the inference process answers in
 order), and an inferlet holding an id from ``open-adapter`` goes on unchanged.
+With several inference replicas every adapter is loaded on each: it is loaded once
+all have accepted it, failed if one refused it.
 
 Registered adapters are those that ship with oven for the served model and those of the
 :class:`~oven.control.adapter_store.AdapterStore`, loaded at start
@@ -20,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from oven.control.adapter_store import AdapterStore, AdapterStoreError, packaged_adapters
@@ -45,19 +47,22 @@ class Adapter:
     error: str = ""  # why it failed to load
     info: p.AdapterInfo | None = None  # from the inference process, once loaded
     on_loaded: Callable[[Adapter], None] | None = None  # an operator's add waiting for the outcome
+    waiting: set[int] = field(default_factory=set)  # replicas that have not answered its load yet
 
 
 class Adapters:
-    """``send(request) -> request id`` sends to the current inference process; ``info`` is what it serves."""
+    """``send(replica, request) -> request id`` sends to inference replica ``replica`` (0 to
+    ``num_replicas`` - 1, its current process); ``info`` is what they serve."""
 
-    def __init__(self, store: AdapterStore, send: Callable[[object], int], info: p.InfoReply):
-        self.store, self._send = store, send
+    def __init__(self, store: AdapterStore, send: Callable[[int, object], int], info: p.InfoReply,
+                 num_replicas: int = 1):
+        self.store, self._send, self.num_replicas = store, send, num_replicas
         self.supported = p.TRAIT_LORA_ADAPTERS in info.traits
         self._unsupported = f"this server takes no LoRA adapters ({info.model_name} lacks the lora-adapters trait)"
         self.model_name = info.model_name
         self._by_name: dict[str, Adapter] = {}
         self._ids = itertools.count(1)
-        self._pending: dict[int, str] = {}  # request id -> adapter name
+        self._pending: dict[tuple[int, int], str] = {}  # (replica, request id) -> adapter name
 
     # -- what instances and clients read ------------------------------------------------------
 
@@ -83,9 +88,9 @@ class Adapters:
 
     # -- loading ------------------------------------------------------------------------------
 
-    def load_stored(self, wait: Callable[[int], object]) -> None:
+    def load_stored(self, wait: Callable[[int, int], object]) -> None:
         """At start: load the packaged adapters for the served model, then every stored one, waiting
-        for each reply with ``wait(request_id)``."""
+        for each reply with ``wait(replica, request_id)``."""
         if not self.supported:
             if self.store.names():
                 log.warning("%s: the %d stored ones are not loaded", self._unsupported, len(self.store.names()))
@@ -96,8 +101,8 @@ class Adapters:
         for name, (path, is_packaged) in folders.items():
             adapter = self._register(name, str(path))
             adapter.packaged = is_packaged
-            request_id = self._load(adapter)
-            self.settle(request_id, wait(request_id))
+            for replica, request_id in self._load(adapter):
+                self.settle(replica, request_id, wait(replica, request_id))
 
     def add(self, name: str, folder: Path, on_loaded: Callable[[Adapter], None]) -> None:
         """Copy ``folder`` into the store as ``name`` and load it; ``on_loaded(adapter)`` once the
@@ -125,46 +130,60 @@ class Adapters:
             raise AdapterStoreError(f"adapter {name!r} is still loading; remove it once it has loaded")
         del self._by_name[name]
         if adapter.state == LOADED:  # the inference process answers in order: later items naming it fail
-            self._send(p.UnloadAdapterRequest(name))
+            for replica in range(self.num_replicas):
+                self._send(replica, p.UnloadAdapterRequest(name))
         self.store.remove(name)
 
-    def settle(self, request_id: int, reply) -> bool:
-        """Take the reply to one of our load requests; False if ``request_id`` is not ours."""
-        name = self._pending.pop(request_id, None)
+    def settle(self, replica: int, request_id: int, reply) -> bool:
+        """Take replica ``replica``'s reply to one of our load requests; False if ``request_id`` is not ours."""
+        name = self._pending.pop((replica, request_id), None)
         if name is None:
             return False
         adapter = self._by_name.get(name)
         if adapter is None:
             return True
+        adapter.waiting.discard(replica)
         if isinstance(reply, p.AdapterReply):
-            adapter.state, adapter.info, adapter.error = LOADED, reply.adapter, ""
-            log.info("adapter %r loaded as id %d", name, adapter.adapter_id)
-        else:
+            adapter.info = reply.adapter
+        elif adapter.state != FAILED:
             adapter.state = FAILED
             adapter.error = reply.message if isinstance(reply, p.ErrorReply) else f"unexpected reply {reply!r}"
             log.warning("adapter %r was refused: %s", name, adapter.error)
+        if adapter.waiting:
+            return True
+        if adapter.state == LOADING:
+            adapter.state, adapter.error = LOADED, ""
+            log.info("adapter %r loaded as id %d", name, adapter.adapter_id)
         if adapter.on_loaded is not None:
             on_loaded, adapter.on_loaded = adapter.on_loaded, None
-            if adapter.state == FAILED:  # an add that failed leaves nothing behind
+            if adapter.state == FAILED:  # an add that failed leaves nothing behind (nor on a replica that took it)
                 del self._by_name[name]
                 self.store.remove(name)
+                for other in range(self.num_replicas):
+                    self._send(other, p.UnloadAdapterRequest(name))
             on_loaded(adapter)
         return True
 
-    def reload(self) -> None:
-        """A new inference process serves: load every adapter again under its id (replies to the
+    def reload(self, replica: int) -> None:
+        """A new process of ``replica`` serves: load every adapter there again under its id (replies to the
         dead process's load requests will never come; an add that waited on one waits on this)."""
-        self._pending.clear()
+        for key in [key for key in self._pending if key[0] == replica]:
+            del self._pending[key]
         for adapter in self.entries():
             if adapter.state != FAILED:
-                self._load(adapter)
+                self._load(adapter, [replica])
 
     def _register(self, name: str, path: str) -> Adapter:
         adapter = Adapter(name, next(self._ids), path)
         self._by_name[name] = adapter
         return adapter
 
-    def _load(self, adapter: Adapter) -> int:
-        request_id = self._send(p.LoadAdapterRequest(adapter.adapter_id, adapter.name, adapter.path))
-        self._pending[request_id] = adapter.name
-        return request_id
+    def _load(self, adapter: Adapter, replicas: list[int] | None = None) -> list[tuple[int, int]]:
+        """Send its load to ``replicas`` (every one by default); the (replica, request id) of each."""
+        sent = []
+        for replica in range(self.num_replicas) if replicas is None else replicas:
+            request_id = self._send(replica, p.LoadAdapterRequest(adapter.adapter_id, adapter.name, adapter.path))
+            self._pending[(replica, request_id)] = adapter.name
+            adapter.waiting.add(replica)
+            sent.append((replica, request_id))
+        return sent

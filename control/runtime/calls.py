@@ -69,7 +69,7 @@ class InferenceCalls:
         never reused, and the runner counts the same way)."""
         q = inst.num_queues_opened
         inst.num_queues_opened += 1
-        inst.queues[q] = QueueState(self.scheduler.create_queue(_numeric(inst.instance_id), priority))
+        inst.queues[q] = QueueState(self.scheduler.create_queue(scheduler_key(inst.instance_id), priority))
         return q
 
     def close_queue(self, inst: Instance, q: int) -> None:
@@ -86,7 +86,7 @@ class InferenceCalls:
 
     def drop_instance(self, inst: Instance) -> None:
         """Fail every call ``inst`` still has queued (those in flight settle when their reply comes)."""
-        self._fail(self.scheduler.remove_instance(_numeric(inst.instance_id)), "the instance ended")
+        self._fail(self.scheduler.remove_instance(scheduler_key(inst.instance_id)), "the instance ended")
 
     # -- calls -----------------------------------------------------------------------------------
 
@@ -194,6 +194,6 @@ def _decode_dist(dist: p.TopKDist) -> tuple[list[int], list[float]]:
     return ids.tolist(), probs.tolist()
 
 
-def _numeric(instance_id: str) -> int:
+def scheduler_key(instance_id: str) -> int:
     """The scheduler's key for an instance: the serial number that starts its id."""
     return int(instance_id.split("-", 1)[0], 16)

@@ -55,6 +55,7 @@ class InstanceRecord:
     output_held: bool = False  # running, but held until a client reads its output
     kv: str = ""  # running | preserved | swapped | discarded (Instance.kv_state); "" once ended
     cpu_s: float = 0.0  # Instance.cpu_ns
+    replica: int = 0  # the inference replica it lives (lived) on
 
     @property
     def shown_state(self) -> str:
@@ -102,12 +103,14 @@ class Inbox:
 
 
 class Instance:
-    """``host`` is all its host functions may use beyond the instance; ``resources`` and queue 0 are the
-    loop's to add before the first slice."""
+    """``host`` is all its host functions may use beyond the instance: its replica's (placement.py sets it,
+    with ``replica`` and ``resources``); queue 0 is the loop's to open before the first slice."""
 
-    def __init__(self, instance_id: str, program: str, args: list[str], owner: str, host: HostServices,
-                 limits: InstanceLimits):
-        self.instance_id, self.program, self.args, self.host, self.limits = instance_id, program, args, host, limits
+    def __init__(self, instance_id: str, program: str, args: list[str], owner: str, limits: InstanceLimits):
+        self.instance_id, self.program, self.args, self.limits = instance_id, program, args, limits
+        self.host: HostServices | None = None
+        self.replica = None  # the inference replica it lives on (runtime/replica.py)
+        self.placed = False  # it made a call there: it stays (placement.py)
         self.owner = owner  # the client that launched it: its exports, topics, name and runner are that client's
         self.state = State.READY
         self.exit_code: int | None = None
@@ -197,7 +200,7 @@ class Instance:
 
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
-                              self.owner, self.output_held and self.alive, self.kv_state, self.cpu_ns / 1e9)
+                              self.owner, self.output_held and self.alive, self.kv_state, self.cpu_ns / 1e9, self.replica.index)
 
     @property
     def alive(self) -> bool:

@@ -18,10 +18,15 @@ The inference process answers in FIFO order, which is what makes it safe to
 free memory as soon as the calls that used it have been *sent*: anything that
 reuses it is sent later and so runs later.
 
+With several inference processes (data parallel, ``oven serve --data-parallel N``) each is a
+:class:`~.replica.Replica` with pools, queues and batches of its own; every instance lives on one
+(``placement.py``) and each turn dispatches to each.
+
 With a supervisor (``oven serve``), a dead or hung inference process is noticed
 within a turn or two: every instance that had state in it (pages, embeds, calls
-queued or in flight) ends with ``inference process died: ...``, the exports go,
-and a new process starts; the loop dispatches again once it answers.
+queued or in flight) ends with ``inference process died: ...`` (``inference replica K died: ...``
+with several), its exports go, and a new process starts; the loop dispatches to it again once it
+answers, and to the other replicas meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import math
 import logging
 import queue
 import time
+from collections import Counter
+from collections.abc import Sequence
 from typing import Callable
 
 import msgpack
@@ -40,9 +47,8 @@ import zmq
 from oven.control.adapter_store import AdapterStore
 from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
-from oven.control.resources import ExportRegistry, PhysicalPool, ResourceTable
-from oven.control.scheduling import BatchScheduler
-from oven.control.scheduling.profiler import CostProfiler
+from oven.control.resources import Export, ResourceError
+from oven.control.scheduling import SchedulerStats
 from oven.control.supervisor import InferenceSupervisor
 from oven.proto import control as c
 from oven.control.runner.imports import WasmClock
@@ -52,22 +58,21 @@ from oven.proto.auth import OPERATOR
 
 from . import host
 from .adapters import Adapters
-from .allocator import Allocator
 from .apply import apply_calls
-from .calls import InferenceCalls
 from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
-from .interceptions import Interceptions
+from .placement import Placement
 from .programs import ProgramStore, engine_config
+from .replica import Replica
 from .runners import SILENT_S, Runner, RunnerLost, Runners
-from .services import EventSink, HostServices
-from .snapshot import LoopSnapshot
+from .services import EventSink
+from .snapshot import LoopSnapshot, ReplicaLoad
 from .timers import Timers
 from .topics import Topics
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
+START_TIMEOUT_S = 300.0  # the first answers of inference processes (adapter loads at start)
 # The adaptive policy waits for the slices of instances a batch reply woke (or a launch started), so
 # that a batch holds every instance one reply woke, while their runner makes progress (Runner.progressing)
 # and for WAVE_WAIT_S at most: a slow or spinning slice holds up other clients' batches by a few
@@ -86,57 +91,52 @@ class ControlLoop:
     host functions see :class:`HostServices`.
     """
 
-    def __init__(self, client: InferenceClient, config: ControlConfig, on_event: EventSink,
-                 supervisor: InferenceSupervisor | None = None):
-        self.client, self.config, self._on_event = client, config, on_event
-        self.supervisor = supervisor
-        self.info: p.InfoReply = client.info()
-        self._info_request: int | None = None  # a restarted inference process: answers this when it serves
-        self._restarted_at = 0.0
+    def __init__(self, clients: InferenceClient | Sequence[InferenceClient], config: ControlConfig,
+                 on_event: EventSink, supervisors: Sequence[InferenceSupervisor] | None = None):
+        """``clients``: one per inference replica (a single one for one process); ``supervisors``, one per
+        client, restart dead processes (``oven serve``)."""
+        clients = [clients] if isinstance(clients, InferenceClient) else list(clients)
+        self.config, self._on_event = config, on_event
+        infos = [client.info() for client in clients]
+        self.info: p.InfoReply = infos[0]  # the served model (every replica serves the same)
+        for index, info in enumerate(infos[1:], 1):
+            if (info.model_name, info.page_size, info.vocab_size) != (self.info.model_name, self.info.page_size,
+                                                                      self.info.vocab_size):
+                raise RuntimeError(f"inference replica {index} serves {info.model_name} with {info.page_size}-token "
+                                   f"pages; replica 0 serves {self.info.model_name} with {self.info.page_size}")
+        self.replicas: list[Replica] = []
         # Ids are the control process's (see adapters.py): every adapter is loaded before any batch is sent.
-        self.adapters = Adapters(AdapterStore(config.adapters_path), lambda request: self.client.send(request),
-                                 self.info)
-        self.adapters.load_stored(lambda request_id: self.client.wait_reply(request_id, START_TIMEOUT_S))
-        self.engine = wasmtime.Engine(engine_config())  # compiles uploads; runners run them
-        self.programs = ProgramStore(config.programs_path, self.engine)
-        self.wasm_clock = WasmClock()  # every runner's slices, added up
-        self.instances: dict[str, Instance] = {}
-        self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
-        self.scheduler = BatchScheduler()
-        # The host tier copies on a side stream on CUDA only (inference/memory.py); elsewhere between steps.
-        self.profiler = CostProfiler(copies_overlap=self.info.device.startswith("cuda"))
-        self._profile_logged = self.profiler.measured  # what _log_profile last reported
-        # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
-        self.calls = InferenceCalls(self.scheduler, on_broken=self.kill,
-                                    on_batch=lambda *batch: self.interceptions.observe_batch(*batch))
-        self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
-        self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
-        self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
-        self.exports = ExportRegistry(self.kv_pool)
-        self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
-                                   exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
-                                   instances=self.instances, kill=self.kill,
-                                   has_calls=lambda inst: inst.in_slice or self.calls.has_calls(inst))
-        self.interceptions = Interceptions(config.interception, self.profiler, allocator=self.allocator,
-                                           kv_pool=self.kv_pool, host_pool=self.host_pool,
-                                           page_size=self.info.page_size, has_calls=self.calls.has_calls)
+        self.adapters = Adapters(AdapterStore(config.adapters_path),
+                                 lambda index, request: self.replicas[index].client.send(request), self.info,
+                                 len(clients))
         self.timers, self.topics = Timers(), Topics()
         self._posted: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = _wake_pipe()
         self._poller = zmq.Poller()  # built once: every turn of the loop polls it
-        for sock in (client.socket, self._wake_r):
-            self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
         self._extra_polled: set[zmq.Socket] = set()  # the sockets of step()'s last ``extra``
         self.http = HttpClient(config.http_allow_list, post=self.post, timeout_s=config.http_timeout_s,
                                per_instance=config.http_fetches_per_instance,
                                queue_per_instance=config.http_queue_per_instance, workers=config.http_workers,
                                max_body_bytes=config.http_max_body_mib << 20)
-        self._host = HostServices(info=self.info, calls=self.calls,
-                                  allocator=self.allocator, adapters=self.adapters, exports=self.exports,
-                                  topics=self.topics, timers=self.timers, http=self.http, emit=on_event)
-        self._instance_numbers = itertools.count(1)
         self._limits = InstanceLimits(config.max_kv_pages_per_instance, config.max_embeds_per_instance,
                                       config.inbox_messages, config.inbox_mib << 20)
+        self.placement = Placement(self.replicas, self._limits)
+        shared = dict(topics=self.topics, timers=self.timers, http=self.http, emit=on_event, placement=self.placement)
+        supervisors = supervisors or [None] * len(clients)
+        self._replica_by_socket: dict[zmq.Socket, Replica] = {}
+        for index, (client, info, supervisor) in enumerate(zip(clients, infos, supervisors)):
+            replica = Replica(index, client, info, config, self.adapters, self.kill, shared, supervisor)
+            self.replicas.append(replica)
+            self._poll_replica(replica)
+        self.adapters.load_stored(lambda index, request_id: self.replicas[index].client.wait_reply(
+            request_id, START_TIMEOUT_S))
+        self.engine = wasmtime.Engine(engine_config())  # compiles uploads; runners run them
+        self.programs = ProgramStore(config.programs_path, self.engine)
+        self.wasm_clock = WasmClock()  # every runner's slices, added up
+        self.instances: dict[str, Instance] = {}
+        self.finished: dict[str, InstanceRecord] = {}  # what `ps` shows of ended instances
+        self._instance_numbers = itertools.count(1)
         setup = r.Setup(str(config.programs_path), self.info.model_name,
                         [t.replace("_", "-") for t in self.info.traits], self.info.page_size, self.info.vocab_size,
                         self.info.tokenizer, host.CALL_SPECS, config.instance_memory_mib << 20, config.slice_ms,
@@ -160,11 +160,10 @@ class ControlLoop:
         runner = self.runners.for_client(owner)
         sequence = next(self._instance_numbers)
         instance_id = f"{sequence:x}-{digest[:8]}"
-        inst = Instance(instance_id, digest, list(args), owner, self._host, self._limits)
+        inst = Instance(instance_id, digest, list(args), owner, self._limits)
         inst.started_at, inst.sequence, inst.runner = time.monotonic(), sequence, runner
-        inst.resources = ResourceTable(instance_id, self.kv_pool, self.embed_pool, self.host_pool,
-                                       max_kvpages=self._limits.max_kv_pages, max_embeds=self._limits.max_embeds)
-        self.calls.open_queue(inst)  # queue 0
+        self.placement.place(inst)
+        inst.replica.calls.open_queue(inst)  # queue 0
         self.instances[instance_id] = inst
         runner.instance_ids.add(instance_id)
         return inst
@@ -178,35 +177,49 @@ class ControlLoop:
 
     def _retire(self, inst: Instance) -> None:
         """Return everything the instance holds; fail what it still had queued."""
-        self.calls.drop_instance(inst)
+        replica = inst.replica
+        replica.calls.drop_instance(inst)
         host.grammars.drop_all(inst)
-        self.allocator.forget(inst)
+        replica.allocator.forget(inst)
         self.http.forget(inst.instance_id)
         if inst.state is not State.FINISHED:  # its KV may be half written: no one should import it
-            for export in self.exports.exported_by(inst.instance_id):
-                self.exports.drop(export.name, export.namespace)
+            for export in replica.exports.exported_by(inst.instance_id):
+                replica.exports.drop(export.name, export.namespace)
         inst.resources.release_all()
         self._leave_runner(inst)
         self.topics.forget(inst.instance_id)
         self.timers.forget(inst.instance_id)
         self.instances.pop(inst.instance_id, None)
+        replica.instances.pop(inst.instance_id, None)
         self.finished[inst.instance_id] = inst.record()
         while len(self.finished) > self.config.finished_instances:  # oldest first (dicts keep insertion order)
             del self.finished[next(iter(self.finished))]
         self._on_event(inst, "exit", inst.exit_code)
-        self.allocator.retry_parked()
+        replica.allocator.retry_parked()
 
     # -- what the server reads and changes ----------------------------------------------
 
     def snapshot(self) -> LoopSnapshot:
+        replicas = self.replicas
+        interceptions = [r.interceptions for r in replicas]
+        calls = [r.calls for r in replicas]
         return LoopSnapshot(tuple(inst.record() for inst in self.instances.values()), tuple(self.finished.values()),
-                            tuple(self.exports.exports()), self.scheduler.stats(), self.kv_pool.num_free,
-                            self.embed_pool.num_free, self.host_pool.num_free, self.interceptions.num_swapped_out,
-                            self.interceptions.num_swapped_in, self.interceptions.num_discarded,
+                            tuple(self.exports()), SchedulerStats.combined(r.scheduler.stats() for r in replicas),
+                            sum(r.kv_pool.num_free for r in replicas), sum(r.embed_pool.num_free for r in replicas),
+                            sum(r.host_pool.num_free for r in replicas), sum(i.num_swapped_out for i in interceptions),
+                            sum(i.num_swapped_in for i in interceptions), sum(i.num_discarded for i in interceptions),
                             self.config.interception_policy, self.interception_profile(),
-                            self.calls.device_s, self.calls.rewrite_s, self.interceptions.intercepted_page_s,
-                            self.interceptions.contended_page_s, self.allocator.num_preempted,
-                            self.calls.rewrite_page_s, self.interceptions.copy_s, self.interceptions.copy_page_s)
+                            sum(c.device_s for c in calls), sum(c.rewrite_s for c in calls),
+                            sum(i.intercepted_page_s for i in interceptions),
+                            sum(i.contended_page_s for i in interceptions),
+                            sum(r.allocator.num_preempted for r in replicas), sum(c.rewrite_page_s for c in calls),
+                            sum(i.copy_s for i in interceptions), sum(i.copy_page_s for i in interceptions),
+                            tuple(ReplicaLoad(r.index, r.serving, len(r.instances), r.kv_pool.num_free,
+                                              r.scheduler.stats()) for r in replicas))
+
+    def exports(self) -> list[Export]:
+        """Every client's exports on every replica."""
+        return [export for replica in self.replicas for export in replica.exports.exports()]
 
     def record(self, instance_id: str) -> InstanceRecord | None:
         """The running instance ``instance_id``, or None."""
@@ -244,7 +257,10 @@ class ControlLoop:
 
     def drop_export(self, name: str, namespace: str = OPERATOR) -> None:
         """Release client ``namespace``'s export ``name``; ResourceError for an unknown one."""
-        self.allocator.drop_export(name, namespace=namespace)
+        holder = self.placement.holder(name, namespace)
+        if holder is None:
+            raise ResourceError(f"no kvpage export named {name!r}")
+        holder.allocator.drop_export(name, namespace=namespace)
 
     def post(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the loop thread (safe to call from any thread)."""
@@ -255,20 +271,25 @@ class ControlLoop:
 
     def step(self, timeout_s: float, extra: dict | None = None) -> None:
         """One turn; ``extra`` maps more zmq sockets to handlers called when they are readable."""
-        if self.allocator.num_waiting and not self.calls.num_in_flight and not self.scheduler.num_pending:
-            # The device is idle while instances wait for memory: decide again, now that the instances
-            # that were running have stopped, before their next slices are ordered (they may be swapped
-            # out for the oldest; an instance in a slice is about to make calls, and is not).
-            self.allocator.retry_parked()
+        for replica in self.replicas:
+            if replica.allocator.num_waiting and not replica.calls.num_in_flight and not replica.scheduler.num_pending:
+                # The device is idle while instances wait for memory: decide again, now that the instances
+                # that were running have stopped, before their next slices are ordered (they may be swapped
+                # out for the oldest; an instance in a slice is about to make calls, and is not).
+                replica.allocator.retry_parked()
         self._order_slices()
         self._dispatch()
-        self.interceptions.step(self.instances.values(), time.monotonic())
+        for replica in self.replicas:
+            replica.interceptions.step(replica.instances.values(), time.monotonic())
+            if replica.profiler.measured != replica.profile_logged:
+                self._log_profile(replica)
         self._dispatch()  # the copies it chose
-        if self.profiler.measured != self._profile_logged:
-            self._log_profile()
-        if self.supervisor is not None:
-            self._drain_replies()  # a batch is judged by when its reply could have been read, not across a stall
-            self._watch_inference(time.monotonic())
+        for replica in self.replicas:
+            if replica.supervisor is not None:
+                # a batch is judged by when its reply could have been read, not across a stall
+                replica.drain_replies(self.adapters)
+                if (reason := replica.watch(time.monotonic())) is not None:
+                    self._inference_lost(replica, reason, time.monotonic())
         self._watch_runners(time.monotonic())
         extra = extra or {}
         if self._extra_polled != extra.keys():  # the caller's sockets changed (say, a server closed its own)
@@ -280,8 +301,8 @@ class ControlLoop:
         busy = any(not i.in_slice and self._runnable(i) for i in self.instances.values())
         wait_s = 0.0 if busy else self._time_to_next_event(timeout_s)
         for sock, _ in self._poller.poll(math.ceil(wait_s * 1000)):  # a timeout of 0 would spin
-            if sock is self.client.socket:
-                self._drain_replies()
+            if (replica := self._replica_by_socket.get(sock)) is not None:
+                replica.drain_replies(self.adapters)
             elif sock is self._wake_r:
                 while self._wake_r.poll(0):
                     self._wake_r.recv()
@@ -306,9 +327,11 @@ class ControlLoop:
         candidates = [cap_s]
         if (deadline := self.timers.next_deadline()) is not None:
             candidates.append(deadline - now)
-        if (wake := self.config.dispatch.next_wakeup(now, self.scheduler.oldest_enqueued_at)) is not None:
-            candidates.append(wake - now)
-        if self.scheduler.num_pending and self._wave:  # when the slices the policy waits for stop counting
+        for replica in self.replicas:
+            if (wake := self.config.dispatch.next_wakeup(now, replica.scheduler.oldest_enqueued_at)) is not None:
+                candidates.append(wake - now)
+        if self._wave and any(replica.scheduler.num_pending for replica in self.replicas):
+            # when the slices the policy waits for stop counting
             candidates += [min(ordered_at + WAVE_WAIT_S, max(runner.heard_at + SILENT_S, now + RECHECK_S)) - now
                            for ordered_at, runner in self._wave.values()]
         return max(0.0, min(candidates))
@@ -317,8 +340,8 @@ class ControlLoop:
         """Has a slice to run now: not held for its client, not swapped out and waiting for its pages,
         and, for an instance not started yet, admitted (no one waits for memory under FCFS)."""
         return (inst.state is State.READY and not (inst.output_held or inst.swapping)
-                and not (inst.swapped_out and self.allocator.is_waiting(inst))
-                and (inst.started or self.allocator.admitting))
+                and not (inst.swapped_out and inst.replica.allocator.is_waiting(inst))
+                and (inst.started or inst.replica.allocator.admitting))
 
     def _order_slices(self) -> None:
         """Order a slice of every runnable instance from its runner: one message per runner."""
@@ -328,7 +351,7 @@ class ControlLoop:
             if inst.in_slice or not self._runnable(inst):  # admission is decided per instance
                 continue
             if inst.swapped_out:
-                self.allocator.swap_in(inst)  # it runs once its pages are back
+                inst.replica.allocator.swap_in(inst)  # it runs once its pages are back
             if inst.swapping or inst.swapped_out or not inst.alive:
                 continue
             launches, resumes = orders.setdefault(inst.runner, ([], []))
@@ -450,94 +473,55 @@ class ControlLoop:
             runner.send(r.Forget([inst.instance_id]))
 
     def _dispatch(self) -> None:
-        if self._info_request is not None:  # a new inference process is still loading
-            return
-        policy, scheduler, calls = self.config.dispatch, self.scheduler, self.calls
-        # The slices of this wave still running: each may add a call to the batch (WAVE_WAIT_S).
+        # The slices of this wave still running: each may add a call to its replica's batch (WAVE_WAIT_S).
         wave, now = self._wave, time.monotonic()
         while wave and next(iter(wave.values()))[0] < now - WAVE_WAIT_S:  # oldest first
             del wave[next(iter(wave))]
-        instances_to_run = sum(1 for _, runner in wave.values() if runner.progressing(now))
-        while True:
-            now = time.monotonic()
-            in_flight = calls.num_in_flight
-            if not policy.should_dispatch(now, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight,
-                                          in_flight, instances_to_run, scheduler.num_pending_chained):
-                return
-            if drops := calls.decoder_ids.take_drops():  # after every item naming them (their commands settled)
-                self.client.send(p.DropDecodersRequest(drops))
-            batch = scheduler.form_batch(now, self.info.max_batch_items, self.info.max_batch_tokens)
-            if batch is None:
-                return
-            calls.sent(self.client.send(batch.to_request()), batch, now)
-
-    def _drain_replies(self) -> None:
-        while (message := self.client.try_recv()) is not None:
-            request_id, reply = message
-            if request_id == self._info_request:
-                self._inference_back(reply)
-            elif not self.adapters.settle(request_id, reply):
-                self.calls.settle(request_id, reply)
+        to_run = Counter(self.instances[instance_id].replica.index for instance_id, (_, runner) in wave.items()
+                         if instance_id in self.instances and runner.progressing(now))
+        for replica in self.replicas:
+            replica.dispatch(to_run[replica.index], time.monotonic)
 
     # -- a dead or hung inference process -------------------------------------------------------
 
-    def _watch_inference(self, now: float) -> None:
-        oldest = self.calls.oldest_sent_at
-        if self._info_request is not None:
-            if now - self._restarted_at > max(self.config.inference_timeout_s, START_TIMEOUT_S):
-                self.supervisor.kill(f"the new inference process did not serve within {START_TIMEOUT_S:.0f} s")
-        elif oldest is not None and now - oldest > self.config.inference_timeout_s:
-            self.supervisor.kill(f"no reply to a batch in {self.config.inference_timeout_s:.0f} s (hung; "
-                                 "oven serve --inference-timeout-s)")
-        reason = self.supervisor.check(now)
-        if reason is not None:
-            self._inference_lost(reason, now)
+    def _poll_replica(self, replica: Replica) -> None:
+        self._poller.register(replica.client.socket, zmq.POLLIN)
+        self._replica_by_socket[replica.client.socket] = replica
 
-    def _inference_lost(self, reason: str, now: float) -> None:
+    def _inference_lost(self, replica: Replica, reason: str, now: float) -> None:
         """End every instance with state in the dead process, forget its exports, start a new one."""
-        log.error("the inference process is gone: %s", reason)
-        message = f"inference process died: {reason}"
-        for inst in list(self.instances.values()):
-            table = inst.resources
-            if table.num_kvpages or table.num_embeds or inst.swapping or self.calls.has_calls(inst):
+        who = replica.name if len(self.replicas) > 1 else "inference process"
+        log.error("the %s is gone: %s", who, reason)
+        message = f"{who} died: {reason}"
+        for inst in list(replica.instances.values()):
+            if replica.holds_state_of(inst):
                 self.kill(inst, message)
-        self.calls.forget_in_flight()  # every one belonged to an instance killed above
-        for export in self.exports.exports():  # their pages were in the dead process
-            self.exports.drop(export.name, export.namespace)
-        self._poller.unregister(self.client.socket)
-        self.client.close()
-        self.client = self.supervisor.restart(now)  # InferenceUnavailable past the restart budget
-        self._poller.register(self.client.socket, zmq.POLLIN)
-        self._info_request = self.client.send(p.InfoRequest())
-        self._restarted_at = now
+        old = replica.restart(now)  # InferenceUnavailable past the restart budget
+        self._poller.unregister(old.socket)
+        del self._replica_by_socket[old.socket]
+        self._poll_replica(replica)
 
-    def _inference_back(self, reply) -> None:
-        self._info_request = None
-        same = ("model_name", "page_size", "num_kv_pages", "num_embeds", "num_host_pages")
-        if isinstance(reply, p.InfoReply) and all(getattr(reply, f) == getattr(self.info, f) for f in same):
-            self.adapters.reload()  # sent before any batch: the process answers in order
-            log.warning("the new inference process serves; dispatching again")
-            return
-        self.supervisor.kill(f"the new inference process does not match the old one: {reply}")
-
-    def interception_profile(self) -> c.InterceptionProfile:
-        """The interception policy's costs now, each marked learnt or default (what `oven stats` shows)."""
-        profile = self.profiler.profile()
+    def interception_profile(self, replica: int = 0) -> c.InterceptionProfile:
+        """The interception policy's costs now on ``replica``, each marked learnt or default (what `oven
+        stats` shows: replica 0's; each replica learns its own)."""
+        profiler = self.replicas[replica].profiler
+        profile = profiler.profile()
         return c.InterceptionProfile(profile.recompute_b_s, profile.swap_s_per_page, profile.swap_budget_pages,
-                                     *self.profiler.measured, profile.copies_overlap)
+                                     *profiler.measured, profile.copies_overlap)
 
-    def _log_profile(self) -> None:
+    def _log_profile(self, replica: Replica) -> None:
         """Log the interception policy's costs each time one more of them is learnt (a few times a run)."""
-        self._profile_logged = self.profiler.measured
-        log.info("interception profile (%s policy): %s", self.config.interception_policy,
-                 self.interception_profile().describe())
+        replica.profile_logged = replica.profiler.measured
+        log.info("interception profile of %s (%s policy): %s", replica.name, self.config.interception_policy,
+                 self.interception_profile(replica.index).describe())
 
     def close(self) -> None:
-        log.info("interception costs learnt from this run's batches: %s; %d contexts swapped out, %d back in "
-                 "ahead of their return, %d discarded; %d instances swapped out for the pool",
-                 self.interception_profile().describe(),
-                 self.interceptions.num_swapped_out, self.interceptions.num_swapped_in,
-                 self.interceptions.num_discarded, self.allocator.num_preempted)
+        for replica in self.replicas:
+            interceptions = replica.interceptions
+            log.info("interception costs learnt from the batches of %s: %s; %d contexts swapped out, %d back in "
+                     "ahead of their return, %d discarded; %d instances swapped out for the pool", replica.name,
+                     self.interception_profile(replica.index).describe(), interceptions.num_swapped_out,
+                     interceptions.num_swapped_in, interceptions.num_discarded, replica.allocator.num_preempted)
         for inst in list(self.instances.values()):
             self.kill(inst, "the server is shutting down")
         self.runners.close_all()

@@ -1,8 +1,8 @@
 """What the host functions of an instance may reach beyond the instance itself.
 
-The control loop builds one :class:`HostServices` and hands it to every instance
-it launches (``Instance.host``); host functions (``host/``) use it and nothing
-else, and nothing in it refers back to the loop.
+The control loop builds one :class:`HostServices` per inference replica (``replica.py``) and
+each instance uses its replica's (``Instance.host``); host functions (``host/``) use it and
+nothing else, and nothing in it refers back to the loop.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .topics import Topics
 
 if TYPE_CHECKING:
     from .instance import Instance
+    from .placement import Placement
 
 # Where instance output goes: (instance, "stdout" | "stderr" | "message" | "exit", text or exit code).
 EventSink = Callable[["Instance", str, object], None]
@@ -39,3 +40,4 @@ class HostServices:
     timers: Timers  # sleep
     http: HttpClient  # fetch, off the loop thread
     emit: EventSink  # output to the instance's clients
+    placement: Placement  # exports across replicas, and moving an instance not placed yet

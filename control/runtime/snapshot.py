@@ -12,7 +12,20 @@ from .instance import InstanceRecord
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One inference replica's share of the work (``oven stats`` shows each when there are several)."""
+
+    index: int
+    serving: bool  # False while a restarted process loads its model
+    num_instances: int  # living there
+    num_free_kv_pages: int
+    stats: SchedulerStats  # of its batches
+
+
+@dataclass(frozen=True, slots=True)
 class LoopSnapshot:
+    """Counts over every inference replica (``replicas`` splits them)."""
+
     instances: tuple[InstanceRecord, ...]  # running, in launch order
     finished: tuple[InstanceRecord, ...]  # ended, oldest first (the newest MAX_FINISHED_RECORDS)
     exports: tuple[Export, ...]  # KvPage exports of every client, oldest first
@@ -33,3 +46,4 @@ class LoopSnapshot:
     rewrite_page_s: float = 0.0  # InferenceCalls.rewrite_page_s
     copy_s: float = 0.0  # Interceptions.copy_s / copy_page_s
     copy_page_s: float = 0.0
+    replicas: tuple[ReplicaLoad, ...] = ()  # the counts above, per inference replica

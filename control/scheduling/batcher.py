@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -55,6 +56,17 @@ class SchedulerStats:
     num_vertical_batches: int = 0  # at least two items from one queue
     batch_size_histogram: tuple[tuple[int, int], ...] = ()  # (num_commands, num_batches), ascending
     total_wait_s: float = 0.0  # summed over dispatched commands: formed_at - enqueued_at
+
+    @staticmethod
+    def combined(stats: Iterable[SchedulerStats]) -> SchedulerStats:
+        """The counters of several schedulers (one per inference replica) added up."""
+        stats = list(stats)
+        histogram: Counter[int] = Counter()
+        for s in stats:
+            histogram.update(dict(s.batch_size_histogram))
+        return SchedulerStats(sum(s.num_batches for s in stats), sum(s.num_commands for s in stats),
+                              sum(s.num_horizontal_batches for s in stats), sum(s.num_vertical_batches for s in stats),
+                              tuple(sorted(histogram.items())), sum(s.total_wait_s for s in stats))
 
     @property
     def mean_batch_size(self) -> float:

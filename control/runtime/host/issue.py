@@ -27,6 +27,7 @@ def issue(inst, q: int, call_type: str, kind: str, build: Callable[[], Call]) ->
     future instead of trapping.
     """
     fut = inst.futures.create(kind)
+    inst.placed = True
     try:
         item, num_tokens, reads, writes, kv_context = build()
     except ResourceError as exc:
@@ -49,6 +50,7 @@ def resource_call(action: Callable):
 def allocate(inst, q: int, kind: str, count: int) -> int:
     """``alloc-kvpages`` / ``alloc-embeds``: a future of the new handles."""
     fut = inst.futures.create(f.HANDLES)
+    inst.placed = True
     inst.host.allocator.allocate(inst, q, kind, count, fut)
     return fut.handle
 

@@ -36,10 +36,8 @@ FUNCS = {
     "offload-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "offload"),
     "restore-kvpages": lambda inst, q, pages: move_pages(inst, q, pages, "restore"),
     # Export names are per client: an inferlet imports only what its own client's inferlets exported.
-    "export-kvpages": lambda inst, pages, name: resource_call(
-        lambda: inst.host.exports.export_kvpages(inst.resources, name, pages, inst.owner)),
-    "import-kvpages": lambda inst, name: resource_call(
-        lambda: inst.host.exports.import_kvpages(inst.resources, name, inst.owner)),
+    "export-kvpages": lambda inst, pages, name: resource_call(lambda: inst.host.placement.export(inst, pages, name)),
+    "import-kvpages": lambda inst, name: resource_call(lambda: inst.host.placement.import_(inst, name)),
     "release-export": lambda inst, name: resource_call(lambda: inst.host.allocator.drop_export(name, by=inst)),
     # InferCept's discard (runtime/interceptions.py): which pages the policy may discard, and taking them back.
     "set-recomputable": lambda inst, pages, recomputable: resource_call(

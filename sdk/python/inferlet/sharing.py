@@ -11,6 +11,10 @@ from wit_world.imports import futures, kvpages
 
 from .tasks import OvenError
 
+# What the server's error says when an export is held by another inference replica (data parallel serving:
+# control/runtime/placement.py ELSEWHERE); the Rust SDK's context/sharing.rs looks for the same words.
+EXPORT_ELSEWHERE = "held by another inference replica"
+
 
 class Sharing:
     """Part of ``Context`` (its attributes are documented there)."""
@@ -54,11 +58,16 @@ class Sharing:
     def imported(cls, name: str, tokens: list[int]):
         """A context over the pages exported as ``name``, which hold ``tokens`` (the tokens the exporter
         had forwarded, as its ``export`` counted them). Fill more and generate as usual; its writes go
-        to pages of its own. Raises OvenError if there is no such export, ValueError if ``tokens``
-        do not fit its pages."""
+        to pages of its own. An export held by another inference replica gives a context that computes
+        ``tokens`` again (its first forward fills them). Raises OvenError if there is no such export,
+        ValueError if ``tokens`` do not fit its pages."""
         try:
             pages = kvpages.import_kvpages(name)
         except Err as err:
+            if EXPORT_ELSEWHERE in err.value:  # its K/V is in another inference replica's memory: compute it here
+                ctx = cls()
+                ctx.fill_tokens(list(tokens))
+                return ctx
             raise OvenError(err.value) from None
         ctx = cls()
         needed = -(-len(tokens) // ctx.page_size)

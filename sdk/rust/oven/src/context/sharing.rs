@@ -7,6 +7,10 @@ use oven_raw::{futures as raw_futures, kvpages};
 use super::Context;
 use crate::HostFuture;
 
+/// What the server's error says when an export is held by another inference replica (data
+/// parallel serving); the Python SDK's `sharing.py` looks for the same words.
+const EXPORT_ELSEWHERE: &str = "held by another inference replica";
+
 impl Context {
     /// Move the pages of this context's K/V to the host tier (those allocated ahead are freed);
     /// they stay its pages, but must be [`restore`](Context::restore)d before it (or a fork
@@ -51,9 +55,19 @@ impl Context {
 
     /// A context over the pages exported as `name`, which hold `token_ids` (the tokens the
     /// exporter had forwarded, as its [`export`](Context::export) counted them). Fill more and
-    /// generate as usual; its writes go to pages of its own.
+    /// generate as usual; its writes go to pages of its own. An export held by another inference
+    /// replica gives a context that computes `token_ids` again (its first forward fills them).
     pub fn imported(name: &str, token_ids: &[u32]) -> Result<Context, String> {
-        let pages = kvpages::import_kvpages(name)?;
+        let pages = match kvpages::import_kvpages(name) {
+            Ok(pages) => pages,
+            // The export's K/V is in another inference replica's memory: compute it again here.
+            Err(err) if err.contains(EXPORT_ELSEWHERE) => {
+                let mut ctx = Context::new();
+                ctx.fill_tokens(token_ids);
+                return Ok(ctx);
+            }
+            Err(err) => return Err(err),
+        };
         let mut ctx = Context::new();
         let needed = (token_ids.len() + ctx.page_size - 1) / ctx.page_size;
         if pages.len() != needed {
