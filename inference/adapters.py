@@ -19,6 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -96,6 +97,7 @@ class LoraAdapter:
     lora_alpha: float
     scale: float
     groups: dict[tuple[int, int], LoraGroup]
+    num_params: int  # of its A and B matrices as trained (a tensor-parallel rank holds slices of them)
     path: str = ""  # the folder it was loaded from, as the control process named it
 
     def weights(self, layer: int, proj: str) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -108,9 +110,8 @@ class LoraAdapter:
 
     def info(self) -> p.AdapterInfo:
         present = {name for g in self.groups.values() for name, _, _, _ in g.outputs}
-        num_params = sum(g.a.numel() + sum(b.numel() for _, b, _, _ in g.outputs) for g in self.groups.values())
         return p.AdapterInfo(self.adapter_id, self.name, self.rank, self.lora_alpha, self.scale,
-                             [proj for proj in PROJECTIONS if proj in present], num_params)
+                             [proj for proj in PROJECTIONS if proj in present], self.num_params)
 
 
 def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -146,8 +147,9 @@ def load_adapter(folder: Path, cfg: ModelConfig, limits: AdapterLimits, dtype: t
             raise AdapterError(f"{folder}: {where} holds NaN or infinite weights")
         weights[(layer, proj)] = (a, b)
     _check_coverage(folder, config, cfg, targets, weights)
+    num_params = sum(a.numel() + b.numel() for a, b in weights.values())
     return LoraAdapter(adapter_id, name, rank, alpha, scale, _grouped(weights, rank, scale, dtype, device),
-                       str(folder))
+                       num_params, str(folder))
 
 
 def _grouped(weights: dict, rank: int, scale: float, dtype: torch.dtype,
@@ -289,8 +291,11 @@ class AdapterRegistry:
     model) and never gives one to another adapter, so a stale id in a late item fails instead of
     reaching another adapter, and an adapter loaded again after a restart keeps its id."""
 
-    def __init__(self, cfg: ModelConfig, limits: AdapterLimits, dtype: torch.dtype, device: torch.device):
-        self.cfg, self.limits, self.dtype, self.device = cfg, limits, dtype, device
+    def __init__(self, cfg: ModelConfig, limits: AdapterLimits, dtype: torch.dtype, device: torch.device,
+                 shard: Callable[[LoraAdapter], LoraAdapter] | None = None):
+        """``cfg``: the whole model's shape, which adapters are checked against; ``shard``: what a
+        tensor-parallel rank keeps of each (:meth:`oven.inference.sharding.Shard.adapter`)."""
+        self.cfg, self.limits, self.dtype, self.device, self.shard = cfg, limits, dtype, device, shard
         self.by_id: dict[int, LoraAdapter] = {}
 
     def by_name(self, name: str) -> LoraAdapter | None:
@@ -313,6 +318,8 @@ class AdapterRegistry:
             raise AdapterError(f"{len(self.by_id)} adapters are loaded, the most allowed (max_adapters); unload one")
         adapter = load_adapter(folder, self.cfg, self.limits, self.dtype, self.device,
                                adapter_id, name)
+        if self.shard is not None:
+            adapter = self.shard(adapter)
         self.by_id[adapter.adapter_id] = adapter
         return adapter
 

@@ -71,6 +71,9 @@ class InferenceConfig:
     max_adapter_bytes: int = 64 << 20  # size of an adapter's adapter_model.safetensors
     seed: int = 0
     timeline_batches: int = 0  # the last this many batches' start and end are kept (TimelineRequest); 0: off
+    tensor_parallel: int = 1  # ranks of one process group, each holding a shard of every layer (one device each)
+    tp_rank: int | None = None  # None: rank 0, which starts the other ranks itself; K: this process is rank K
+    #                             alone, and the others join it (MASTER_ADDR/MASTER_PORT in the environment)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -87,6 +90,10 @@ class InferenceConfig:
                 raise ValueError(f"{field} must be positive")
         if self.timeline_batches < 0:
             raise ValueError("timeline_batches must be 0 (off) or positive")
+        if self.tensor_parallel < 1:
+            raise ValueError("tensor_parallel must be 1 or more")
+        if self.tp_rank is not None and not 0 <= self.tp_rank < self.tensor_parallel:
+            raise ValueError(f"tp_rank must be in [0, tensor_parallel), not {self.tp_rank}")
         if self.cuda_graph_max_batch < 0:
             raise ValueError("cuda_graph_max_batch must be 0 (no CUDA graphs) or positive")
         for field in ("num_embeds", "max_batch_items", "max_batch_tokens", "default_top_k", "max_adapters",

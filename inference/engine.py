@@ -30,8 +30,10 @@ from .llama import PagedLlama, build_model
 from .lora import Segment, make_lora_executor, merge_runs
 from .memory import EmbedPool, HostKvTier, KvPagePool
 from .models import ModelSource, resolve_model
+from .sharding import Shard
 from .shaping import (NOTHING_LEFT, Shaping, advance_matchers, check_shape, grammar_masks, sampled_logprobs,
                       shape_row)
+from .tensor_parallel import TensorParallelGroup
 from .token_futures import TokenFutures, check_sample, fail_samples, resolve_tokens, settle_samples
 from .transfer import long_tensor
 from .validate import (ItemFailure, Limits, check_context, check_ids, check_lengths, check_outputs,
@@ -63,22 +65,30 @@ class BatchTooLarge(ValueError):
 
 
 class Engine:
-    def __init__(self, cfg: InferenceConfig, progress: bool = True):
+    def __init__(self, cfg: InferenceConfig, progress: bool = True, source: ModelSource | None = None,
+                 group: TensorParallelGroup | None = None):
+        """``source``: ``cfg.model`` already resolved; ``group``: this rank's tensor-parallel group (None:
+        the whole model here), whose device it uses and whose shard of the weights it holds."""
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device) if group is None else group.device
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         elif self.device.type == "cpu":
             # Leave a core to the control process: its wasm slices run while the model computes,
             # and OpenMP threads sharing a core with it stall (AsyncLM demo on 2 cores: 1.25 s per
-            # step with 2 threads against 0.11 s with 1).
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+            # step with 2 threads against 0.11 s with 1). Tensor-parallel ranks share the rest.
+            torch.set_num_threads(max(1, ((os.cpu_count() or 1) - 1) // (group.world_size if group else 1)))
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.source: ModelSource = resolve_model(cfg.model)
+        self.source: ModelSource = source or resolve_model(cfg.model)
+        shard = None if group is None else Shard.of(self.source.config, group.rank, group.world_size)
         self.model: PagedLlama = build_model(self.source, self.device, self.dtype, cfg.seed, progress,
-                                             cfg.cpu_packed_weights)
-        mc = self.model.config
+                                             cfg.cpu_packed_weights, shard)
+        if group is not None:
+            self.model.split_across(group.all_reduce)
+        mc = self.model.config  # (a shard's: its heads and intermediate rows)
         num_pages = cfg.num_kv_pages or self._pages_for_budget()
+        if group is not None:  # one pool size on every rank (each sized its own device's memory)
+            num_pages = group.agree_min(num_pages)
         self.kv_pool = KvPagePool(mc, num_pages, cfg.page_size, self.dtype, self.device)
         self.embed_pool = EmbedPool(cfg.num_embeds, mc.hidden_size, self.dtype, self.device)
         self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or self._default_host_pages(num_pages))
@@ -86,11 +96,13 @@ class Engine:
         self.decode_graphs: DecodeGraphs | None = None
         if self.backend.name == "flashinfer":
             self.model.use_flashinfer_kernels()
-            if cfg.cuda_graph_max_batch:
+            # (Not under tensor parallelism: all-reduces captured in a graph are not verified here.)
+            if cfg.cuda_graph_max_batch and group is None:
                 self.decode_graphs = DecodeGraphs(self.model, self.backend, self.kv_pool.scratch_page, num_pages,
                                                   min(cfg.cuda_graph_max_batch, cfg.max_batch_items))
-        self.adapters = AdapterRegistry(mc, AdapterLimits(cfg.max_adapters, cfg.max_adapter_rank,
-                                                          cfg.max_adapter_bytes), self.dtype, self.device)
+        self.adapters = AdapterRegistry(self.source.config, AdapterLimits(cfg.max_adapters, cfg.max_adapter_rank,
+                                                                          cfg.max_adapter_bytes), self.dtype,
+                                        self.device, None if shard is None else shard.adapter)
         self.lora = make_lora_executor(self.device, self.dtype, self.backend.name,
                                        [n for shape in projection_shapes(mc).values() for n in shape])
         self.limits = Limits(num_pages, cfg.page_size, cfg.num_embeds, self.host_tier.num_slots,
@@ -109,8 +121,9 @@ class Engine:
         # Each request's handler is the method named by its wire tag (its call type, for a batch),
         # called with the request and the sender's token futures (only two handlers look at them).
         self.handlers: dict[type, Callable] = {cls: self._bind(cls) for cls in p.REQUESTS}
-        log.info("%s on %s/%s, %s attention, %d pages of %d tokens, %d host slots, %d embeds",
-                 mc.name, self.device, str(self.dtype).removeprefix("torch."), self.backend.name,
+        log.info("%s on %s/%s%s, %s attention, %d pages of %d tokens, %d host slots, %d embeds",
+                 mc.name, self.device, str(self.dtype).removeprefix("torch."),
+                 f", tensor-parallel rank {group.rank} of {group.world_size}" if group else "", self.backend.name,
                  num_pages, cfg.page_size, self.host_tier.num_slots, cfg.num_embeds)
 
     def _pages_for_budget(self) -> int:

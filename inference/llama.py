@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -18,6 +19,7 @@ from .adapters import DOWN, GATE_UP, O, QKV
 from .attention.base import AttentionBackend
 from .config import ModelConfig
 from .lora import LoraExecutor
+from .sharding import Shard
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +115,19 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Under tensor parallelism the attention and MLP outputs are one rank's partial sums: this
+        # sums them over the ranks in place (see PagedLlama.split_across).
+        self.all_reduce: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, h, rotary, backend, layer_idx, lora=None):
-        h = h + self.self_attn(self.input_layernorm(h), rotary, backend, layer_idx, lora)
-        return h + self.mlp(self.post_attention_layernorm(h), layer_idx, lora)
+        attn = self.self_attn(self.input_layernorm(h), rotary, backend, layer_idx, lora)
+        if self.all_reduce is not None:
+            self.all_reduce(attn)
+        h = h + attn
+        mlp = self.mlp(self.post_attention_layernorm(h), layer_idx, lora)
+        if self.all_reduce is not None:
+            self.all_reduce(mlp)
+        return h + mlp
 
 
 class Body(nn.Module):
@@ -130,7 +141,8 @@ class Body(nn.Module):
 class PagedLlama(nn.Module):
     """Llama decoder over token-flattened batches.
 
-    Shapes: N tokens in the batch, H hidden size, V vocabulary.
+    Shapes: N tokens in the batch, H hidden size, V vocabulary. ``config`` is the shape of the
+    weights held here: one rank's shard (:mod:`oven.inference.sharding`) under tensor parallelism.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -180,6 +192,12 @@ class PagedLlama(nn.Module):
                 module.kernel = rmsnorm
         self.rope_kernel = FlashInferRope(self.rope_params, self.config.max_position, self.config.head_dim)
 
+    def split_across(self, all_reduce: Callable[[torch.Tensor], None]) -> None:
+        """Make this model one rank's shard: ``all_reduce`` sums each layer's attention and MLP
+        outputs over the ranks, in place, before they join the (replicated) residual stream."""
+        for layer in self.model.layers:
+            layer.all_reduce = all_reduce
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final hidden states [M, H] -> float32 logits [M, V]."""
         if self.lm_head is not None:
@@ -194,8 +212,9 @@ class PagedLlama(nn.Module):
 
     # -- weights ----------------------------------------------------------
 
-    def load_safetensors(self, folder: Path, progress: bool = True) -> None:
-        """Copy every tensor of ``folder/*.safetensors`` into the matching parameter."""
+    def load_safetensors(self, folder: Path, progress: bool = True, shard: Shard | None = None) -> None:
+        """Copy every tensor of ``folder/*.safetensors`` into the matching parameter; given a ``shard``,
+        only its slice of each is read."""
         from safetensors import safe_open
         from tqdm import tqdm
 
@@ -208,20 +227,30 @@ class PagedLlama(nn.Module):
             with safe_open(file, framework="pt") as f:
                 for name in tqdm(list(f.keys()), desc=f"loading {file.name}", disable=not progress, unit="tensor"):
                     if name in params:
-                        params[name].data.copy_(f.get_tensor(name))
+                        split = None if shard is None else shard.split(name)
+                        if split is None:
+                            params[name].data.copy_(f.get_tensor(name))
+                        else:
+                            dim, part = split
+                            rows = f.get_slice(name)
+                            params[name].data.copy_(rows[part] if dim == 0 else rows[:, part])
                         loaded.add(name)
         missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"{folder}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
-    def init_random(self, seed: int) -> None:
-        """Deterministic random weights: N(0, 0.02) matrices, unit norms (same seed, same device -> same model)."""
+    def init_random(self, seed: int, shard: Shard | None = None) -> None:
+        """Deterministic random weights: N(0, 0.02) matrices, unit norms (same seed, same device -> same
+        model); given a ``shard``, its slices of the whole model's weights."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 param.data.fill_(1.0)
-            else:
+            elif shard is None or shard.split(name) is None:
                 param.data.normal_(0.0, 0.02, generator=gen)
+            else:  # the whole matrix drawn, so the generator's sequence is the unsharded model's
+                full = param.new_empty(shard.full_shape(name, param.shape)).normal_(0.0, 0.02, generator=gen)
+                param.data.copy_(shard.take(name, full))
 
 
 class Rotary:
@@ -274,24 +303,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def build_model(source, device: torch.device, dtype: torch.dtype, seed: int = 0, progress: bool = True,
-                cpu_packed_weights: bool = True) -> PagedLlama:
-    """Instantiate a :class:`PagedLlama` for a :class:`~oven.inference.models.ModelSource`.
+                cpu_packed_weights: bool = True, shard: Shard | None = None) -> PagedLlama:
+    """Instantiate a :class:`PagedLlama` for a :class:`~oven.inference.models.ModelSource`, or a
+    tensor-parallel rank's ``shard`` of it.
 
     On the CPU (and when oneDNN is available) linear layers get packed weights,
-    a tied LM head included; see :class:`PackedLinear`.
+    a tied LM head included; see :class:`PackedLinear`. A shard is cut before packing.
     """
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     rope = LlamaRotaryEmbedding(source.hf_config)
     with torch.device("meta"):
-        model = PagedLlama(source.config)
+        model = PagedLlama(source.config if shard is None else shard.config)
     model = model.to_empty(device=device).to(dtype)
     model.rope_params = (rope.inv_freq.float().to(device), float(rope.attention_scaling))
     if source.weights_dir is None:
         log.info("initialising %s with random weights (seed %d)", source.name, seed)
-        model.init_random(seed)
+        model.init_random(seed, shard)
     else:
-        model.load_safetensors(Path(source.weights_dir), progress=progress)
+        model.load_safetensors(Path(source.weights_dir), progress, shard)
     model.eval().requires_grad_(False)
     if cpu_packed_weights and device.type == "cpu" and torch.backends.mkldnn.is_available():
         if model.lm_head is None:  # a tied head gets its own packed layer over the shared matrix

@@ -40,6 +40,9 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import InferenceConfig
 from .engine import BatchTooLarge, Engine
+from .models import resolve_model
+from .sharding import check_shardable
+from .tensor_parallel import TensorParallelGroup
 from .timeline import Timeline
 from .token_futures import TokenFutures
 
@@ -72,6 +75,7 @@ class InferenceServer:
         """``keys``: this server's key pair and the one client public key it admits (else no security);
         ``timeline_batches``: how many batches the timeline keeps (0: none)."""
         self.engine: Engine | None = None
+        self.group: TensorParallelGroup | None = None
         self.timeline = Timeline(timeline_batches)
         self.endpoint = endpoint
         self._ctx = zmq.Context.instance()
@@ -96,9 +100,10 @@ class InferenceServer:
     def stop(self, *_args) -> None:
         self._stopping = True
 
-    def serve_forever(self, engine: Engine, poll_ms: int = 100) -> None:
-        """Run the device thread here and the wire thread beside it until :meth:`stop` or the parent dies."""
-        self.engine = engine
+    def serve_forever(self, engine: Engine, poll_ms: int = 100, group: TensorParallelGroup | None = None) -> None:
+        """Run the device thread here and the wire thread beside it until :meth:`stop` or the parent dies;
+        ``group``: the tensor-parallel group this process leads, which runs every request with it."""
+        self.engine, self.group = engine, group
         wire = threading.Thread(target=self._wire_loop, args=(poll_ms,), name="inference-wire", daemon=True)
         wire.start()
         while not self._stopping:
@@ -132,7 +137,10 @@ class InferenceServer:
             futures = self._token_futures_by_peer.get(peer)
             if futures is None:
                 futures = self._token_futures_by_peer[peer] = TokenFutures(self.engine.llg_tokenizer)
-            reply = self.engine.handle(request, futures)
+            if self.group is None:
+                reply = self.engine.handle(request, futures)
+            else:
+                reply = self.group.lead(self.engine, peer, request, futures)
             if job.num_items is not None:  # when the device ran it
                 self.timeline.record(p.CODEC.tag(type(request)), job.num_items, start_ns, time.monotonic_ns())
             return reply
@@ -217,21 +225,42 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser, InferenceConfig)
     parser.add_argument("--quiet", action="store_true", help="no progress output while loading")
     args = parser.parse_args(argv)
+    who = f"inference rank {args.tp_rank}" if args.tp_rank else "inference"
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s inference %(levelname)s %(message)s", stream=sys.stderr)
+                        format=f"%(asctime)s {who} %(levelname)s %(message)s", stream=sys.stderr)
     die_with_parent()
+    group = None
     try:
         cfg = config_from_args(InferenceConfig, args)
+        if cfg.tensor_parallel > 1 and cfg.tp_rank:
+            return _follow(cfg, quiet=args.quiet)
         server = InferenceServer(cfg.endpoint or default_inference_endpoint(), take_inference_keys(),
                                  cfg.timeline_batches)
         signal.signal(signal.SIGTERM, server.stop)
         signal.signal(signal.SIGINT, server.stop)
-        engine = Engine(cfg, progress=not args.quiet)
+        source = resolve_model(cfg.model)
+        if cfg.tensor_parallel > 1:
+            check_shardable(source.config, cfg.tensor_parallel)  # before a rank is started
+            group, cfg = TensorParallelGroup.form(cfg)
+        engine = Engine(cfg, not args.quiet, source, group)
     except (ValueError, FileNotFoundError, RuntimeError, EndpointError) as exc:
         print(f"oven inference: {exc}", file=sys.stderr)
         return 2
-    print(f"oven inference: serving {engine.model.config.name} on {server.endpoint}", file=sys.stderr, flush=True)
-    server.serve_forever(engine)
+    print(f"oven inference: serving {engine.model.config.name} on {server.endpoint}"
+          + (f" with {cfg.tensor_parallel} tensor-parallel ranks" if group else ""), file=sys.stderr, flush=True)
+    server.serve_forever(engine, group=group)
+    if group is not None:
+        group.close()
+    return 0
+
+
+def _follow(cfg: InferenceConfig, quiet: bool) -> int:
+    """Tensor-parallel rank ``cfg.tp_rank`` > 0: no socket; it runs what rank 0 sends until rank 0 stops."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a rank between batches has nothing to finish)
+    group, cfg = TensorParallelGroup.form(cfg)
+    engine = Engine(cfg, not quiet, group=group)
+    group.follow(engine)
+    group.close()
     return 0
 
 
