@@ -49,12 +49,14 @@ def tiny_inference(**overrides):
 
 @contextmanager
 def control_loop(inference, program_dir: str | None, programs: list[str], **overrides):
-    """A ControlLoop with ``programs`` stored (in PROGRAM_DIR if ``program_dir`` is None); every event it
-    emits is kept in ``loop.events``."""
+    """A ControlLoop with ``programs`` stored (in PROGRAM_DIR if ``program_dir`` is None) over ``inference``
+    (an inference process, or a list of them: one replica each); every event it emits is kept in
+    ``loop.events``."""
     events = []
     config = ControlConfig(**{**dict(program_dir=program_dir or PROGRAM_DIR, slice_ms=1000, instance_memory_mib=192,
                                      max_kv_pages_per_instance=32), **overrides})
-    loop = ControlLoop(inference.client(), config,
+    clients = [i.client() for i in inference] if isinstance(inference, list) else inference.client()
+    loop = ControlLoop(clients, config,
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
     loop.events = events
     for name in programs:

@@ -499,6 +499,7 @@ class ControlLoop:
         old = replica.restart(now)  # InferenceUnavailable past the restart budget
         self._poller.unregister(old.socket)
         del self._replica_by_socket[old.socket]
+        old.close()
         self._poll_replica(replica)
 
     def interception_profile(self, replica: int = 0) -> c.InterceptionProfile:

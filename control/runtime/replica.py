@@ -133,13 +133,12 @@ class Replica:
         return self.supervisor.check(now)
 
     def restart(self, now: float) -> InferenceClient:
-        """Forget what was in the dead process and start another; the old client (closed) is returned so
-        that the loop stops polling it. The caller has ended every instance with state here."""
+        """Forget what was in the dead process and start another; the old client is returned for the loop
+        to stop polling and close. The caller has ended every instance with state here."""
         self.calls.forget_in_flight()  # every one belonged to an instance the caller ended
         for export in self.exports.exports():  # their pages were in the dead process
             self.exports.drop(export.name, export.namespace)
         old = self.client
-        old.close()
         self.client = self.supervisor.restart(now)  # InferenceUnavailable past the restart budget
         self._info_request = self.client.send(p.InfoRequest())
         self._restarted_at = now

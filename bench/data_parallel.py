@@ -1,0 +1,145 @@
+"""Data parallel serving: throughput of one control loop over two inference replicas against one.
+
+(a) FAKE device (``bench/fake_inference.py``: the real protocol, each batch sleeps ``base + per_item x
+    items`` ms, so the two cores are not the device): ``--instances`` concurrent ``text-completion`` runs
+    of ``--tokens`` tokens each, on one replica and on two, side by side (alternating, ``--rounds``
+    each; medians). Reported: tokens/s, DP=2 / DP=1 (goal >= 1.8), and how full each replica's batches
+    are: mean items per batch / instances on that replica (goal: DP=2's >= 0.9 x DP=1's). The ideal
+    ratio of the cost model is printed beside the measured one: with a large fixed cost per batch,
+    two half batches cost nearly what one full one does, and no serving system gains from a second
+    replica; the default cost model is one where the device is the limit.
+(b) SmolLM2 on this machine's CPU, one torch thread per replica: the same runs, DP=2 / DP=1 (no goal:
+    the cores are shared with the control process and the runners).
+
+Writes bench/results/data_parallel.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import RESULTS_DIR, doc_parser, machine_lines, markdown_table  # noqa: E402
+from fake_inference import FakeDeviceConfig, FakeInferenceProcess, real_tokenizer  # noqa: E402
+
+from oven.client.paths import inferlets_dir  # noqa: E402
+from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
+from oven.control.inference_client import InferenceClient  # noqa: E402
+from oven.control.inference_process import start_inference_process  # noqa: E402
+from oven.control.runtime.loop import ControlLoop  # noqa: E402
+from oven.inference.config import DEFAULT_MODEL, InferenceConfig  # noqa: E402
+from oven.proto.endpoints import private_endpoint  # noqa: E402
+
+PROGRAM = "text-completion"
+SPEEDUP_GOAL, FILL_GOAL = 1.8, 0.9
+
+
+def parse_args():
+    parser = doc_parser(__doc__)
+    add = parser.add_argument
+    add("--parts", nargs="+", default=["a", "b"], choices=["a", "b"], help="which parts to run (default: both)")
+    add("--instances", type=int, default=64, help="concurrent runs (default %(default)s)")
+    add("--tokens", type=int, default=64, help="tokens per run (default %(default)s)")
+    add("--rounds", type=int, default=3, help="runs of each side, alternating; medians kept (default %(default)s)")
+    add("--base-ms", type=float, default=2.0, help="(a) fake device ms per batch (default %(default)s)")
+    add("--per-item-ms", type=float, default=0.5, help="(a) fake device ms per batch item (default %(default)s)")
+    add("--real-instances", type=int, default=16, help="(b) concurrent runs on SmolLM2 (default %(default)s)")
+    add("--real-tokens", type=int, default=32, help="(b) tokens per run on SmolLM2 (default %(default)s)")
+    add("--program-dir", default=str(Path(default_program_dir()).parent / "bench-programs"),
+        help="program store with its compiled-code cache (default %(default)s)")
+    return parser.parse_args()
+
+
+def one_run(clients: list[InferenceClient], program_dir: str, instances: int, tokens: int) -> dict:
+    """``instances`` runs at once over ``clients`` (one per replica): tokens/s and each replica's fill."""
+    loop = ControlLoop(clients, ControlConfig(program_dir=program_dir, instance_memory_mib=256), lambda *_: None)
+    try:
+        loop.programs.add((inferlets_dir() / PROGRAM / f"{PROGRAM}.wasm").read_bytes(), PROGRAM)
+        start = time.perf_counter()
+        launched = [loop.launch(PROGRAM, [f"Story {i}: once upon a time", str(tokens)]) for i in range(instances)]
+        if not loop.run_until(lambda: not any(i.alive for i in launched), 900):
+            raise TimeoutError("runs still going after 900 s")
+        wall = time.perf_counter() - start
+        failed = [i for i in launched if i.exit_code != 0]
+        if failed:
+            raise RuntimeError(f"{len(failed)} runs failed, first: {failed[0].error}")
+        fills = []
+        for replica in loop.replicas:
+            here = sum(1 for i in launched if i.replica is replica)
+            fills.append(replica.scheduler.stats().mean_batch_size / here)
+        return {"tok_s": instances * tokens / wall, "fill": min(fills), "items": [
+            r.scheduler.stats().mean_batch_size for r in loop.replicas]}
+    finally:
+        loop.close()
+
+
+def compare(make_clients, args, instances: int, tokens: int, label: str) -> tuple[dict, dict]:
+    """DP=1 and DP=2 alternating; the median of each side's tokens/s and fill."""
+    runs = {1: [], 2: []}
+    for round_ in range(args.rounds):
+        for dp in (1, 2):
+            with ExitStack() as stack:
+                clients = [stack.enter_context(c) for c in make_clients(dp)]
+                result = one_run(clients, args.program_dir, instances, tokens)
+            runs[dp].append(result)
+            print(f"{label} round {round_ + 1} DP={dp}: {result['tok_s']:8.1f} tok/s, items per batch "
+                  f"{', '.join(f'{x:.1f}' for x in result['items'])}", flush=True)
+    return tuple({key: statistics.median(r[key] for r in runs[dp]) for key in ("tok_s", "fill")} for dp in (1, 2))
+
+
+def part_fake(args) -> list[str]:
+    device = FakeDeviceConfig(base_ms=args.base_ms, per_item_ms=args.per_item_ms)
+    tokenizer = real_tokenizer()
+    with ExitStack() as stack:
+        fakes = [stack.enter_context(FakeInferenceProcess(private_endpoint(), device, tokenizer)) for _ in range(2)]
+        one, two = compare(lambda dp: [InferenceClient(f.endpoint) for f in fakes[:dp]], args, args.instances,
+                           args.tokens, "(a)")
+    step = lambda n: args.base_ms + args.per_item_ms * n  # noqa: E731
+    ideal = 2 * (args.instances / 2) / step(args.instances / 2) / (args.instances / step(args.instances))
+    speedup, fill = two["tok_s"] / one["tok_s"], two["fill"] / one["fill"]
+    return [f"## (a) FAKE device: {args.instances} runs x {args.tokens} tokens, each batch {args.base_ms:g} ms + "
+            f"{args.per_item_ms:g} ms per item", "",
+            markdown_table(["", "DP=1", "DP=2", "DP=2 / DP=1", "goal"], [
+                ["tokens/s", f"{one['tok_s']:.0f}", f"{two['tok_s']:.0f}", f"{speedup:.2f}",
+                 f">= {SPEEDUP_GOAL} ({'met' if speedup >= SPEEDUP_GOAL else '**missed**'}); ideal {ideal:.2f}"],
+                ["batch fill (items per batch / instances on the replica; the emptier replica)",
+                 f"{one['fill']:.2f}", f"{two['fill']:.2f}", f"{fill:.2f}",
+                 f">= {FILL_GOAL} ({'met' if fill >= FILL_GOAL else '**missed**'})"]]), ""]
+
+
+def part_real(args) -> list[str]:
+    config = InferenceConfig(model=DEFAULT_MODEL, torch_threads=1)
+    with ExitStack() as stack:
+        processes = [stack.enter_context(start_inference_process(config.replace(endpoint=private_endpoint()), 600))
+                     for _ in range(2)]
+        one, two = compare(lambda dp: [p.client() for p in processes[:dp]], args, args.real_instances,
+                           args.real_tokens, "(b)")
+    return [f"## (b) {DEFAULT_MODEL} on the CPU: {args.real_instances} runs x {args.real_tokens} tokens, one torch "
+            "thread per replica", "",
+            markdown_table(["", "DP=1", "DP=2", "DP=2 / DP=1"], [
+                ["tokens/s", f"{one['tok_s']:.1f}", f"{two['tok_s']:.1f}", f"{two['tok_s'] / one['tok_s']:.2f}"],
+                ["batch fill", f"{one['fill']:.2f}", f"{two['fill']:.2f}", f"{two['fill'] / one['fill']:.2f}"]]), ""]
+
+
+def main() -> int:
+    args = parse_args()
+    lines = ["# Data parallel serving (bench/data_parallel.py)", "", *[f"- {m}" for m in machine_lines()],
+             f"- {args.rounds} rounds per side, alternating; medians", ""]
+    if "a" in args.parts:
+        lines += part_fake(args)
+    if "b" in args.parts:
+        lines += part_real(args)
+    text = "\n".join(lines)
+    print(text)
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / "data_parallel.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
