@@ -53,8 +53,11 @@ class ControlConfig:
     lease_s: float = 10.0  # a client silent this long loses its non-detached instances
     inference_timeout_s: float = 120.0  # a batch unanswered this long: the inference process is hung
     inference_restarts: int = 5  # restarts of a dead inference process within 10 minutes before giving up
-    data_parallel: int = 1  # inference processes, each a replica of the model with KV of its own
+    data_parallel: int = 1  # local inference processes, each a replica of the model with KV of its own
     replica_devices: str = ""  # CUDA device numbers, comma-separated: replica k gets the k-th (in turn); "" = default
+    # Replicas on other hosts, after the local ones: tcp://HOST:PORT=TOKEN,... (each TOKEN as `oven inference
+    # --join KEYFILE` printed it there, or @FILE holding it); control/remote.py
+    remote_replicas: str = ""
     # Parsed from the settings above once, here (not settings: no flag, file entry or variable names them).
     dispatch: DispatchPolicy = field(init=False, repr=False, compare=False)
     exhaustion: ExhaustionPolicy = field(init=False, repr=False, compare=False)
@@ -72,8 +75,8 @@ class ControlConfig:
                self.runner_grace_s) <= 0:
             raise ValueError("dispatch_t_ms, lease_s, http_timeout_s, inference_timeout_s, runner_idle_s and "
                              "runner_grace_s must be positive")
-        if self.data_parallel < 1:
-            raise ValueError("data_parallel must be 1 or more")
+        if self.data_parallel < 0:
+            raise ValueError("data_parallel must be 0 (remote replicas only) or more")
         if not all(d.strip().isdigit() for d in self.replica_devices.split(",")) and self.replica_devices:
             raise ValueError(f"replica_devices must be CUDA device numbers separated by commas, not "
                              f"{self.replica_devices!r}")

@@ -16,6 +16,7 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import ControlConfig
 from .keyring import Keyring
+from .remote import RemoteInference, parse_remote_replicas
 from .runtime.adapters import LOADED
 from .runtime.loop import ControlLoop
 from .server import ControlServer
@@ -53,9 +54,6 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
     except (EndpointError, AuthError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return 1
-    n = control.data_parallel
-    print(f"oven: starting {'the inference process' if n == 1 else f'{n} inference processes'} ({inference.model}) "
-          "...", file=sys.stderr, flush=True)
     supervisors = start_replicas(inference, control, verbose)
     if supervisors is None:
         server.close()
@@ -87,20 +85,29 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
 
 
 def start_replicas(inference: InferenceConfig, control: ControlConfig,
-                   verbose: bool) -> list[InferenceSupervisor] | None:
-    """The ``data_parallel`` inference processes, loading side by side; None (said why) if one cannot serve.
+                   verbose: bool) -> list[InferenceSupervisor | RemoteInference] | None:
+    """The replicas, local first: the ``data_parallel`` inference processes, loading side by side, then
+    the ``remote_replicas``, reached first (an unreachable host fails within seconds, not after a
+    model's load); None (said why) if one cannot serve.
 
-    On a CPU each replica gets an equal share of the cores but the control process's one, unless
+    On a CPU each local replica gets an equal share of the cores but the control process's one, unless
     ``torch_threads`` says otherwise; on CUDA replica k sees the k-th of ``replica_devices`` alone."""
     n = control.data_parallel
-    if n > 1 and inference.endpoint:
-        print("oven: --data-parallel needs private inference endpoints (no --endpoint)", file=sys.stderr)
-        return None
-    if n > 1 and inference.torch_threads is None:
-        inference = inference.replace(torch_threads=max(1, ((os.cpu_count() or 1) - 1) // n))
-    devices = [d.strip() for d in control.replica_devices.split(",") if d.strip()]
     supervisors: list[InferenceSupervisor] = []
+    remotes: list[RemoteInference] = []
     try:
+        for endpoint, token in parse_remote_replicas(control.remote_replicas):
+            remotes.append(RemoteInference(endpoint, token))
+        if n + len(remotes) == 0:
+            raise ValueError("no inference replica: --data-parallel 0 needs --remote-replicas")
+        if n > 1 and inference.endpoint:
+            raise ValueError("--data-parallel needs private inference endpoints (no --endpoint)")
+        if n > 1 and inference.torch_threads is None:
+            inference = inference.replace(torch_threads=max(1, ((os.cpu_count() or 1) - 1) // n))
+        devices = [d.strip() for d in control.replica_devices.split(",") if d.strip()]
+        if n:
+            print(f"oven: starting {'the inference process' if n == 1 else f'{n} inference processes'} "
+                  f"({inference.model}) ...", file=sys.stderr, flush=True)
         for k in range(n):
             env = {"CUDA_VISIBLE_DEVICES": devices[k % len(devices)]} if devices else None
             supervisors.append(InferenceSupervisor(inference, verbose, control.inference_restarts, None, env,
@@ -110,9 +117,9 @@ def start_replicas(inference: InferenceConfig, control: ControlConfig,
                 supervisor.wait_ready(INFERENCE_START_S)
             except (RuntimeError, TimeoutError) as exc:
                 raise RuntimeError(f"inference replica {k}: {exc}" if n > 1 else str(exc)) from None
-    except RuntimeError as exc:
+    except (ValueError, RuntimeError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
-        for supervisor in supervisors:
+        for supervisor in supervisors + remotes:
             supervisor.stop()
         return None
-    return supervisors
+    return supervisors + remotes

@@ -27,12 +27,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
 
 from oven.proto import inference as p
-from oven.proto.auth import Admission, Keypair, secure_server, take_inference_keys
+from oven.proto.auth import Admission, Keypair, join_keys, secure_server, take_inference_keys
 from oven.proto.codec import ProtocolError
 from oven.proto.config_loader import add_config_arguments, config_from_args
 from oven.proto.endpoints import EndpointError, bind, default_inference_endpoint
@@ -224,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oven inference", description="Run one inference process (a ZeroMQ ROUTER).")
     add_config_arguments(parser, InferenceConfig)
     parser.add_argument("--quiet", action="store_true", help="no progress output while loading")
+    parser.add_argument("--join", metavar="KEYFILE",
+                        help="serve a control process on another host (oven serve --remote-replicas ENDPOINT=TOKEN): "
+                             "keep this process's keys in KEYFILE (made readable by you alone; reused when it exists, "
+                             "so a restart admits the same control process) and print the token it connects with")
     args = parser.parse_args(argv)
     who = f"inference rank {args.tp_rank}" if args.tp_rank else "inference"
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
@@ -234,8 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(InferenceConfig, args)
         if cfg.tensor_parallel > 1 and cfg.tp_rank:
             return _follow(cfg, quiet=args.quiet)
-        server = InferenceServer(cfg.endpoint or default_inference_endpoint(), take_inference_keys(),
-                                 cfg.timeline_batches)
+        keys, token = take_inference_keys(), None
+        if args.join:
+            server_keys, token = join_keys(Path(args.join))
+            keys = (server_keys, token.client.public)
+        server = InferenceServer(cfg.endpoint or default_inference_endpoint(), keys, cfg.timeline_batches)
+        if token is not None:  # the token alone on stdout, for scripts; how to use it on stderr
+            print(token, flush=True)
+            print(f"oven inference: the control process joins with: oven serve --remote-replicas "
+                  f"{server.endpoint}=@FILE (FILE holding the token printed above; this host's address in place "
+                  "of a wildcard)", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, server.stop)
         signal.signal(signal.SIGINT, server.stop)
         source = resolve_model(cfg.model)

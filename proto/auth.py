@@ -323,6 +323,25 @@ def inference_keys_env(server: Keypair, client_public: bytes) -> dict[str, str]:
     return {INFERENCE_KEYS_ENV: f"{z85.decode(server.secret).hex()}:{z85.decode(client_public).hex()}"}
 
 
+JOIN_PREFIX = "oven-inference-"
+
+
+def join_keys(path: Path) -> tuple[Keypair, Token]:
+    """An inference process's keys for a control process on another host (``oven inference --join``):
+    (its own key pair, the token the control side connects with, whose client key is the one it admits).
+    Kept in ``path`` (created readable by its owner only, reused when it exists), so a restarted process
+    admits the same control side. AuthError for a file that is not such keys."""
+    if path.exists():
+        match = re.fullmatch(re.escape(JOIN_PREFIX) + r"([0-9a-f]{64})-([0-9a-f]{64})", path.read_text().strip())
+        if not match:
+            raise AuthError(f"{path} holds no inference keys (expected {JOIN_PREFIX}<64 hex digits>-<64 hex digits>)")
+        server, client = (Keypair.from_secret(z85.encode(bytes.fromhex(part))) for part in match.groups())
+    else:
+        server, client = Keypair.generate(), Keypair.generate()
+        write_private_file(path, f"{JOIN_PREFIX}{z85.decode(server.secret).hex()}-{z85.decode(client.secret).hex()}\n")
+    return server, Token(server.public, client)
+
+
 def take_inference_keys() -> tuple[Keypair, bytes] | None:
     """(server keys, the admitted client's public key) from the environment, removed from it; None if unset."""
     text = os.environ.pop(INFERENCE_KEYS_ENV, None)

@@ -18,6 +18,7 @@ from oven.client.rpc import OvenClient
 from oven.proto import control as c
 from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
+from oven.control.inference_client import InferenceClient
 from oven.control.runtime.loop import ControlLoop
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
@@ -48,16 +49,17 @@ def tiny_inference(**overrides):
 
 
 @contextmanager
-def control_loop(inference, program_dir: str | None, programs: list[str], **overrides):
+def control_loop(inference, program_dir: str | None, programs: list[str], supervisors=None, **overrides):
     """A ControlLoop with ``programs`` stored (in PROGRAM_DIR if ``program_dir`` is None) over ``inference``
-    (an inference process, or a list of them: one replica each); every event it emits is kept in
-    ``loop.events``."""
+    (an inference process, or a list of processes or clients: one replica each, with ``supervisors``
+    if given); every event it emits is kept in ``loop.events``."""
     events = []
     config = ControlConfig(**{**dict(program_dir=program_dir or PROGRAM_DIR, slice_ms=1000, instance_memory_mib=192,
                                      max_kv_pages_per_instance=32), **overrides})
-    clients = [i.client() for i in inference] if isinstance(inference, list) else inference.client()
-    loop = ControlLoop(clients, config,
-                       lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
+    clients = ([i if isinstance(i, InferenceClient) else i.client() for i in inference]
+               if isinstance(inference, list) else inference.client())
+    loop = ControlLoop(clients, config, lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)),
+                       supervisors)
     loop.events = events
     for name in programs:
         loop.programs.add(built(name), name)
