@@ -30,7 +30,7 @@ while unfinished uploads fill the server's buffer a new chunk gets ``upload_busy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .codec import Codec
 
@@ -265,7 +265,7 @@ class StatsReply:
     # and those seconds x the device pages of the contexts that were not intercepted, kept waiting.
     copy_s: float = 0.0
     copy_page_s: float = 0.0
-    replicas: list[ReplicaStats] = ()  # the counts per inference replica, in order
+    replicas: list[ReplicaStats] = field(default_factory=list)  # the counts per inference replica, in order
 
 
 @dataclass(frozen=True, slots=True)

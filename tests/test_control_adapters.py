@@ -29,19 +29,22 @@ def peft_folder(folder):
 
 
 class FakeInference:
-    """Records what is sent; answers load requests when told to."""
+    """Records what is sent to each replica (request ids count per replica, as each has its own client);
+    answers load requests when told to."""
 
     def __init__(self):
-        self.sent: list[tuple[int, object]] = []
+        self.sent: list[tuple[int, object]] = []  # replica 0's
+        self.by_replica: dict[int, list[tuple[int, object]]] = {0: self.sent}
 
-    def send(self, request) -> int:
-        self.sent.append((len(self.sent) + 1, request))
-        return len(self.sent)
+    def send(self, replica: int, request) -> int:
+        sent = self.by_replica.setdefault(replica, [])
+        sent.append((len(sent) + 1, request))
+        return len(sent)
 
-    def accept(self, adapters: Adapters, request_id: int, rank: int = 4) -> None:
-        request = dict(self.sent)[request_id]
+    def accept(self, adapters: Adapters, request_id: int, rank: int = 4, replica: int = 0) -> None:
+        request = dict(self.by_replica[replica])[request_id]
         adapter = p.AdapterInfo(request.adapter_id, request.name, rank, 8.0, 2.0, ["q_proj"], 100)
-        assert adapters.settle(request_id, p.AdapterReply(adapter))
+        assert adapters.settle(replica, request_id, p.AdapterReply(adapter))
 
 
 @pytest.fixture
@@ -51,7 +54,7 @@ def world(tmp_path):
         store.add(name, peft_folder(tmp_path / name))
     inference = FakeInference()
     adapters = Adapters(store, inference.send, info())
-    adapters.load_stored(lambda request_id: p.AdapterReply(p.AdapterInfo(
+    adapters.load_stored(lambda _replica, request_id: p.AdapterReply(p.AdapterInfo(
         dict(inference.sent)[request_id].adapter_id, dict(inference.sent)[request_id].name, 4, 8.0, 2.0, ["q_proj"],
         100)))
     return tmp_path, store, inference, adapters
@@ -62,7 +65,7 @@ def test_stored_adapters_get_ids_and_a_restart_loads_them_again_under_the_same_i
     assert [(r.adapter_id, r.name) for _, r in inference.sent] == [(1, "a-two"), (2, "b-one")]
     assert (adapters.open("a-two"), adapters.open("b-one")) == (1, 2)
     inference.sent.clear()
-    adapters.reload()  # a new inference process serves
+    adapters.reload(0)  # a new inference process serves
     assert [(r.adapter_id, r.name) for _, r in inference.sent] == [(1, "a-two"), (2, "b-one")]
     assert adapters.is_loaded(2) and not adapters.is_loaded(3)
 
@@ -78,7 +81,7 @@ def test_an_add_is_answered_once_loaded_and_a_refused_one_leaves_nothing(world):
 
     adapters.add("bad", peft_folder(tmp_path / "bad"), outcomes.append)
     path = str(store.path("bad"))
-    assert adapters.settle(inference.sent[-1][0], p.ErrorReply(p.ERR_BAD_ADAPTER, f"{path}: rank r=0 is outside"))
+    assert adapters.settle(0, inference.sent[-1][0], p.ErrorReply(p.ERR_BAD_ADAPTER, f"{path}: rank r=0 is outside"))
     assert (outcomes[-1].state, outcomes[-1].error) == ("failed", f"{path}: rank r=0 is outside")
     assert "bad" not in store.names() and "bad" not in [a.name for a in adapters.entries()]
     with pytest.raises(AdapterStoreError, match="an adapter named 'good' exists; remove it first"):
@@ -94,6 +97,29 @@ def test_removed_ids_are_never_given_again(world):
     assert inference.sent[-1][1].adapter_id == 3
     with pytest.raises(AdapterStoreError, match="no adapter named 'nope'"):
         adapters.remove("nope")
+
+
+def test_with_two_replicas_an_adapter_is_loaded_once_both_took_it(tmp_path):
+    inference = FakeInference()
+    adapters = Adapters(AdapterStore(tmp_path / "store"), inference.send, info(), num_replicas=2)
+    outcomes = []
+    adapters.add("good", peft_folder(tmp_path / "good"), outcomes.append)
+    inference.accept(adapters, 1, replica=1)
+    with pytest.raises(AdapterUnavailable, match="adapter 'good' is still loading"):
+        adapters.open("good")  # replica 0 has not answered
+    inference.accept(adapters, 1, replica=0)
+    assert [(a.name, a.state) for a in outcomes] == [("good", "loaded")] and adapters.open("good") == 1
+
+    adapters.add("bad", peft_folder(tmp_path / "bad"), outcomes.append)
+    inference.accept(adapters, 2, replica=0)
+    assert adapters.settle(1, 2, p.ErrorReply(p.ERR_BAD_ADAPTER, "no room"))  # refused by replica 1
+    assert (outcomes[-1].state, outcomes[-1].error) == ("failed", "no room")
+    assert all(sent[-1][1] == p.UnloadAdapterRequest("bad") for sent in inference.by_replica.values())
+
+    adapters.reload(1)  # replica 1 restarted: it alone loads "good" again, under its id
+    assert [r for _, r in inference.by_replica[0]][-1] == p.UnloadAdapterRequest("bad")
+    assert inference.by_replica[1][-1][1] == p.LoadAdapterRequest(1, "good", str(adapters.entries()[0].path))
+    assert adapters.open("good") == 1  # still loaded: replica 1 answers its load before any batch
 
 
 def test_what_an_inferlet_is_told(world, tmp_path):
