@@ -49,7 +49,6 @@ from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import Export, ResourceError
 from oven.control.scheduling import SchedulerStats
-from oven.control.supervisor import InferenceSupervisor
 from oven.proto import control as c
 from oven.control.runner.imports import WasmClock
 from oven.proto import inference as p
@@ -63,7 +62,7 @@ from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
 from .placement import Placement
 from .programs import ProgramStore, engine_config
-from .replica import Replica
+from .replica import START_TIMEOUT_S, Replica, Supervisor
 from .runners import SILENT_S, Runner, RunnerLost, Runners
 from .services import EventSink
 from .snapshot import LoopSnapshot, ReplicaLoad
@@ -72,7 +71,6 @@ from .topics import Topics
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 300.0  # the first answers of inference processes (adapter loads at start)
 # The adaptive policy waits for the slices of instances a batch reply woke (or a launch started), so
 # that a batch holds every instance one reply woke, while their runner makes progress (Runner.progressing)
 # and for WAVE_WAIT_S at most: a slow or spinning slice holds up other clients' batches by a few
@@ -92,9 +90,9 @@ class ControlLoop:
     """
 
     def __init__(self, clients: InferenceClient | Sequence[InferenceClient], config: ControlConfig,
-                 on_event: EventSink, supervisors: Sequence[InferenceSupervisor] | None = None):
+                 on_event: EventSink, supervisors: Sequence[Supervisor | None] | None = None):
         """``clients``: one per inference replica (a single one for one process); ``supervisors``, one per
-        client, restart dead processes (``oven serve``)."""
+        client, notice dead processes and start others (``oven serve``; None for a replica no one watches)."""
         clients = [clients] if isinstance(clients, InferenceClient) else list(clients)
         self.config, self._on_event = config, on_event
         infos = [client.info() for client in clients]

@@ -23,6 +23,7 @@ from oven.control.inference_client import InferenceClient
 from oven.control.resources import ExportRegistry, PhysicalPool
 from oven.control.scheduling import BatchScheduler
 from oven.control.scheduling.profiler import CostProfiler
+from oven.control.remote import RemoteInference
 from oven.control.supervisor import InferenceSupervisor
 from oven.proto import inference as p
 
@@ -35,7 +36,8 @@ from .services import HostServices
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 300.0  # a restarted inference process that has not loaded its model by then is killed
+START_TIMEOUT_S = 300.0  # an inference process that has not loaded its model (and adapters) by then is killed
+Supervisor = InferenceSupervisor | RemoteInference  # what notices a replica's loss and starts (or awaits) another
 
 
 class Replica:
@@ -48,7 +50,7 @@ class Replica:
 
     def __init__(self, index: int, client: InferenceClient, info: p.InfoReply, config: ControlConfig,
                  adapters: Adapters, kill: Callable[[Instance, str], None], services: dict,
-                 supervisor: InferenceSupervisor | None = None):
+                 supervisor: Supervisor | None = None):
         self.index, self.client, self.info, self.config, self.supervisor = index, client, info, config, supervisor
         self.name = f"inference replica {index}"
         self.instances: dict[str, Instance] = {}  # those that live here, in launch order
