@@ -54,6 +54,7 @@ from .token_futures import TokenFutures
 log = logging.getLogger(__name__)
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}  # of the all-reduces; requests always go over gloo
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # for every rank to come (a rank on another host may start later)
 COMPUTE_TIMEOUT = timedelta(minutes=10)  # ranks reach each all-reduce together: longer is a hung rank
 IDLE_TIMEOUT = timedelta(days=365)  # ranks > 0 wait for rank 0's next request as long as it is idle
 EXIT_RANK_DIED = 3
@@ -69,7 +70,7 @@ class TensorParallelGroup:
         self.device = torch.device("cpu")
         self._children = children
         self._closing = False
-        self._compute = None  # the all-reduces' group, once the device is known (join)
+        self._requests = self._compute = None  # rank 0's requests' group and the all-reduces' (join)
         if children:  # from before the rendezvous: a child that fails to start must not leave this waiting
             threading.Thread(target=self._watch, name="tensor-parallel-watch", daemon=True).start()
 
@@ -90,8 +91,8 @@ class TensorParallelGroup:
         """Meet the other ranks (blocks until all have come); -> rank 0's settings, which every rank takes."""
         try:
             dist.init_process_group("gloo", init_method="env://", rank=self.rank, world_size=self.world_size,
-                                    timeout=IDLE_TIMEOUT)
-        except (RuntimeError, ValueError) as exc:  # (a bad MASTER_ADDR, a port in use)
+                                    timeout=RENDEZVOUS_TIMEOUT)
+        except (RuntimeError, ValueError) as exc:  # (no rank 0 there in time, a port in use)
             raise RuntimeError(f"tensor-parallel rendezvous at {os.environ['MASTER_ADDR']}:"
                                f"{os.environ['MASTER_PORT']} failed: {exc}") from None
         settings = [cfg]
@@ -101,6 +102,7 @@ class TensorParallelGroup:
         if self.device.type == "cuda":
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", self.rank)))
             torch.cuda.set_device(self.device)
+        self._requests = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         self._compute = dist.new_group(backend=BACKENDS[self.device.type], timeout=COMPUTE_TIMEOUT)
         return cfg
 
@@ -122,7 +124,7 @@ class TensorParallelGroup:
     def lead(self, engine, peer: bytes, request, futures):
         """Rank 0: send ``request`` (from ``peer``) to the other ranks, then run it here; the reply."""
         try:
-            dist.broadcast_object_list([(peer, request)], src=0)
+            dist.broadcast_object_list([(peer, request)], src=0, group=self._requests)
         except RuntimeError as exc:
             self._fail(exc)
         return self._run(engine, request, futures)
@@ -133,7 +135,7 @@ class TensorParallelGroup:
         while True:
             message = [_STOP]
             try:
-                dist.broadcast_object_list(message, src=0)
+                dist.broadcast_object_list(message, src=0, group=self._requests)
             except RuntimeError as exc:
                 self._fail(exc)
             if message[0] is _STOP:
@@ -149,7 +151,7 @@ class TensorParallelGroup:
         self._closing = True
         if self.rank == 0:
             try:
-                dist.broadcast_object_list([_STOP], src=0)
+                dist.broadcast_object_list([_STOP], src=0, group=self._requests)
             except RuntimeError:  # a rank is gone already: nothing to tell it
                 pass
         for proc in self._children.values():
@@ -216,8 +218,10 @@ def _free_port() -> int:
 
 
 def _start_rank(rank: int, world_size: int) -> subprocess.Popen:
-    """Rank ``rank`` as a child that dies with this process; its stderr is this process's."""
+    """Rank ``rank`` as a child that dies with this process; its stderr is this process's. A session of
+    its own, so a Ctrl-C at the terminal reaches rank 0 alone, which stops the group in order."""
     cmd = [sys.executable, "-m", "oven.inference.server", "--quiet", "--tensor-parallel", str(world_size),
            "--tp-rank", str(rank)]
     env = {**os.environ, "LOCAL_RANK": str(rank), **lifeline_env()}
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
