@@ -58,6 +58,39 @@ def inference_kill(root: Path, model: str) -> list[str]:
             f"| tokens {'equal to' if after[2] == before[2] else 'DIFFERENT from'} a run before the fault |"]
 
 
+def replica_kill(root: Path, model: str) -> list[str]:
+    """``--data-parallel 2``: one long run on each replica; kill -9 of replica 1's process."""
+    srv = Server(root, model, "--data-parallel", "2")
+    try:
+        with srv.client() as client:
+            hello, completion = client.upload(wasm("hello-python")), client.upload(wasm("text-completion"))
+            (before,) = run_to_exit(client, {client.launch(hello, ["Once upon a time", "8"])}).values()
+            runs = [client.launch(completion, ["Once upon a time", "100000"]) for _ in range(2)]
+            time.sleep(2.0)  # decoding by now
+            replica = {i.instance_id: i.replica for i in client.instances()}
+            (lost,) = [i for i in runs if replica[i] == 1]
+            children = srv.children()  # in replica order
+            killed = time.monotonic()
+            os.kill(children[1], signal.SIGKILL)
+            (code, error, _), = run_to_exit(client, {lost}).values()
+            ended = time.monotonic() - killed
+            survivor_alive = any(i.instance_id in runs and i.instance_id != lost and i.state in ("ready", "waiting")
+                                 for i in client.instances())
+            while any(not r.serving for r in client.stats().replicas):
+                time.sleep(0.05)
+            back = time.monotonic() - killed
+            new = {client.launch(hello, ["Once upon a time", "8"]) for _ in range(2)}
+            on = sorted(i.replica for i in client.instances() if i.instance_id in new)
+            same = all(run[2] == before[2] for run in run_to_exit(client, new).values())
+    finally:
+        srv.stop()
+    return [f"| `--data-parallel 2`, kill -9 of replica 1 while each replica decodes a run: the run there ends for "
+            f"its client | {ended:.2f} s | exit {code}: `{error}`; the run on replica 0 "
+            f"{'still decodes' if survivor_alive else 'ENDED TOO'} |",
+            f"| ... and replica 1's new process serves | {back:.2f} s | two new `hello-python` runs (on replicas "
+            f"{' and '.join(map(str, on))}): tokens {'equal to' if same else 'DIFFERENT from'} a run before the fault |"]
+
+
 def control_kill(root: Path, model: str) -> list[str]:
     srv = Server(root, model)
     child = srv.child()
@@ -141,15 +174,16 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--instances", type=int, default=512)
     parser.add_argument("--tokens", type=int, default=4)
+    steps = ["inference_kill", "replica_kill", "control_kill", "occupied", "compile_beside", "load"]
+    parser.add_argument("--steps", nargs="+", default=steps, choices=steps, help="which to measure (default: all)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="oven-faults-") as tmp:
         root = Path(tmp)
-        for i, step in enumerate((inference_kill, control_kill, occupied, compile_beside)):
-            rows += step(root / str(i), args.model)
-            print(rows[-1], flush=True)
-        rows += load(root / "load", args.model, args.instances, args.tokens)
-        print(rows[-1], flush=True)
+        for i, step in enumerate((inference_kill, replica_kill, control_kill, occupied, compile_beside, load)):
+            if step.__name__ in args.steps:
+                rows += step(root / str(i), args.model, *((args.instances, args.tokens) if step is load else ()))
+                print(rows[-1], flush=True)
     table = "\n".join([f"# Fault recovery and authenticated load ({args.model})", "", *machine_lines(),
                        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "",
                        "| what | measured | outcome |", "|---|---|---|", *rows, ""])

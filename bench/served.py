@@ -39,6 +39,11 @@ class Server:
     def client(self) -> OvenClient:
         return OvenClient(self.endpoint, timeout_s=600, token=(self.state / "operator.token").read_text())
 
+    def children(self) -> list[int]:
+        """Its inference processes (its runner processes are its children too), in start order."""
+        pids = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        return sorted(int(pid) for pid in pids if b"oven.inference.server" in Path(f"/proc/{pid}/cmdline").read_bytes())
+
     def child(self) -> int:
         return int(subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()[0])
 
