@@ -1,13 +1,14 @@
 """Data parallel serving: throughput of one control loop over two inference replicas against one.
 
-(a) FAKE device (``bench/fake_inference.py``: the real protocol, each batch sleeps ``base + per_item x
+(a) FAKE devices (``bench/fake_inference.py``: the real protocol, each batch sleeps ``base + per_item x
     items`` ms, so the two cores are not the device): ``--instances`` concurrent ``text-completion`` runs
     of ``--tokens`` tokens each, on one replica and on two, side by side (alternating, ``--rounds``
-    each; medians). Reported: tokens/s, DP=2 / DP=1 (goal >= 1.8), and how full each replica's batches
-    are: mean items per batch / instances on that replica (goal: DP=2's >= 0.9 x DP=1's). The ideal
-    ratio of the cost model is printed beside the measured one: with a large fixed cost per batch,
-    two half batches cost nearly what one full one does, and no serving system gains from a second
-    replica; the default cost model is one where the device is the limit.
+    each; medians), for each cost model of ``--costs``. Reported: tokens/s, DP=2 / DP=1 (goal >= 1.8),
+    and how full each replica's batches are: mean items per batch / instances on that replica (goal:
+    DP=2's >= 0.9 x DP=1's). The ideal ratio of each cost model is printed beside the measured one:
+    with a large fixed cost per batch two half batches cost nearly what one full one does, and where
+    the control process and the runner (one, for one client) cannot keep up with the device, a second
+    replica cannot help either; a second replica pays only where the device is the limit.
 (b) SmolLM2 on this machine's CPU, one torch thread per replica: the same runs, DP=2 / DP=1 (no goal:
     the cores are shared with the control process and the runners).
 
@@ -46,8 +47,8 @@ def parse_args():
     add("--instances", type=int, default=64, help="concurrent runs (default %(default)s)")
     add("--tokens", type=int, default=64, help="tokens per run (default %(default)s)")
     add("--rounds", type=int, default=3, help="runs of each side, alternating; medians kept (default %(default)s)")
-    add("--base-ms", type=float, default=2.0, help="(a) fake device ms per batch (default %(default)s)")
-    add("--per-item-ms", type=float, default=0.5, help="(a) fake device ms per batch item (default %(default)s)")
+    add("--costs", nargs="+", default=["2:0.5", "10:4"], metavar="BASE:PER_ITEM",
+        help="(a) fake devices, each ms per batch : ms per item (default: %(default)s)")
     add("--real-instances", type=int, default=16, help="(b) concurrent runs on SmolLM2 (default %(default)s)")
     add("--real-tokens", type=int, default=32, help="(b) tokens per run on SmolLM2 (default %(default)s)")
     add("--program-dir", default=str(Path(default_program_dir()).parent / "bench-programs"),
@@ -93,23 +94,28 @@ def compare(make_clients, args, instances: int, tokens: int, label: str) -> tupl
 
 
 def part_fake(args) -> list[str]:
-    device = FakeDeviceConfig(base_ms=args.base_ms, per_item_ms=args.per_item_ms)
-    tokenizer = real_tokenizer()
-    with ExitStack() as stack:
-        fakes = [stack.enter_context(FakeInferenceProcess(private_endpoint(), device, tokenizer)) for _ in range(2)]
-        one, two = compare(lambda dp: [InferenceClient(f.endpoint) for f in fakes[:dp]], args, args.instances,
-                           args.tokens, "(a)")
-    step = lambda n: args.base_ms + args.per_item_ms * n  # noqa: E731
-    ideal = 2 * (args.instances / 2) / step(args.instances / 2) / (args.instances / step(args.instances))
-    speedup, fill = two["tok_s"] / one["tok_s"], two["fill"] / one["fill"]
-    return [f"## (a) FAKE device: {args.instances} runs x {args.tokens} tokens, each batch {args.base_ms:g} ms + "
-            f"{args.per_item_ms:g} ms per item", "",
-            markdown_table(["", "DP=1", "DP=2", "DP=2 / DP=1", "goal"], [
-                ["tokens/s", f"{one['tok_s']:.0f}", f"{two['tok_s']:.0f}", f"{speedup:.2f}",
-                 f">= {SPEEDUP_GOAL} ({'met' if speedup >= SPEEDUP_GOAL else '**missed**'}); ideal {ideal:.2f}"],
-                ["batch fill (items per batch / instances on the replica; the emptier replica)",
-                 f"{one['fill']:.2f}", f"{two['fill']:.2f}", f"{fill:.2f}",
-                 f">= {FILL_GOAL} ({'met' if fill >= FILL_GOAL else '**missed**'})"]]), ""]
+    tokenizer, lines = real_tokenizer(), []
+    for cost in args.costs:
+        base_ms, per_item_ms = map(float, cost.split(":"))
+        device = FakeDeviceConfig(base_ms=base_ms, per_item_ms=per_item_ms)
+        with ExitStack() as stack:
+            fakes = [stack.enter_context(FakeInferenceProcess(private_endpoint(), device, tokenizer)) for _ in range(2)]
+            one, two = compare(lambda dp: [InferenceClient(f.endpoint) for f in fakes[:dp]], args, args.instances,
+                               args.tokens, f"(a) {cost}")
+        step = lambda n: base_ms + per_item_ms * n  # noqa: E731
+        ideal = 2 * (args.instances / 2) / step(args.instances / 2) / (args.instances / step(args.instances))
+        speedup, fill = two["tok_s"] / one["tok_s"], two["fill"] / one["fill"]
+        lines += [f"## (a) FAKE device: {args.instances} runs x {args.tokens} tokens, each batch {base_ms:g} ms + "
+                  f"{per_item_ms:g} ms per item (device-bound at DP=1: {1000 * args.instances / step(args.instances):.0f} "
+                  "tokens/s at most)", "",
+                  markdown_table(["", "DP=1", "DP=2", "DP=2 / DP=1", "goal"], [
+                      ["tokens/s", f"{one['tok_s']:.0f}", f"{two['tok_s']:.0f}", f"{speedup:.2f}",
+                       f">= {SPEEDUP_GOAL} ({'met' if speedup >= SPEEDUP_GOAL else '**missed**'}); the cost model's "
+                       f"ideal {ideal:.2f}"],
+                      ["batch fill (items per batch / instances on the replica; the emptier replica)",
+                       f"{one['fill']:.2f}", f"{two['fill']:.2f}", f"{fill:.2f}",
+                       f">= {FILL_GOAL} ({'met' if fill >= FILL_GOAL else '**missed**'})"]]), ""]
+    return lines
 
 
 def part_real(args) -> list[str]:
