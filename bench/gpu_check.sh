@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The first GPU run in one command: install what the GPU machine lacks, run every gpu-marked test,
-# bench/gpu_decode.py and, where there are two GPUs, bench/tensor_parallel.py over NCCL, and write one
+# bench/gpu_decode.py and, where there are two GPUs, bench/tensor_parallel.py over NCCL (else
+# bench/data_parallel.py's two replicas on the one GPU), and write one
 # report (bench/results/gpu_check.md, or $OVEN_GPU_REPORT).
 #
 #   bash bench/gpu_check.sh --download [DIR]   # on a machine that reaches PyPI, with oven set up (.venv):
@@ -143,6 +144,11 @@ if [ "$("$PY" -c "import torch; print(torch.cuda.device_count())")" -ge 2 ]; the
     PYTHONUNBUFFERED=1 "$PY" bench/tensor_parallel.py --device cuda --dtype bfloat16 --model dummy:llama-3.2-1b \
         2>&1 | tee "$LOGS/tensor_parallel.txt"
     tp_rc=${PIPESTATUS[0]}
+else  # one GPU: what a second data-parallel replica on the same device gains (no wasm needed)
+    say "running bench/data_parallel.py --parts c on one GPU"
+    PYTHONUNBUFFERED=1 "$PY" bench/data_parallel.py --parts c --device cuda --dtype bfloat16 \
+        --model dummy:llama-3.2-1b --batch 64 --rounds 2 --seconds 5 2>&1 | tee "$LOGS/data_parallel.txt"
+    tp_rc=${PIPESTATUS[0]}
 fi
 
 # 4. One report.
@@ -162,6 +168,10 @@ mkdir -p "$(dirname "$REPORT")"
     echo; echo '```'; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|error" "$LOGS/tests.txt" | tail -60; echo '```'; echo
     echo "## bench/gpu_decode.py (exit $bench_rc)"
     echo; echo '```'; grep -v -E "^[0-9-]+ [0-9:,]+ " "$LOGS/bench.txt" | tail -40; echo '```'
+    if [ -f "$LOGS/data_parallel.txt" ]; then
+        echo; echo "## bench/data_parallel.py --parts c, two replicas on one GPU (exit $tp_rc)"
+        echo; echo '```'; grep -v -E "^[0-9-]+ [0-9:,]+ " "$LOGS/data_parallel.txt" | tail -12; echo '```'
+    fi
     if [ -f "$LOGS/tensor_parallel.txt" ]; then
         echo; echo "## bench/tensor_parallel.py, two GPUs over NCCL (exit $tp_rc)"
         echo; echo '```'; grep -v -E "^[0-9-]+ [0-9:,]+ " "$LOGS/tensor_parallel.txt" | tail -20; echo '```'
