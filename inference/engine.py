@@ -86,12 +86,13 @@ class Engine:
         if group is not None:
             self.model.split_across(group.all_reduce)
         mc = self.model.config  # (a shard's: its heads and intermediate rows)
-        num_pages = cfg.num_kv_pages or self._pages_for_budget()
-        if group is not None:  # one pool size on every rank (each sized its own device's memory)
-            num_pages = group.agree_min(num_pages)
+        # The same pools on every rank, though each sizes them by its own memory and share of the heads.
+        agree = (lambda n: n) if group is None else group.agree_min
+        num_pages = agree(cfg.num_kv_pages or self._pages_for_budget())
+        num_host_pages = agree(cfg.num_host_pages or self._default_host_pages(num_pages))
         self.kv_pool = KvPagePool(mc, num_pages, cfg.page_size, self.dtype, self.device)
         self.embed_pool = EmbedPool(cfg.num_embeds, mc.hidden_size, self.dtype, self.device)
-        self.host_tier = HostKvTier(self.kv_pool, cfg.num_host_pages or self._default_host_pages(num_pages))
+        self.host_tier = HostKvTier(self.kv_pool, num_host_pages)
         self.backend = make_backend(cfg.attention_backend, self.kv_pool, mc.num_q_heads)
         self.decode_graphs: DecodeGraphs | None = None
         if self.backend.name == "flashinfer":

@@ -24,7 +24,8 @@ from conftest import make_engine, write_adapter
 import oven.client.asynclm
 from oven.control.inference_client import InferenceClient
 from oven.control.inference_process import start_inference_process
-from oven.inference.config import InferenceConfig
+from oven.inference.config import InferenceConfig, ModelConfig
+from oven.inference.models import resolve_model
 from oven.inference.sharding import Shard, check_shardable
 from oven.inference.tensor_parallel import EXIT_RANK_DIED
 from oven.proto import inference as p
@@ -101,8 +102,6 @@ def assert_same(got, want) -> None:
 @pytest.fixture(scope="module")
 def tiny_adapter(tmp_path_factory):
     """A random adapter on every projection of the tiny model (all four input groups)."""
-    from oven.inference.models import resolve_model
-
     folder = tmp_path_factory.mktemp("tiny-lora")
     write_adapter(folder, resolve_model("tiny").config, targets=("q_proj", "k_proj", "v_proj", "o_proj",
                                                                  "gate_proj", "up_proj", "down_proj"))
@@ -117,12 +116,20 @@ def tiny_adapter(tmp_path_factory):
 def test_two_ranks_decode_as_one_process_until_one_is_killed(model, adapter, device, tiny_adapter):
     """tiny splits evenly (1 kv head each); SmolLM2's 3 kv heads split 2 + 1, with the AsyncLM adapter
     (no gate_proj: its gate/up group has one projection); on CUDA the ranks all-reduce over NCCL, in
-    float32 like the rest. Then rank 1 is killed: rank 0 says so and exits, for its supervisor to
+    float32 like the rest. The pools are sized by a memory budget, which buys SmolLM2's rank 1 (fewer
+    heads) more pages than rank 0: both take rank 0's count, so a page past it fails on both and the
+    ranks' batches stay alike. Then rank 1 is killed: rank 0 says so and exits, for its supervisor to
     restart the group."""
     adapter = adapter or tiny_adapter
-    config = InferenceConfig(model=model, device=device, endpoint=private_endpoint(), tensor_parallel=2, **SETTINGS)
+    rank_0_page_bytes = Shard.of(resolve_model(model).config, 0, 2).config.kv_page_bytes(16, 4)
+    pools = dict(num_kv_pages=None, num_host_pages=None, kv_memory_bytes=NUM_PAGES * rank_0_page_bytes)
+    config = InferenceConfig(model=model, device=device, endpoint=private_endpoint(), tensor_parallel=2,
+                             **{**SETTINGS, **pools})
     with start_inference_process(config, timeout_s=180) as server:
-        with server.client() as client:
+        assert (server.info.num_kv_pages, server.info.num_host_pages) == (NUM_PAGES, NUM_PAGES)
+        with server.client(timeout_s=60) as client:  # (ranks out of step would wait on each other)
+            past_the_pool = client.call(p.ForwardTextRequest([p.ForwardTextItem([1], [0], [NUM_PAGES], 1, [0])]))
+            assert past_the_pool.errors[0].code == p.ERR_BAD_PAGE
             load(client.call, adapter)
             got = decode(client.call, [0, 1], server.info.vocab_size)
         assert_same(got, reference(model, adapter, [0, 1], device))
@@ -171,12 +178,9 @@ def test_ranks_started_apart_meet_by_env_and_agree_on_adapters(tmp_path, tiny_ad
 
 
 def test_shards_split_kv_groups_as_evenly_as_they_go_and_refuse_more_ranks_than_kv_heads():
-    from oven.inference.models import model_config_from_hf
-    from transformers import LlamaConfig
-
-    smollm2 = model_config_from_hf("smollm2", LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, head_dim=64))
+    smollm2 = ModelConfig("smollm2", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                          num_q_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                          max_position=8192)
     shards = [Shard.of(smollm2, rank, 2) for rank in range(2)]
     assert [(s.config.num_kv_heads, s.config.num_q_heads, s.config.intermediate_size) for s in shards] == \
         [(2, 6, 768), (1, 3, 768)]
