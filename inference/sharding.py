@@ -92,7 +92,8 @@ class Shard:
         groups = {}
         for (layer, g), group in adapter.groups.items():
             if g in _COLUMN_GROUPS:
-                outputs = tuple((proj, b[self.features(proj)].contiguous(), lo, hi) for proj, b, lo, hi in group.outputs)
+                outputs = tuple((proj, b[self.features(proj)].contiguous(), lo, hi)
+                                for proj, b, lo, hi in group.outputs)
                 groups[(layer, g)] = LoraGroup(group.a, outputs)
             else:
                 (proj,) = INPUT_GROUPS[g]

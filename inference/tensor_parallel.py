@@ -85,7 +85,8 @@ class TensorParallelGroup:
             return cls(cfg.tp_rank, cfg.tensor_parallel, {})
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(_free_port())
-        return cls(0, cfg.tensor_parallel, {k: _start_rank(k, cfg.tensor_parallel) for k in range(1, cfg.tensor_parallel)})
+        n = cfg.tensor_parallel
+        return cls(0, n, {k: _start_rank(k, n) for k in range(1, n)})
 
     def join(self, cfg: InferenceConfig) -> InferenceConfig:
         """Meet the other ranks (blocks until all have come); -> rank 0's settings, which every rank takes."""

@@ -47,7 +47,8 @@ def decode(call, adapter_ids: list[int], vocab_size: int) -> tuple[list[np.ndarr
     n = len(PROMPT)
     first = call(p.ForwardTextRequest([
         p.ForwardTextItem(PROMPT, list(range(n)), [s * PAGES_PER_SEQUENCE], n, [n - 1], top_k=vocab_size,
-                          adapter_id=a, sample=p.SampleSpec(2 * s, p.SAMPLE_GREEDY)) for s, a in enumerate(adapter_ids)]))
+                          adapter_id=a, sample=p.SampleSpec(2 * s, p.SAMPLE_GREEDY))
+        for s, a in enumerate(adapter_ids)]))
     assert first.errors == [None] * len(adapter_ids)
     probs = [_by_token(dists[0], vocab_size) for dists in first.dists]
     # The prompt's page, copied to the next page, through the host tier, into the one after: decoding
@@ -157,8 +158,8 @@ def test_ranks_started_apart_meet_by_env_and_agree_on_adapters(tmp_path, tiny_ad
     env.pop("OVEN_PARENT_PID", None)
     endpoint = f"ipc://{tmp_path / 'rank0.sock'}"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
-    rank_0 = subprocess.Popen([*SERVER, "--model", "tiny", *flags, "--endpoint", endpoint, "--tensor-parallel", "2", "--tp-rank", "0"],
-                              cwd=hosts[0], env=env, stderr=subprocess.PIPE, text=True)
+    rank_0 = subprocess.Popen([*SERVER, "--model", "tiny", *flags, "--endpoint", endpoint, "--tensor-parallel", "2",
+                               "--tp-rank", "0"], cwd=hosts[0], env=env, stderr=subprocess.PIPE, text=True)
     rank_1 = subprocess.Popen([*SERVER, "--tensor-parallel", "2", "--tp-rank", "1"], cwd=hosts[1], env=env,
                               stderr=subprocess.PIPE, text=True)
     try:
