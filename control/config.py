@@ -54,7 +54,9 @@ class ControlConfig:
     inference_timeout_s: float = 120.0  # a batch unanswered this long: the inference process is hung
     inference_restarts: int = 5  # restarts of a dead inference process within 10 minutes before giving up
     data_parallel: int = 1  # local inference processes, each a replica of the model with KV of its own
-    replica_devices: str = ""  # CUDA device numbers, comma-separated: replica k gets the k-th (in turn); "" = default
+    # CUDA device numbers, comma-separated: replica k gets the k-th (the k-th group of --tensor-parallel
+    # devices), in turn; "" = the default device for every replica
+    replica_devices: str = ""
     # Replicas on other hosts, after the local ones: tcp://HOST:PORT=TOKEN,... (each TOKEN as `oven inference
     # --join KEYFILE` printed it there, or @FILE holding it); control/remote.py
     remote_replicas: str = ""

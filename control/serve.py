@@ -90,8 +90,9 @@ def start_replicas(inference: InferenceConfig, control: ControlConfig,
     the ``remote_replicas``, reached first (an unreachable host fails within seconds, not after a
     model's load); None (said why) if one cannot serve.
 
-    On a CPU each local replica gets an equal share of the cores but the control process's one, unless
-    ``torch_threads`` says otherwise; on CUDA replica k sees the k-th of ``replica_devices`` alone."""
+    On a CPU each rank of each local replica gets an equal share of the cores but the control process's
+    one, unless ``torch_threads`` says otherwise; on CUDA replica k sees the k-th group of
+    ``tensor_parallel`` devices of ``replica_devices`` alone."""
     n = control.data_parallel
     supervisors: list[InferenceSupervisor] = []
     remotes: list[RemoteInference] = []
@@ -102,14 +103,23 @@ def start_replicas(inference: InferenceConfig, control: ControlConfig,
             raise ValueError("no inference replica: --data-parallel 0 needs --remote-replicas")
         if n > 1 and inference.endpoint:
             raise ValueError("--data-parallel needs private inference endpoints (no --endpoint)")
-        if n > 1 and inference.torch_threads is None:
-            inference = inference.replace(torch_threads=max(1, ((os.cpu_count() or 1) - 1) // n))
+        if inference.tp_rank:
+            raise ValueError(f"oven serve's inference process is rank 0 of its group, not {inference.tp_rank}: "
+                             "start other ranks with `oven inference --tp-rank K`")
+        if n > 1 and inference.tp_rank is not None:
+            raise ValueError("--tp-rank 0 with --data-parallel: the replicas' groups would share one MASTER_PORT; "
+                             "leave --tp-rank out (each group then meets on a port of its own)")
+        tp = inference.tensor_parallel
+        if n > 1 and inference.torch_threads is None:  # each rank of each replica an equal share
+            inference = inference.replace(torch_threads=max(1, ((os.cpu_count() or 1) - 1) // (n * tp)))
+        # replica k sees its tensor-parallel group's devices alone: the k-th tp of them, in turn
         devices = [d.strip() for d in control.replica_devices.split(",") if d.strip()]
         if n:
             print(f"oven: starting {'the inference process' if n == 1 else f'{n} inference processes'} "
                   f"({inference.model}) ...", file=sys.stderr, flush=True)
         for k in range(n):
-            env = {"CUDA_VISIBLE_DEVICES": devices[k % len(devices)]} if devices else None
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(devices[(k * tp + r) % len(devices)] for r in range(tp))
+                   } if devices else None
             supervisors.append(InferenceSupervisor(inference, verbose, control.inference_restarts, None, env,
                                                    f"replica {k}" if n > 1 else ""))
         for k, supervisor in enumerate(supervisors):
