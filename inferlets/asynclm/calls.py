@@ -38,7 +38,9 @@ class Calls:
     def expected_wait_ms(self) -> int:
         """Until the first in-flight call is expected back, by its estimated execution time."""
         now = inferlet.now_ms()
-        return max(0, min((at + self.estimate_ms(call) - now for call, at in self.in_flight.values()), default=0))
+        # (estimates may be fractional: the client sends what it measured)
+        return max(0, round(min((at + self.estimate_ms(call) - now for call, at in self.in_flight.values()),
+                                default=0)))
 
     async def _deadline(self, call_id: str) -> None:
         await inferlet.sleep(self.timeout_ms)

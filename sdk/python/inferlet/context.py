@@ -282,7 +282,7 @@ class Context(Editing, Sharing, Recompute, Pipelined):
         if freed:
             self.queue.later(kvpages.dealloc_kvpages(self.queue.id, freed))
 
-    def pause_hint(self, ms: int) -> None:
+    def pause_hint(self, ms: float) -> None:
         """This context is about to wait about ``ms`` milliseconds on something outside the model (a
         tool, a user): it frees its pages allocated ahead, and the server's interception policy may
         keep its K/V on the device or swap it to the host tier meanwhile (it is back before it runs)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 from componentize_py_types import Err
@@ -51,10 +52,16 @@ def fetch(method: str, url: str, headers: list[str] = (), body: bytes = b"") -> 
     return HostFuture(http.fetch(method, url, list(headers), body), futures.take_http)
 
 
-def pause_hint(ms: int) -> None:
-    """The next wait on I/O (a tool, a fetch, a user) should last about ``ms`` milliseconds: the
-    estimate the server's interception policy weighs keeping, swapping or dropping KV by."""
-    runtime.pause_hint(ms)
+def pause_hint(ms: float) -> None:
+    """The next wait on I/O (a tool, a fetch, a user) should last about ``ms`` milliseconds (rounded; an
+    estimate may be fractional): the estimate the server's interception policy weighs keeping, swapping or
+    dropping KV by. TypeError for what is not a number, ValueError for one that is not finite."""
+    # Checked here: a value the WIT's u64 cannot take would trap the whole component, not raise.
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+        raise TypeError(f"pause_hint takes milliseconds as a number, not {type(ms).__name__}")
+    if not math.isfinite(ms):
+        raise ValueError(f"pause_hint takes a finite number of milliseconds, not {ms}")
+    runtime.pause_hint(min(max(0, round(ms)), 2**64 - 1))
 
 
 @cache
