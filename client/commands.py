@@ -80,11 +80,16 @@ def _verb(action: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     return run
 
 
+PYTHON_SIZED = 4 << 20  # bytes: a component this large carries an interpreter, and compiles for seconds
+
+
 def upload(client: OvenClient, program: LocalProgram, name: str, shared: bool = False) -> str:
     """Upload ``program``; say so first when the server will compile it (seconds, once per program)."""
     data = program.path.read_bytes()
     if hashlib.sha256(data).hexdigest() not in {p.sha256 for p in client.programs()}:
-        say(f"uploading {name}; the server compiles it once (about 15 s for a Python inferlet) ...")
+        # (compile time follows size: a Python component carries its interpreter, 18-20 MB; a Rust one ~100 kB)
+        took = "about 15 s for a Python inferlet" if len(data) > PYTHON_SIZED else "a second or so"
+        say(f"uploading {name}; the server compiles it once ({took}) ...")
     return client.upload(data, name, shared)
 
 
@@ -182,6 +187,8 @@ def _workload(args: argparse.Namespace):
     from .asynclm.session import bfcl_workload, demo_workload
     from .asynclm.tools.bfcl import KINDS, load_scenarios
 
+    if args.task is not None and not args.task.strip():  # (a TASK left out runs the demo's own)
+        raise ValueError("TASK is empty: give a task, or leave it out for the demo's")
     if args.tools == "demo":
         return demo_workload(args.task, plan=args.plan)
     kind = args.tools.removeprefix("bfcl:")

@@ -245,6 +245,12 @@ def test_oven_asynclm_writes_its_own_calls_on_the_adapter():
                      proc.stdout), proc.stdout
 
 
+def test_an_empty_task_is_refused():
+    proc = subprocess.run([sys.executable, "-m", "oven.client.cli", "asynclm", " "], capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stderr) == (2, "oven: TASK is empty: give a task, or leave it out for the demo's\n")
+
+
 def test_oven_asynclm_with_a_plan_on_the_base_model():
     """--plan pins the demo's three calls (the latency benchmarks' setting), --no-adapter runs the base model."""
     proc = oven_asynclm("--plan", "--no-adapter", "--answer-tokens", "8")

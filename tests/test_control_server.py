@@ -112,6 +112,9 @@ def test_oven_run_prints_the_greedy_tokens(server, inference, program):
     assert done.returncode == 0, done.stderr
     expected = " ".join(map(str, direct_greedy(inference, "Once upon a time", 8)))
     assert done.stdout.strip().splitlines()[-1] == expected
+    # the first upload says how long the server's compile takes: seconds for Python, not for Rust
+    took = {"hello-python": "about 15 s for a Python inferlet", "hello-rust": "a second or so"}[program]
+    assert done.stderr == f"oven: uploading {program}; the server compiles it once ({took}) ...\n"
 
 
 def test_oven_run_exits_with_the_inferlet_status(server):
