@@ -201,8 +201,9 @@ class ControlLoop:
         replicas = self.replicas
         interceptions = [r.interceptions for r in replicas]
         calls = [r.calls for r in replicas]
+        stats = [r.scheduler.stats() for r in replicas]
         return LoopSnapshot(tuple(inst.record() for inst in self.instances.values()), tuple(self.finished.values()),
-                            tuple(self.exports()), SchedulerStats.combined(r.scheduler.stats() for r in replicas),
+                            tuple(self.exports()), SchedulerStats.combined(stats),
                             sum(r.kv_pool.num_free for r in replicas), sum(r.embed_pool.num_free for r in replicas),
                             sum(r.host_pool.num_free for r in replicas), sum(i.num_swapped_out for i in interceptions),
                             sum(i.num_swapped_in for i in interceptions), sum(i.num_discarded for i in interceptions),
@@ -212,8 +213,8 @@ class ControlLoop:
                             sum(i.contended_page_s for i in interceptions),
                             sum(r.allocator.num_preempted for r in replicas), sum(c.rewrite_page_s for c in calls),
                             sum(i.copy_s for i in interceptions), sum(i.copy_page_s for i in interceptions),
-                            tuple(ReplicaLoad(r.index, r.serving, len(r.instances), r.kv_pool.num_free,
-                                              r.scheduler.stats()) for r in replicas))
+                            tuple(ReplicaLoad(r.index, r.serving, len(r.instances), r.kv_pool.num_free, replica_stats)
+                                  for r, replica_stats in zip(replicas, stats)))
 
     def exports(self) -> list[Export]:
         """Every client's exports on every replica."""
