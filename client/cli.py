@@ -247,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_info)
 
     serve = sub.add_parser("serve", help="run the inference and control processes",
+                           usage="%(prog)s [--config FILE] [--SETTING VALUE ...] [--quiet]",
                            description="Serve inferlets: an inference process plus the control loop. "
                                        "Every setting also reads OVEN_<SETTING> and --config FILE.")
     add_config_arguments(serve, InferenceConfig)

@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oven.control.adapter_store import default_adapter_dir
+from oven.control.resources.exhaustion import POLICY_NAMES as EXHAUSTION_POLICIES
 from oven.control.resources.exhaustion import ExhaustionPolicy
 from oven.control.runtime.http_allow import AllowList
+from oven.control.scheduling.interception import NAMES as INTERCEPTION_POLICIES
 from oven.control.scheduling.interception import InterceptionPolicy
 from oven.control.scheduling.policy import DEFAULT_K, DEFAULT_T_S, DispatchPolicy
+from oven.control.scheduling.policy import NAMES as DISPATCH_POLICIES
 from oven.proto.auth import check_path, default_cache_dir, default_state_dir
-from oven.proto.config_loader import blocking_file
+from oven.proto.config_loader import blocking_file, setting
 
 
 def default_program_dir() -> str:
@@ -20,46 +23,59 @@ def default_program_dir() -> str:
 
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
-    control_endpoint: str = ""  # "" = ipc://STATE_DIR/control.sock; tcp://HOST:PORT serves other machines too
-    state_dir: str = ""  # keys, clients, the operator's token; "" = $OVEN_CACHE_DIR/server or ~/.cache/oven/server
-    program_dir: str = ""  # "" = $OVEN_CACHE_DIR/programs or ~/.cache/oven/programs
-    adapter_dir: str = ""  # LoRA adapters loaded at start; "" = $OVEN_CACHE_DIR/adapters or ~/.cache/oven/adapters
-    dispatch_policy: str = "adaptive"  # adaptive | eager | k | t (scheduling.policy.NAMES)
-    dispatch_k: int = DEFAULT_K  # the k policy: batch size that triggers a dispatch
-    dispatch_t_ms: float = DEFAULT_T_S * 1000  # the t policy: oldest wait that triggers a dispatch
-    exhaustion_policy: str = "preempt"  # preempt | terminate-newest | wait | offload (resources.exhaustion)
-    interception_policy: str = "infercept"  # infercept | preserve | discard | swap (scheduling.interception)
-    max_instances: int = 1024
-    max_instances_per_client: int = 256  # running at once, per client but the operator
-    finished_instances: int = 100  # ended instances `oven ps` still shows (and `oven attach` replays), newest
-    inbox_messages: int = 1024  # client messages waiting in one instance's inbox
-    inbox_mib: int = 16  # and their bytes
-    instance_memory_mib: int = 512  # one linear memory of one instance
-    # Memory of all one client's instances together, what their linear memories grew to chiefly (its runner
-    # ends the largest past it; control/runner/memory.py): a Python inferlet holds about 12 MiB of it.
-    client_memory_mib: int = 16384
-    max_runners: int = 64  # runner processes at once: clients with instances running (one each)
-    runner_idle_s: float = 60.0  # a runner whose client has no instance left stops after this
-    runner_grace_s: float = 30.0  # a runner silent this long past a slice's deadline, with slices to run, is killed
-    slice_ms: int = 2000  # longest a guest may run between two waits
-    max_kv_pages_per_instance: int = 4096
-    max_embeds_per_instance: int = 4096
-    http_allow: str = ""  # comma-separated host:port (a bare host: 80 for http, 443 for https; [v6addr]:port)
-    http_timeout_s: float = 30.0  # one fetch, connect to last body byte
-    http_fetches_per_instance: int = 2  # in flight at once; an instance's further fetches wait in its queue
-    http_queue_per_instance: int = 64  # fetches waiting behind those; one more fails at once
-    http_workers: int = 8  # threads shared by every instance's fetches
-    http_max_body_mib: int = 16  # a larger response fails the fetch
-    lease_s: float = 10.0  # a client silent this long loses its non-detached instances
-    inference_timeout_s: float = 120.0  # a batch unanswered this long: the inference process is hung
-    inference_restarts: int = 5  # restarts of a dead inference process within 10 minutes before giving up
-    data_parallel: int = 1  # local inference processes, each a replica of the model with KV of its own
-    # CUDA device numbers, comma-separated: replica k gets the k-th (the k-th group of --tensor-parallel
-    # devices), in turn; "" = the default device for every replica
-    replica_devices: str = ""
-    # Replicas on other hosts, after the local ones: tcp://HOST:PORT=TOKEN,... (each TOKEN as `oven inference
-    # --join KEYFILE` printed it there, or @FILE holding it); control/remote.py
-    remote_replicas: str = ""
+    control_endpoint: str = setting("", "where clients connect: tcp://HOST:PORT serves other machines too; "
+                                        "\"\" = ipc://STATE_DIR/control.sock")
+    state_dir: str = setting("", "keys, clients and the operator's token; \"\" = $OVEN_CACHE_DIR/server or "
+                                 "~/.cache/oven/server")
+    program_dir: str = setting("", "uploaded programs; \"\" = $OVEN_CACHE_DIR/programs or ~/.cache/oven/programs")
+    adapter_dir: str = setting("", "LoRA adapters loaded at start; \"\" = $OVEN_CACHE_DIR/adapters or "
+                                   "~/.cache/oven/adapters")
+    dispatch_policy: str = setting("adaptive", "when queued commands go out as a batch: adaptive (once the device "
+                                               "is idle), eager (at once), k (once k wait), t (once the oldest "
+                                               "waited t)", choices=DISPATCH_POLICIES)
+    dispatch_k: int = setting(DEFAULT_K, "the k policy: batch size that triggers a dispatch")
+    dispatch_t_ms: float = setting(DEFAULT_T_S * 1000, "the t policy: oldest wait (ms) that triggers a dispatch")
+    exhaustion_policy: str = setting("preempt", "when the KvPage pool runs out: preempt (swap out instances waiting "
+                                                "on I/O, then newer ones), terminate-newest, wait for pages, or "
+                                                "offload (swap out those waiting on I/O)", choices=EXHAUSTION_POLICIES)
+    interception_policy: str = setting("infercept", "the KV of an instance waiting on I/O: infercept (whichever of "
+                                                    "preserve, swap and discard wastes least), or always one of them",
+                                       choices=INTERCEPTION_POLICIES)
+    max_instances: int = setting(1024, "instances running at once, all clients together")
+    max_instances_per_client: int = setting(256, "instances running at once per client (the operator is exempt)")
+    finished_instances: int = setting(100, "ended instances `oven ps` still shows (and `oven attach` replays), "
+                                           "newest")
+    inbox_messages: int = setting(1024, "client messages waiting in one instance's inbox")
+    inbox_mib: int = setting(16, "bytes (MiB) waiting in one instance's inbox")
+    instance_memory_mib: int = setting(512, "one linear memory of one instance (MiB)")
+    client_memory_mib: int = setting(16384, "memory (MiB) of all one client's instances together, chiefly their "
+                                            "linear memories; its runner ends the largest past it (a Python "
+                                            "inferlet holds about 12 MiB)")
+    max_runners: int = setting(64, "runner processes at once: clients with instances running (one each)")
+    runner_idle_s: float = setting(60.0, "a runner whose client has no instance left stops after this many seconds")
+    runner_grace_s: float = setting(30.0, "a runner silent this many seconds past a slice's deadline, with slices "
+                                          "to run, is killed")
+    slice_ms: int = setting(2000, "longest a guest may run between two waits (ms)")
+    max_kv_pages_per_instance: int = setting(4096, "KvPages one instance may hold")
+    max_embeds_per_instance: int = setting(4096, "embeds one instance may hold")
+    http_allow: str = setting("", "hosts inferlets may fetch from: comma-separated host:port (a bare host: 80 for "
+                                  "http, 443 for https; [v6addr]:port); \"\" = none")
+    http_timeout_s: float = setting(30.0, "one fetch, connect to last body byte (seconds)")
+    http_fetches_per_instance: int = setting(2, "fetches in flight at once per instance; further ones wait in its "
+                                                "queue")
+    http_queue_per_instance: int = setting(64, "fetches waiting behind those; one more fails at once")
+    http_workers: int = setting(8, "threads shared by every instance's fetches")
+    http_max_body_mib: int = setting(16, "a larger response (MiB) fails the fetch")
+    lease_s: float = setting(10.0, "a client silent this many seconds loses its non-detached instances")
+    inference_timeout_s: float = setting(120.0, "a batch unanswered this many seconds: the inference process is "
+                                                "hung")
+    inference_restarts: int = setting(5, "restarts of a dead inference process within 10 minutes before giving up")
+    data_parallel: int = setting(1, "local inference processes, each a replica of the model with KV of its own "
+                                    "(0: remote replicas only)")
+    replica_devices: str = setting("", "CUDA device numbers, comma-separated: replica k gets the k-th (the k-th "
+                                       "group of --tensor-parallel devices), in turn; \"\" = the default device")
+    remote_replicas: str = setting("", "replicas on other hosts, after the local ones: tcp://HOST:PORT=TOKEN,... "
+                                       "(TOKEN as `oven inference --join KEYFILE` printed it there, or @FILE)")
     # Parsed from the settings above once, here (not settings: no flag, file entry or variable names them).
     dispatch: DispatchPolicy = field(init=False, repr=False, compare=False)
     exhaustion: ExhaustionPolicy = field(init=False, repr=False, compare=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from oven.proto.config_loader import setting
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 BACKENDS = ("auto", "torch", "flashinfer")
@@ -50,30 +52,40 @@ class ModelConfig:
 class InferenceConfig:
     """Settings of one inference process. ``None`` sizes are derived at startup."""
 
-    model: str = DEFAULT_MODEL
-    endpoint: str = ""  # "" = a private one (oven serve), or ipc://STATE_DIR/inference.sock (oven inference)
-    device: str = "auto"
-    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
-    attention_backend: str = "auto"  # flashinfer on CUDA when it can run there (bf16/fp16, head size 64/128/256), else torch
-    page_size: int = 16
-    num_kv_pages: int | None = None  # overrides kv_memory_bytes
-    kv_memory_bytes: int | None = None  # None: 512 MiB on CPU, 85% of free GPU memory on CUDA
-    num_host_pages: int | None = None  # None: as many as num_kv_pages, at most 4 GiB
-    num_embeds: int = 8192
-    max_batch_items: int = 512
-    max_batch_tokens: int = 8192
-    default_top_k: int = 256
-    torch_threads: int | None = None  # None: every core but one on CPU (the control process needs one)
-    cpu_packed_weights: bool = True  # oneDNN-packed linear weights on CPU (batched decode ~ single)
-    cuda_graph_max_batch: int = 128  # decode batches up to this size replay CUDA graphs (flashinfer backend); 0: never
-    max_adapters: int = 8  # LoRA adapters loaded at once
-    max_adapter_rank: int = 256
-    max_adapter_bytes: int = 64 << 20  # size of an adapter's adapter_model.safetensors
-    seed: int = 0
-    timeline_batches: int = 0  # the last this many batches' start and end are kept (TimelineRequest); 0: off
-    tensor_parallel: int = 1  # ranks of one process group, each holding a shard of every layer (one device each)
-    tp_rank: int | None = None  # None: rank 0, which starts the other ranks itself; K: this process is rank K
-    #                             alone, and the others join it (MASTER_ADDR/MASTER_PORT in the environment)
+    model: str = setting(DEFAULT_MODEL, "the model: smollm2-135m-instruct, tiny, dummy:<shape>, a .gguf file or "
+                                        "a Hugging Face folder")
+    endpoint: str = setting("", "where the inference process listens; \"\" = a private one (oven serve), or "
+                                "ipc://STATE_DIR/inference.sock (oven inference)")
+    device: str = setting("auto", "auto: CUDA when there is one, else the CPU", choices=DEVICES)
+    dtype: str = setting("auto", "of weights and KV; auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES)
+    attention_backend: str = setting("auto", "auto: flashinfer on CUDA when it can run there (bf16/fp16, head "
+                                             "size 64/128/256), else torch", choices=BACKENDS)
+    page_size: int = setting(16, "tokens per KvPage")
+    num_kv_pages: int | None = setting(None, "KvPages in the pool; overrides kv_memory_bytes")
+    kv_memory_bytes: int | None = setting(None, "bytes of KvPages; derived: 512 MiB on CPU, 85% of free GPU "
+                                                "memory on CUDA")
+    num_host_pages: int | None = setting(None, "KvPages of the host-memory tier; derived: as many as num_kv_pages, "
+                                               "at most 4 GiB")
+    num_embeds: int = setting(8192, "slots of the embed pool")
+    max_batch_items: int = setting(512, "items in one batch")
+    max_batch_tokens: int = setting(8192, "tokens in one batch")
+    default_top_k: int = setting(256, "entries of a next-token distribution when a call asks for none")
+    torch_threads: int | None = setting(None, "torch threads; derived: every core but one on CPU (the control "
+                                              "process needs one)")
+    cpu_packed_weights: bool = setting(True, "oneDNN-packed linear weights on CPU (batched decode costs about "
+                                             "what a single one does)")
+    cuda_graph_max_batch: int = setting(128, "decode batches up to this size replay CUDA graphs (flashinfer "
+                                             "backend); 0: never")
+    max_adapters: int = setting(8, "LoRA adapters loaded at once")
+    max_adapter_rank: int = setting(256, "highest LoRA rank an adapter may have")
+    max_adapter_bytes: int = setting(64 << 20, "size of an adapter's adapter_model.safetensors")
+    seed: int = setting(0, "seed of the random weights of the tiny and dummy:<shape> models")
+    timeline_batches: int = setting(0, "the last this many batches' start and end are kept (TimelineRequest); "
+                                       "0: off")
+    tensor_parallel: int = setting(1, "ranks of one process group, each holding a shard of every layer (one "
+                                      "device each)")
+    tp_rank: int | None = setting(None, "derived: rank 0, which starts the other ranks itself; K: this process is "
+                                        "rank K alone, and the others join it (MASTER_ADDR/MASTER_PORT)")
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:

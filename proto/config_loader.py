@@ -4,6 +4,9 @@ Precedence, lowest first: the dataclass defaults, a TOML file (``--config``, els
 ``OVEN_CONFIG``; the table named by ``section``), environment variables ``OVEN_<FIELD>``, then
 command-line flags ``--field-name``. The dataclass validates the merged result
 in ``__post_init__``, so every source gets the same clear error.
+
+Each setting is declared once with :func:`setting`: its default, one line of help and, when it is
+enumerated, its choices; ``--help`` and docs/configuration.md both read them from there.
 """
 
 from __future__ import annotations
@@ -16,6 +19,20 @@ import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def setting(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A config dataclass field: its default, one line saying what it does, and its choices if it has a
+    fixed set (argparse checks a flag against them; ``__post_init__`` checks every source)."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+def setting_help(field: dataclasses.Field) -> str:
+    return field.metadata.get("help", "")
+
+
+def setting_choices(field: dataclasses.Field) -> tuple[str, ...] | None:
+    return field.metadata.get("choices")
 
 
 def _scalar_type(hint: Any) -> type:
@@ -57,7 +74,7 @@ def blocking_file(folder: Path) -> Path | None:
     return existing if existing is not None and not existing.is_dir() else None
 
 
-def _settings(cls_or_config: Any) -> list[dataclasses.Field]:
+def settings(cls_or_config: Any) -> list[dataclasses.Field]:
     """The fields a user sets; a field with ``init=False`` is derived from them in ``__post_init__``."""
     return [f for f in dataclasses.fields(cls_or_config) if f.init]
 
@@ -66,17 +83,33 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add ``--config`` and one optional flag per field of ``cls`` (defaults shown in --help)."""
     hints = typing.get_type_hints(cls)
     if "--config" not in parser._option_string_actions:  # several configs may share one parser
-        parser.add_argument("--config", type=Path, help="TOML file with [inference] / [control] / [openai] tables "
-                                                        "(default: $OVEN_CONFIG)")
-    for field in _settings(cls):
-        kind = _scalar_type(hints[field.name])
-        default = field.default if field.default is not dataclasses.MISSING else None
+        parser.add_argument("--config", type=Path, metavar="FILE",
+                            help="TOML file with [inference] / [control] / [openai] tables (default: $OVEN_CONFIG)")
+    for field in settings(cls):
+        kind, choices = _scalar_type(hints[field.name]), setting_choices(field)
+        help_line = f"{setting_help(field)} (default: {default_text(field)}; env {env_name(field)})"
         parser.add_argument(
-            "--" + field.name.replace("_", "-"), dest=field.name, default=None,
-            type=_flag_type(kind),
-            metavar=kind.__name__.upper(),
-            help=f"default: {'derived' if default is None else default} (env OVEN_{field.name.upper()})",
+            flag_name(field), dest=field.name, default=None, type=_flag_type(kind), choices=choices,
+            metavar=None if choices else kind.__name__.upper(), help=help_line.replace("%", "%%"),
         )
+
+
+def setting_type(cls: type, field: dataclasses.Field) -> type:
+    """What a setting holds (``int`` for ``int | None``)."""
+    return _scalar_type(typing.get_type_hints(cls)[field.name])
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    return "--" + field.name.replace("_", "-")
+
+
+def env_name(field: dataclasses.Field) -> str:
+    return f"OVEN_{field.name.upper()}"
+
+
+def default_text(field: dataclasses.Field) -> str:
+    """The default as --help shows it; None reads "derived" (the setting's help says from what)."""
+    return {None: "derived", "": '""'}.get(field.default, str(field.default))
 
 
 def config_from_args(cls: type, args: argparse.Namespace, section: str = "inference", **overrides: Any):
@@ -91,7 +124,7 @@ def config_from_args(cls: type, args: argparse.Namespace, section: str = "infere
             raise ValueError(f"{config_file}: {exc}") from None
         if not isinstance(table, dict):
             raise ValueError(f"{config_file}: {section} must be a table ([{section}]), not {type(table).__name__}")
-        unknown = set(table) - {f.name for f in _settings(cls)}
+        unknown = set(table) - {f.name for f in settings(cls)}
         if unknown:
             raise ValueError(f"{config_file}: unknown settings in [{section}]: {', '.join(sorted(unknown))}")
         for name, value in table.items():
@@ -99,13 +132,13 @@ def config_from_args(cls: type, args: argparse.Namespace, section: str = "infere
                 values[name] = _from_file(_scalar_type(hints[name]), value)
             except ValueError as exc:
                 raise ValueError(f"{config_file}: [{section}] {name}: {exc}") from None
-    for field in _settings(cls):
-        env = os.environ.get(f"OVEN_{field.name.upper()}")
+    for field in settings(cls):
+        env = os.environ.get(env_name(field))
         if env is not None:
             try:
                 values[field.name] = _parse(_scalar_type(hints[field.name]), env)
             except ValueError as exc:
-                raise ValueError(f"OVEN_{field.name.upper()}: {exc}") from None
+                raise ValueError(f"{env_name(field)}: {exc}") from None
         flag = getattr(args, field.name, None)
         if flag is not None:
             values[field.name] = flag
@@ -116,8 +149,8 @@ def config_from_args(cls: type, args: argparse.Namespace, section: str = "infere
 def config_to_argv(config: Any) -> list[str]:
     """The flags that reproduce ``config`` (non-default fields only), for spawning a child process."""
     argv = []
-    for field in _settings(config):
+    for field in settings(config):
         value = getattr(config, field.name)
         if value != field.default:
-            argv += ["--" + field.name.replace("_", "-"), str(value)]
+            argv += [flag_name(field), str(value)]
     return argv

@@ -9,7 +9,8 @@ from oven.control.resources import ExhaustionPolicy
 from oven.control.scheduling import DispatchPolicy
 from oven.control.scheduling.interception import InterceptionPolicy
 from oven.inference.config import InferenceConfig
-from oven.proto.config_loader import add_config_arguments, config_from_args, config_to_argv
+from oven.client.openai_api.frontend import OpenAIConfig
+from oven.proto.config_loader import add_config_arguments, config_from_args, config_to_argv, setting_help, settings
 
 
 def parse(argv):
@@ -34,15 +35,42 @@ def test_argv_round_trip(monkeypatch):
     assert config_from_args(InferenceConfig, parse(config_to_argv(cfg))) == cfg
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--page-size", "0"], "page_size"),
-    (["--device", "tpu"], "device must be one of"),
-    (["--dtype", "int4"], "dtype must be one of"),
+@pytest.mark.parametrize("argv, env, fragment", [
+    (["--page-size", "0"], {}, "page_size"),
+    ([], {"OVEN_DEVICE": "tpu"}, "device must be one of"),  # a flag's choices are argparse's (below)
+    ([], {"OVEN_DTYPE": "int4"}, "dtype must be one of"),
 ])
-def test_invalid_settings_are_explained(argv, fragment, monkeypatch):
+def test_invalid_settings_are_explained(argv, env, fragment, monkeypatch):
     monkeypatch.delenv("OVEN_TORCH_THREADS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=fragment):
         config_from_args(InferenceConfig, parse(argv))
+
+
+@pytest.mark.parametrize("cls", [InferenceConfig, ControlConfig, OpenAIConfig])
+def test_every_setting_has_one_line_of_help(cls):
+    for field in settings(cls):
+        assert setting_help(field).strip() and "\n" not in setting_help(field), field.name
+
+
+@pytest.mark.parametrize("flag, value, choices", [
+    ("--dispatch-policy", "lazy", "'adaptive', 'eager', 'k', 't'"),
+    ("--exhaustion-policy", "lifo", "'preempt', 'terminate-newest', 'wait', 'offload'"),
+    ("--interception-policy", "lru", "'infercept', 'preserve', 'discard', 'swap'"),
+    ("--attention-backend", "xformers", "'auto', 'torch', 'flashinfer'"),
+    ("--device", "tpu", "'auto', 'cpu', 'cuda'"),
+    ("--dtype", "int4", "'auto', 'float32', 'bfloat16', 'float16'"),
+])
+def test_enumerated_settings_show_and_check_their_choices(flag, value, choices, capsys):
+    parser = argparse.ArgumentParser(prog="oven serve")
+    for cls in (InferenceConfig, ControlConfig):
+        add_config_arguments(parser, cls)
+    assert f"{flag} {{{choices.replace(chr(39), '').replace(' ', '')}}}" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag, value])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"oven serve: error: argument {flag}: invalid choice: '{value}' (choose from {choices})")
 
 
 def test_unknown_file_setting_is_rejected(tmp_path):

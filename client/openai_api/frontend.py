@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from oven.proto.config_loader import setting
 from oven.proto.lifeline import die_with_parent, lifeline_env
 
 PROGRAM_NAME = "chat-completion"
@@ -39,8 +40,9 @@ log = logging.getLogger(__name__)
 class OpenAIConfig:
     """Settings of the OpenAI-compatible endpoint (``[openai]`` in a config file, ``OVEN_OPENAI_*``)."""
 
-    openai_port: int = 0  # 0 = off
-    openai_host: str = "127.0.0.1"  # another address serves other machines too: every request needs a token
+    openai_port: int = setting(0, "port of the OpenAI-compatible HTTP endpoint; 0 = off")
+    openai_host: str = setting("127.0.0.1", "address it listens on; another address serves other machines too "
+                                            "(every request needs a token)")
 
     def __post_init__(self) -> None:
         if not 0 <= self.openai_port <= 65535:
