@@ -106,8 +106,9 @@ def test_imports_of_an_export_equal_direct_runs(loop, inference, tokenizer):
     assert_pools_full(loop)
 
 
-def test_bad_arguments_end_with_an_error_message(loop):
+def test_main_returning_err_fails_with_its_message(loop):
+    """As a Python inferlet's exception: the instance fails, its message the reason (oven ps, oven run)."""
     (inst,) = run(loop, PROGRAM, [["prompt", "--n", "0"]], timeout_s=30)
-    assert (inst.state, inst.exit_code) == (State.FINISHED, 1)
+    assert (inst.state, inst.exit_code, inst.error) == (State.FAILED, 1, "--n must be at least 1")
     assert messages(loop, inst) == ["error: --n must be at least 1"]
     assert_pools_full(loop)

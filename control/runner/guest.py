@@ -24,6 +24,8 @@ from .memory import SHARE_REACHED, data_left
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
 _EXIT_STATUS = re.compile(r"^Exited with i32 exit status (\d+)")
+_UNREACHABLE = "wasm `unreachable` instruction executed"  # a Rust inferlet's abort or panic
+_ERROR_SENT = "error: "
 
 # What one store may create: a component needs a few core instances, memories and tables (a Python
 # inferlet: 2 memories, 9 instances); the caps stop one that asks for hundreds of each (every memory
@@ -162,6 +164,8 @@ class Guest:
         last_words = self.last_stderr_line()  # a guest's own error text beats "unreachable"
         if (exited := _EXIT_STATUS.match(reason)) is not None:  # the guest exited (the Python SDK, on an exception)
             reason, last_words, status = last_words or f"exited with status {exited[1]}", "", int(exited[1])
+        elif _UNREACHABLE in reason and (said := self._error_sent()):  # the Rust SDK: main's Err, or a panic
+            reason, last_words = said, ""
         elif reason == "wasm trap: interrupt":  # the epoch deadline (run_slice)
             return (f"{reason}: one slice ran past the {self.setup.slice_ms} ms deadline without waiting on a "
                     "future (oven serve --slice-ms)", status)
@@ -174,6 +178,12 @@ class Guest:
                 reason += (f": out of memory, the instance's limit is {self.setup.memory_bytes >> 20} MiB "
                            "(oven serve --instance-memory-mib)")
         return reason + (f" ({last_words})" if last_words else ""), status
+
+    def _error_sent(self) -> str:
+        """The last "error: ..." message this slice sent its client, without the prefix ("" if none): what
+        a Rust inferlet says before it traps, having no stderr (sdk/rust/oven/src/executor.rs)."""
+        sent = [args[0] for name, args, _ in self.calls if name == "send" and args[0].startswith(_ERROR_SENT)]
+        return sent[-1][len(_ERROR_SENT):] if sent else ""
 
 
 def _trap_message(exc: Exception) -> str:

@@ -23,7 +23,8 @@ type Task = Pin<Box<dyn Future<Output = ()>>>;
 
 /// What `main` may return: its value becomes the exit code.
 pub trait IntoExitCode {
-    /// `Ok(code)` to exit with `code`; `Err(message)` to exit with 1 after sending "error: message".
+    /// `Ok(code)` to exit with `code`; `Err(message)` to fail (exit code 1) after sending "error: message",
+    /// which the host reports as the reason.
     fn into_exit_code(self) -> Result<i32, String>;
 }
 
@@ -296,8 +297,10 @@ fn finish() {
     match exit {
         Some(Ok(code)) => runtime::set_exit_code(code),
         Some(Err(message)) => {
-            runtime::set_exit_code(1);
+            // As a Python inferlet's exception does: the instance fails, and the host names the message
+            // (the last "error: " line a trapping slice sent) as the reason.
             messaging::send(&format!("error: {}", message));
+            std::process::abort();
         }
         None => {}
     }

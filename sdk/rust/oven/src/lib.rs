@@ -33,8 +33,9 @@
 //! * The model: [`tokenize`], [`detokenize`], [`render_chat`], [`stop_tokens`], ...
 //!
 //! Errors are `String`s, as in the raw API: a failed host call's message, or the SDK's own.
-//! `main` returning `Err(message)` ends the instance with exit code 1 after sending
-//! "error: message" to the client; a panic sends "error: panicked at ..." before the trap.
+//! `main` returning `Err(message)` fails the instance (exit code 1, `oven ps` state `failed`, reason
+//! `message`) after sending "error: message" to the client, as a Python inferlet's exception does; a
+//! panic sends "error: panicked at ..." before the trap, and the host reports that as the reason.
 //!
 //! Builds with rustc 1.63 (Debian's, the only offline toolchain with a wasm32 std) and stable.
 
