@@ -258,6 +258,10 @@ def test_demo_tools_are_deterministic():
     first, second = demo_registry(), demo_registry()
     assert [first.execute(c) for c in DEMO_CALLS] == [second.execute(c) for c in DEMO_CALLS]
     assert first.execute("calculate(expression='2 * (3 + 4) ** 2 / 7')") == "14.0"
+    assert first.execute("calculate(expression='6991.9 * 3 / 3')") == "6991.9"  # 6991.899999999999 unrounded
+    assert first.execute("calculate(expression='2 ** 0.5')") == "1.414213562"
+    assert first.execute("calculate(expression='10 ** 20 / 3')") == "3.333333333e+19"
+    assert first.execute("calculate(expression='7 // 2')") == "3"
     assert first.execute("convert_currency(100, 'EUR', to_currency='USD')") == (
         '{"amount": 108.0, "currency": "USD"}'
     )

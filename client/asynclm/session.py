@@ -120,6 +120,14 @@ def read_user_interrupts(into: queue.Queue) -> None:
     threading.Thread(target=read, daemon=True, name="stdin").start()
 
 
+INTERRUPT_SHOWN_CHARS = 100  # of a result on its interrupt line (the model reads all of it)
+
+
+def clipped(text: str, limit: int = INTERRUPT_SHOWN_CHARS) -> str:
+    """``text``, or its first ``limit`` characters, "…" and how many were left out."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 class StreamPrinter:
     """Model text inline; calls, interrupts, traps and KV decisions on lines of their own."""
 
@@ -136,7 +144,7 @@ class StreamPrinter:
         elif kind == "call":
             self.out.write("\n" + self.mark(f"  ⇢ call {e['id']}: {e['call']}") + "\n")
         elif kind == "intr":
-            self.out.write("\n" + self.mark(f"  ⇠ interrupt {e['id']}: {e['value'][:100]}") + "\n")
+            self.out.write("\n" + self.mark(f"  ⇠ interrupt {e['id']}: {clipped(e['value'])}") + "\n")
         elif kind == "trap":
             self.out.write("\n" + self.mark(f"  ⧖ trap: waiting for {', '.join(e['waiting'])}") + "\n")
         elif kind == "kv":

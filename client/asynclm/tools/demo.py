@@ -85,7 +85,9 @@ def search_web(query: str) -> list:
 
 def calculate(expression: str) -> float:
     """Evaluate an arithmetic expression (+ - * / // % ** and parentheses)."""
-    return _arithmetic(ast.parse(expression, mode="eval").body)
+    value = _arithmetic(ast.parse(expression, mode="eval").body)
+    # 10 significant digits: binary floats' last-place noise (0.1 * 3 = 0.30000000000000004) is no answer
+    return float(f"{value:.10g}") if isinstance(value, float) else value
 
 
 def convert_currency(amount: float, from_currency: str, to_currency: str) -> dict:
