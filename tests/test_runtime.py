@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from harness import assert_pools_full, direct_greedy, messages, rss_mib, run
 
+import oven.proto
 from oven.control.runtime import futures as futures_module
 from oven.control.runtime.instance import State
 
@@ -100,6 +104,26 @@ def test_hostile_instances_die_alone(loop, inference, mode, fragment):
     assert good.exit_code == 0
     assert messages(loop, good) == [" ".join(map(str, direct_greedy(inference, loop, "Still fine", 5)))]
     assert_pools_full(loop)
+
+
+def wit_functions_with_parameters() -> set[str]:
+    """``interface.function`` for every imported WIT function that takes arguments, snake_case as bound."""
+    text = (Path(oven.proto.__file__).parent / "wit" / "oven.wit").read_text()
+    found = set()
+    for interface, body in re.findall(r"^interface ([a-z-]+) \{(.*?)^\}", text, re.M | re.S):
+        for name in re.findall(r"^\s*([a-z-]+): func\((?!\))", body, re.M):
+            found.add(f"{interface}.{name}".replace("-", "_"))
+    return found
+
+
+def test_a_wrongly_typed_argument_to_any_host_function_raises_in_the_guest(loop):
+    """Every host function that takes arguments, given a wrong type first, raises a TypeError the guest
+    catches (sdk/python/host_boundary.py) where the lowering used to trap the whole component."""
+    (inst,) = run(loop, "hostile", [["bad-types"]])
+    assert (inst.state, inst.exit_code) == (State.FINISHED, 0), inst.error
+    expected = wit_functions_with_parameters()
+    assert len(expected) > 40  # every interface, not a few
+    assert sorted(messages(loop, inst)) == sorted(f"{name} TypeError" for name in expected)
 
 
 @pytest.mark.parametrize("program, args", [("hostile", ["memory"]), ("hostile", ["early-take"])],

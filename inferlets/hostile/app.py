@@ -18,6 +18,8 @@ Argument: one of
   tokenize KIB    tokenize KIB KiB of text (past the host's limit, it is refused: the instance dies)
   sleepers N      start N sleeps of an hour, wait for none and exit: its timers must go with it (and
                   past the futures an instance may hold, the host kills it)
+  bad-types       call every host function with a wrongly typed first argument: each must raise a
+                  TypeError here (sent as "module.function TypeError"), none may trap the component
   hold-kv D H     take H KvPages to the host tier (one at a time) and D on the device, send
                   "holding D + H", then hold them idle until a client message comes; then free them
                   and send "released" (a client that takes a full pool must give way to others)
@@ -25,7 +27,12 @@ Errors the host reports are sent to the client as "error: <text>" lines; the
 inferlet then exits with code 3.
 """
 
+import importlib
+import inspect
+import typing
+
 from componentize_py_types import Err
+from host_boundary import INTERFACES
 from oven_inferlet import wait_all, world
 from wit_world.imports import embeds, forward, futures, kvpages, messaging, runtime, tokenize
 
@@ -55,6 +62,9 @@ def main():
             yield from wait_all([runtime.sleep(0)])
     if mode == "trap":
         raise RuntimeError("hostile inferlet gave up")
+    if mode == "bad-types":
+        yield from call_with_bad_types()
+        return
     if mode == "early-take":
         futures.take_text(messaging.receive())
     if mode == "flood":
@@ -128,4 +138,25 @@ def main():
         report(e)
 
 
+def call_with_bad_types():
+    """Each host function that takes arguments, called with a value of the wrong type first."""
+    for interface in INTERFACES:
+        module = importlib.import_module(f"wit_world.imports.{interface}")
+        for name, function in sorted(vars(module).items()):
+            if not inspect.isfunction(function) or function.__module__ != module.__name__:
+                continue
+            params = list(inspect.signature(function).parameters)
+            if not params:
+                continue
+            first = typing.get_type_hints(function)[params[0]]
+            bad = 12345 if first in (str, bytes) else "not a number"  # never what the first parameter takes
+            try:
+                function(bad, *[None] * (len(params) - 1))
+                messaging.send(f"{interface}.{name} accepted it")
+            except TypeError:
+                messaging.send(f"{interface}.{name} TypeError")
+        yield from wait_all([runtime.sleep(0)])
+
+
 WitWorld = world(main)
+

@@ -6,6 +6,9 @@ in the inferlet's ``app.py`` is all the glue componentize-py needs.
 """
 
 import wit_world
+from host_boundary import check_imports
+
+check_imports()  # a wrongly typed argument to a host function raises TypeError instead of trapping
 
 
 def wait_all(pending):

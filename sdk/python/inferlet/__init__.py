@@ -14,6 +14,10 @@ An inferlet's ``app.py``::
     WitWorld = inferlet.run(main)
 """
 
+from host_boundary import check_imports
+
+check_imports()  # first: a wrongly typed argument to a host function raises TypeError instead of trapping
+
 from .context import Context
 from .host import (args, available_traits, broadcast, decode, encode, fetch, instance_id, models, now_ms, open_adapter,
                    page_size, pause_hint, receive, render_chat, send, sleep, stop_tokens, subscribe, vocab_size)
