@@ -257,6 +257,10 @@ class OvenClient:
     def stats(self) -> c.StatsReply:
         return self.request(c.Stats())
 
+    def metrics(self) -> str:
+        """The control process's Prometheus metrics, in the text exposition format (docs/openai.md lists them)."""
+        return self.request(c.Metrics()).text
+
     def events(self, poll_s: float = 0.5) -> Iterator[c.InstanceEvent | None]:
         """Pushed events as they come; yields None when ``poll_s`` passes without one.
 

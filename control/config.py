@@ -76,6 +76,8 @@ class ControlConfig:
                                        "group of --tensor-parallel devices), in turn; \"\" = the default device")
     remote_replicas: str = setting("", "replicas on other hosts, after the local ones: tcp://HOST:PORT=TOKEN,... "
                                        "(TOKEN as `oven inference --join KEYFILE` printed it there, or @FILE)")
+    metrics_port: int = setting(0, "port on 127.0.0.1 serving the control process's Prometheus metrics at "
+                                   "/metrics; 0 = off")
     # Parsed from the settings above once, here (not settings: no flag, file entry or variable names them).
     dispatch: DispatchPolicy = field(init=False, repr=False, compare=False)
     exhaustion: ExhaustionPolicy = field(init=False, repr=False, compare=False)
@@ -93,6 +95,8 @@ class ControlConfig:
                self.runner_grace_s) <= 0:
             raise ValueError("dispatch_t_ms, lease_s, http_timeout_s, inference_timeout_s, runner_idle_s and "
                              "runner_grace_s must be positive")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be from 0 (off) to 65535, not {self.metrics_port}")
         if self.data_parallel < 0:
             raise ValueError("data_parallel must be 0 (remote replicas only) or more")
         if not all(d.strip().isdigit() for d in self.replica_devices.split(",")) and self.replica_devices:

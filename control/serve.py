@@ -16,6 +16,7 @@ from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import ControlConfig
 from .keyring import Keyring
+from .metrics_http import MetricsPortError, MetricsServer
 from .remote import RemoteInference, parse_remote_replicas
 from .runtime.adapters import LOADED
 from .runtime.loop import ControlLoop
@@ -54,15 +55,26 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
     except (EndpointError, AuthError) as exc:
         print(f"oven: {exc}", file=sys.stderr)
         return 1
+    try:
+        metrics = MetricsServer(control.metrics_port) if control.metrics_port else None  # a port in use: now
+    except MetricsPortError as exc:
+        print(f"oven: {exc}", file=sys.stderr)
+        server.close()
+        return 1
     supervisors = start_replicas(inference, control, verbose)
     if supervisors is None:
         server.close()
+        if metrics is not None:
+            metrics.close()
         return 1
     try:
         server.loop = loop = ControlLoop([s.client() for s in supervisors], control, server.on_event, supervisors)
         settle_heap()
         print(f"oven: serving {loop.info.model_name} on {loop.info.device}; clients connect to {server.endpoint}",
               file=sys.stderr, flush=True)
+        if metrics is not None:
+            metrics.registry.loop = loop
+            print(f"oven: Prometheus metrics on {metrics.url}", file=sys.stderr, flush=True)
         if adapters := loop.adapters.entries():
             print("oven: LoRA adapters: " + ", ".join(f"{a.name} (id {a.adapter_id})" if a.state == LOADED else
                                                     f"{a.name} ({a.state}: {a.error})" for a in adapters),
@@ -82,6 +94,8 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
         for supervisor in supervisors:
             supervisor.stop()
         server.close()
+        if metrics is not None:
+            metrics.close()
 
 
 def start_replicas(inference: InferenceConfig, control: ControlConfig,

@@ -92,7 +92,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
             c.Launch: self._launch,
             c.ListInstances: self._list_instances, c.SendMessage: self._send, c.Attach: self._attach,
             c.Terminate: self._terminate, c.ListExports: self._list_exports, c.DropExport: self._drop_export,
-            c.ServerInfo: self._server_info, c.Stats: self._stats,
+            c.ServerInfo: self._server_info, c.Stats: self._stats, c.Metrics: self._metrics,
             c.Heartbeat: self._heartbeat,
             c.AddClient: self._add_client, c.RemoveClient: self._remove_client, c.ListClients: self._list_clients,
             c.ListAdapters: self._list_adapters, c.AddAdapter: self._add_adapter,
@@ -229,6 +229,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
                                                           "(oven serve --max-instances-per-client)")
         try:
             inst = self.loop.launch(digest, req.args, owner=caller.name)
+            inst.launched_as = req.program
         except ProgramError as exc:
             raise RequestFailed("unknown_program", str(exc)) from None
         except Exception as exc:  # instantiation traps, limits
@@ -240,8 +241,9 @@ class ControlServer(AdapterRequests, ProgramRequests):
 
     def _list_instances(self, caller: Caller, _req) -> c.InstanceList:
         now, snapshot = time.monotonic(), self.loop.snapshot()
-        return c.InstanceList([c.InstanceEntry(r.instance_id, self.loop.programs.name_of(r.program, r.owner)
-                                               or r.program[:12], r.shown_state, now - r.started_at,
+        return c.InstanceList([c.InstanceEntry(r.instance_id, self.loop.programs.shown_name(r.program, r.launched_as,
+                                                                                            r.owner),
+                                               r.shown_state, now - r.started_at,
                                                r.exit_code, r.error or "", r.owner, r.cpu_s, r.replica)
                                for r in snapshot.instances + snapshot.finished
                                if caller.operator or r.owner == caller.name])
@@ -305,7 +307,11 @@ class ControlServer(AdapterRequests, ProgramRequests):
         return c.ServerInfoReply([info.model_name], list(info.traits), info.page_size, info.num_kv_pages,
                                  info.num_embeds, info.device, self.loop.config.dispatch_policy,
                                  self.loop.num_instances(), self.loop.config.lease_s, self.server_id, caller.name,
-                                 info.max_position)
+                                 info.max_position, self.loop.max_kv_pages_per_instance,
+                                 min(r.info.max_batch_tokens for r in self.loop.replicas))
+
+    def _metrics(self, _caller, _req) -> c.MetricsReply:
+        return c.MetricsReply(self.loop.metrics.render().decode())
 
     def _stats(self, _caller, _req) -> c.StatsReply:
         snapshot = self.loop.snapshot()

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 6  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
-# 5: InstanceEntry.cpu_s; 6: InstanceEntry.replica, StatsReply.replicas
+CONTROL_PROTOCOL_VERSION = 7  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
+# 5: InstanceEntry.cpu_s; 6: InstanceEntry.replica, StatsReply.replicas; 7: Metrics, ServerInfoReply's
+# max_kv_pages_per_instance and max_batch_tokens
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -190,11 +191,23 @@ class ServerInfoReply:
     server_id: str  # new at every start of the server
     client: str  # the name the server knows the caller by
     max_context: int = 0  # the model's positions: a prompt and its completion together take at most this many tokens
+    max_kv_pages_per_instance: int = 0  # the KvPages one instance may hold (its quota, within the smallest pool)
+    max_batch_tokens: int = 0  # the most input tokens one forward may carry (a longer prompt cannot be forwarded)
 
 
 @dataclass(frozen=True, slots=True)
 class Stats:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """The control process's Prometheus metrics (control/metrics.py); any authenticated client, as Stats."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsReply:
+    text: str  # Prometheus' text exposition format 0.0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +411,8 @@ CODEC = Codec(
         "server_info_reply": ServerInfoReply,
         "stats": Stats,
         "stats_reply": StatsReply,
+        "metrics": Metrics,
+        "metrics_reply": MetricsReply,
         "heartbeat": Heartbeat,
         "alive": Alive,
         "add_client": AddClient,

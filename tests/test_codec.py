@@ -126,13 +126,13 @@ GOLDEN = [
     # A dataclass where an int belongs: the walker always sent it as a nested array.
     (p.CODEC, p.IdleNotice(DIST), 0, "9406a469646c65009192c40401000000c4040000803f"),
     # Control protocol 2 (authenticated clients; instances carry their owner), 3 (adapters), 4 (max_context),
-    # 5 (InstanceEntry.cpu_s), now 6 (InstanceEntry.replica, the trailing field).
+    # 5 (InstanceEntry.cpu_s), 6 (InstanceEntry.replica, the trailing field), now 7 (Metrics; the second byte).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
-     ("9406ad696e7374616e63655f6c69737403919299a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c696365"
+     ("9407ad696e7374616e63655f6c69737403919299a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c696365"
       "cb00000000000000000099a3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72"
       "cb000000000000000000")),
-    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9406a66c61756e63680493a470726f6791a32d2d78c3"),
-    (c.CODEC, c.Ok(), 5, "9406a26f6b0590"),
+    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9407a66c61756e63680493a470726f6791a32d2d78c3"),
+    (c.CODEC, c.Ok(), 5, "9407a26f6b0590"),
 ]
 
 
@@ -172,6 +172,10 @@ BROAD = [
     (c.CODEC, c.Launch("prog", [])),
     (c.CODEC, c.InstanceList(ENTRIES)),
     (c.CODEC, c.ServerInfoReply(["m"], ["forward"], 16, 100, 50, "cpu", "fcfs", 2, 10.0, "0123abcd", "alice")),
+    (c.CODEC, c.ServerInfoReply(["m"], ["forward"], 16, 100, 50, "cpu", "fcfs", 2, 10.0, "0123abcd", "alice", 8192,
+                                64, 4096)),
+    (c.CODEC, c.Metrics()),
+    (c.CODEC, c.MetricsReply('# TYPE oven:batches counter\noven:batches_total 3.0\n')),
     (c.CODEC, c.StatsReply(1, 2, 3, 4, 1.5, 6, 7, 8, 9, 10, 11)),
     (c.CODEC, c.StatsReply(1, 2, 3, 4, 1.5, 6, 7, 8, 9, 10, 11, "infercept",
                            c.InterceptionProfile(1.2e-3, 2e-4, 64, True, False, True), 12.5, 0.5, 300.0, 120.0, 2)),

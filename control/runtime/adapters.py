@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ class Adapters:
         self._by_name: dict[str, Adapter] = {}
         self._ids = itertools.count(1)
         self._pending: dict[tuple[int, int], str] = {}  # (replica, request id) -> adapter name
+        self.num_opened: Counter[str] = Counter()  # instances' opens by adapter name (oven:adapter_requests)
 
     # -- what instances and clients read ------------------------------------------------------
 
@@ -81,6 +83,7 @@ class Adapters:
             raise AdapterUnavailable(f"adapter {name!r} failed to load: {adapter.error}")
         if adapter.state == LOADING:
             raise AdapterUnavailable(f"adapter {name!r} is still loading; try again in a moment")
+        self.num_opened[name] += 1
         return adapter.adapter_id
 
     def is_loaded(self, adapter_id: int) -> bool:

@@ -26,6 +26,8 @@ from .queues import QueueState
 from .token_slots import TokenSlots
 
 if TYPE_CHECKING:
+    from oven.control.metrics import ControlMetrics
+
     from .instance import Instance
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class InferenceCalls:
         self._command_ids = itertools.count(1)
         self.token_slots = TokenSlots()  # the inference process's token future slots in use
         self.decoder_ids = DecoderIds()  # and its decoders
+        self.metrics: ControlMetrics | None = None  # told of each batch sent and each output settled
 
     # -- an instance's queues --------------------------------------------------------------------
 
@@ -111,6 +114,9 @@ class InferenceCalls:
 
     def sent(self, request_id: int, batch: Batch, now: float) -> None:
         self._in_flight[request_id] = (batch, now)
+        if self.metrics is not None:
+            owners = (self._by_command_id.get(c.command_id, (None,))[0] for c in batch.commands)
+            self.metrics.batch_sent((inst.instance_id for inst in owners if inst is not None), now)
 
     @property
     def num_in_flight(self) -> int:
@@ -141,12 +147,16 @@ class InferenceCalls:
         if self._on_batch is not None:
             self._on_batch(batch.call_type, len(batch.commands), batch.num_tokens, seconds)
         self._last_settled_at = now
+        metrics = self.metrics
         for i, command in enumerate(batch.commands):
             inst, fut = self._by_command_id.pop(command.command_id, (None, None))
             if inst is None:
                 continue
             try:
                 _settle(inst, fut, reply, i)
+                if metrics is not None and fut.kind in (TOKEN, DISTS) and not isinstance(reply, p.ErrorReply) \
+                        and reply.errors[i] is None:
+                    metrics.output(inst.instance_id, now)
             except Exception as exc:  # a bookkeeping bug hits one instance, never the loop
                 log.exception("completing a %s call of %s failed", command.call_type, inst.instance_id)
                 self._on_broken(inst, f"internal error: {type(exc).__name__}: {exc}")

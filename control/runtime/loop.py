@@ -46,6 +46,7 @@ import zmq
 
 from oven.control.adapter_store import AdapterStore
 from oven.control.config import ControlConfig
+from oven.control.metrics import ControlMetrics
 from oven.control.inference_client import InferenceClient
 from oven.control.resources import Export, ResourceError
 from oven.control.scheduling import SchedulerStats
@@ -144,6 +145,10 @@ class ControlLoop:
         self._wave: dict[str, tuple[float, Runner]] = {}
         self.runners = Runners(setup, config.max_instances, config.max_runners, config.runner_idle_s,
                                on_started=self._watch_runner, on_closed=self._unwatch_runner)
+        self.metrics = ControlMetrics(self.snapshot, sum(i.num_kv_pages for i in infos),
+                                      sum(i.num_host_pages for i in infos), self.adapters.num_opened)
+        for replica in self.replicas:
+            replica.calls.metrics = self.metrics
 
     # -- lifecycle of instances ---------------------------------------------
 
@@ -164,6 +169,7 @@ class ControlLoop:
         inst.replica.calls.open_queue(inst)  # queue 0
         self.instances[instance_id] = inst
         runner.instance_ids.add(instance_id)
+        self.metrics.launched(instance_id, inst.started_at)
         return inst
 
     def kill(self, inst: Instance, reason: str, exit_code: int = 1, state: State = State.KILLED) -> None:
@@ -193,6 +199,7 @@ class ControlLoop:
         while len(self.finished) > self.config.finished_instances:  # oldest first (dicts keep insertion order)
             del self.finished[next(iter(self.finished))]
         self._on_event(inst, "exit", inst.exit_code)
+        self.metrics.ended(inst.instance_id, inst.state.value, inst.started_at, time.monotonic())
         replica.allocator.retry_parked()
 
     # -- what the server reads and changes ----------------------------------------------
@@ -239,6 +246,11 @@ class ControlLoop:
         if owner is None:
             return len(self.instances)
         return sum(1 for inst in self.instances.values() if inst.owner == owner)
+
+    @property
+    def max_kv_pages_per_instance(self) -> int:
+        """The KvPages one instance may hold at once: its quota, within the smallest replica's pool."""
+        return min(self._limits.max_kv_pages, *(r.kv_pool.size for r in self.replicas))
 
     def terminate(self, instance_id: str, reason: str, exit_code: int = 143) -> None:
         """Kill the running instance ``instance_id``; nothing if it has ended."""
@@ -496,6 +508,7 @@ class ControlLoop:
             if replica.holds_state_of(inst):
                 self.kill(inst, message)
         old = replica.restart(now)  # InferenceUnavailable past the restart budget
+        self.metrics.inference_restarted()
         self._poller.unregister(old.socket)
         del self._replica_by_socket[old.socket]
         old.close()
