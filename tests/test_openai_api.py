@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
 
 import openai
@@ -21,6 +23,7 @@ from harness import PROGRAM_DIR
 
 from oven.client.programs import library_program
 from oven.client.openai_api.errors import from_control
+from oven.client.openai_api.limits import Limits
 from oven.client.rpc import ControlRequestError, OvenClient
 from oven.proto.control import ControlError
 from oven.proto.endpoints import private_endpoint
@@ -216,8 +219,8 @@ def test_max_tokens_is_bounded_by_the_context(server, api):
     before any token is generated; a max_tokens that leaves no room for any prompt, before any launch."""
     url, operator, control, _ = server
     with OvenClient(control, token=operator) as client:
-        context = client.info().max_context
-    assert context == 8192  # the tiny model's positions
+        context = Limits.of(client.info()).max_context
+    assert context == 8192  # the tiny model's positions (its KvPage quota holds more)
     with pytest.raises(openai.BadRequestError) as caught:
         api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10**12)
     assert caught.value.body == {
@@ -239,13 +242,92 @@ def test_max_tokens_is_bounded_by_the_context(server, api):
     assert reply.usage.completion_tokens == 2
 
 
+def test_a_prompt_past_the_context_is_400_before_any_forward(server, api):
+    """Issue 42's figures: 8,131 prompt tokens + 300 on the 8,192 context, and 9,031 tokens (past one
+    forward, too): a 400 naming the limit and the request's figures, at once, as the first answer (the
+    client does not retry a 400); the instance tokenized the prompt and stopped, no batch was sent."""
+    _, operator, control, _ = server
+    words = {8131: 8100, 9031: 9000}  # "hello " x 8100 is 8131 tokens in the tiny model's chat template
+    with OvenClient(control, token=operator) as client:
+        batches = client.stats().num_batches
+        for prompt_tokens, count in words.items():
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello " * count}],
+                                            max_tokens=300)
+            assert caught.value.body == {
+                "message": f"This model's maximum context length is 8192 tokens. However, you requested "
+                           f"{prompt_tokens + 300} tokens ({prompt_tokens} in the messages, 300 in the completion). "
+                           "Please reduce the length of the messages or completion.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
+        assert client.stats().num_batches == batches
+        ended = [i for i in client.instances() if i.program.endswith("chat-completion")][-2:]
+        assert [(i.state, i.error) for i in ended] == [("finished", ""), ("finished", "")]
+
+
+def test_choices_past_one_instances_kv_pages_are_400(server, api):
+    """n choices fork the prompt: each holds its completion's pages and a copy of the prompt's last one;
+    more than one instance's KvPage quota together is a 400 naming the quota, before any forward."""
+    _, operator, control, _ = server
+    with OvenClient(control, token=operator) as client:
+        info = client.info()
+    quota, size = info.max_kv_pages_per_instance, info.page_size
+    max_tokens = 8000
+    assert quota * size >= 8192 and 16 * (max_tokens // size + 1) > quota  # the case this test makes
+    prompt_tokens = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).usage.prompt_tokens
+    pages = -(-prompt_tokens // size) + 16 * (max_tokens // size + 1)
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens, n=16)
+    assert caught.value.body == {
+        "message": f"This server holds at most {quota * size} tokens of KV cache for one request ({quota} pages "
+                   f"of {size}). However, 1 prompt(s) of {prompt_tokens} tokens with 16 choice(s) of {max_tokens} "
+                   f"tokens each need up to {pages} pages. Please reduce n, max_tokens or the prompt.",
+        "type": "invalid_request_error", "param": "n", "code": "context_length_exceeded"}
+
+
+def test_request_size_failures_of_the_server_are_400():
+    """What the server answers a forward too large for it (a position past the model's, a batch past the
+    largest, an instance past its KvPage quota) is the request's size: 400, which clients do not retry;
+    any other failure of the run stays a 500."""
+    from oven.client.openai_api.app import failure
+    from oven.client.openai_api.session import InferletFailed
+
+    whys = ["bad_position: position 8192 is out of range", "batch_too_large: 9031 tokens",
+            "kvpage quota exceeded: holding 255, asked for 4 more, quota is 256", "internal: boom"]
+    errors = [failure(InferletFailed(f"the chat-completion inferlet failed: inferlet.tasks.OvenError: {why}"))
+              for why in whys]
+    statuses = {why: (error.status, error.code) for why, error in zip(whys, errors)}
+    assert list(statuses.values()) == [(400, "context_length_exceeded")] * 3 + [(500, None)]
+
+
+def test_a_list_of_prompts_gets_n_choices_each_in_order(api, server, greedy):
+    """``prompt: [a, b]`` with n=2: choices 0 and 1 answer a, 2 and 3 answer b (greedy: each equal to the
+    prompt asked alone), usage adds the prompts; streamed the same."""
+    second = "Name three animals."
+    alone = api.completions.create(model=MODEL, prompt=second, max_tokens=8, temperature=0)
+    reply = api.completions.create(model=MODEL, prompt=[PROMPT, second], max_tokens=8, temperature=0, n=2)
+    assert [(c.index, c.text) for c in reply.choices] == [(0, greedy["plain"]), (1, greedy["plain"]),
+                                                          (2, alone.choices[0].text), (3, alone.choices[0].text)]
+    plain = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).usage.prompt_tokens
+    assert reply.usage.prompt_tokens == plain + alone.usage.prompt_tokens
+    assert reply.usage.completion_tokens == 32
+    texts = ["", ""]
+    for chunk in api.completions.create(model=MODEL, prompt=[PROMPT, second], max_tokens=8, temperature=0,
+                                        stream=True):
+        texts[chunk.choices[0].index] += chunk.choices[0].text
+    assert texts == [greedy["plain"], alone.choices[0].text]
+    for prompt, message in ((["a", ""], "prompt[1] must not be empty"), ([1, 2], "'prompt' must be a string or a "
+                            "non-empty list of strings (token ids are not supported)")):
+        with pytest.raises(openai.BadRequestError, match=re.escape(message)):
+            api.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+
+
 def test_max_tokens_past_the_context_is_refused_without_asking_the_server():
     from starlette.testclient import TestClient
 
     from oven.client.openai_api import app as app_module
 
     key = f"oven-{'2' * 64}-{'1' * 64}"  # well formed; no server is there to ask
-    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL], 8192))
+    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL], Limits(8192)))
     reply = client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
                         json={"model": MODEL, "prompt": PROMPT, "max_tokens": 8192})
     assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
@@ -337,7 +419,7 @@ def test_a_body_past_the_cap_is_413_before_it_is_read_whole(monkeypatch):
 
     monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 1000)
     key = f"oven-{'2' * 64}-{'1' * 64}"  # well formed; no server is asked
-    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL], 8192))
+    client = TestClient(app_module.create_app("ipc:///nonexistent/control.sock", "0" * 64, [MODEL], Limits(8192)))
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     body = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
     for content in (body, iter([body[:600], body[600:]])):  # declared, then chunked (no Content-Length)
@@ -375,3 +457,41 @@ def test_a_front_end_that_dies_is_started_again(server):
             except OSError:  # the new one is not serving yet
                 pass
         time.sleep(0.5)
+
+
+def test_version_and_health_need_no_key(server):
+    url, _, _, _ = server
+    base = url.removesuffix("/v1")
+    status, body = http("GET", f"{base}/version")
+    assert (status, body["models"], body["version"]) == (200, [MODEL], version("oven"))
+    assert http("GET", f"{base}/health") == (200, {"status": "ok", "replicas": 1, "replicas_serving": 1})
+
+
+def inference_pid(url: str) -> int:
+    """The inference process of the ``oven serve`` whose OpenAI front end serves ``url``."""
+    status = Path(f"/proc/{front_end_pid(url)}/status").read_text()
+    serve = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    children = subprocess.run(["pgrep", "-P", str(serve)], capture_output=True, text=True).stdout.split()
+    (pid,) = [int(c) for c in children if b"oven.inference.server" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return pid
+
+
+def test_health_follows_an_inference_restart(server, api):
+    """/health is 503 while the inference process is down or loading again, then 200; completions are
+    served again and the control's metrics count the restart. (Last in this module: it kills the
+    module server's inference process.)"""
+    url, operator, control, _ = server
+    base = url.removesuffix("/v1")
+    os.kill(inference_pid(url), signal.SIGKILL)
+    seen, deadline = [], time.monotonic() + 180
+    while seen[-1:] != [200] or 503 not in seen:
+        assert time.monotonic() < deadline, f"/health answered {seen[-5:]}"
+        status, body = http("GET", f"{base}/health")
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        if status == 503:
+            assert body["status"] in ("loading", "unavailable"), body
+    assert seen[-2:] == [503, 200]
+    assert api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+    with OvenClient(control, token=operator) as client:
+        assert "oven:inference_restarts_total 1.0" in client.metrics().splitlines()

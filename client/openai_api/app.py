@@ -1,11 +1,15 @@
 """The OpenAI-compatible HTTP API as an ASGI app (Starlette): ``/v1/models``,
-``/v1/chat/completions`` and ``/v1/completions``, streamed as server-sent events or not.
+``/v1/chat/completions`` and ``/v1/completions``, streamed as server-sent events or not; ``/health``,
+``/version`` and ``/metrics`` beside them (docs/openai.md).
 
-Every request needs ``Authorization: Bearer <oven token>``: the token is the API key, so each
-key is one client of the oven server. A completion runs as one chat-completion instance in that
-client's name (:mod:`.session`); its status, before the first byte, is the run's: a refused key
-401, a quota 429, an inferlet that fails 500. A failure after the stream has begun arrives as a
-last ``data: {"error": ...}`` event, which OpenAI's clients raise.
+Every ``/v1`` request and ``/metrics`` needs ``Authorization: Bearer <oven token>``: the token is
+the API key, so each key is one client of the oven server. A completion runs as one
+chat-completion instance in that client's name (:mod:`.session`); its status, before the first
+byte, is the run's: a refused key 401, a request past the server's limits 400 (:mod:`.limits`), a
+quota 429, an inferlet that fails 500. A failure after the stream has begun arrives as a last
+``data: {"error": ...}`` event, which OpenAI's clients raise. ``/health`` and ``/version`` take no
+key (load balancers' probes carry none); ``/health`` asks the control server with the operator's
+token, which the front end keeps in memory for that alone.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import json
 import secrets
 import time
 from collections import defaultdict
+from importlib.metadata import PackageNotFoundError, version
 
 import h11
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -29,7 +35,9 @@ from oven.proto.auth import AuthError, Token
 from oven.proto.control import UPLOAD_CHUNK_BYTES
 
 from .errors import INVALID_REQUEST, SERVER, ApiError, bad_key, bad_request, not_answering, refused_key
-from .requests import Job, check_context, parse_body, parse_job
+from .limits import Limits, request_size_failure
+from .metrics import FrontEndMetrics, MetricsMiddleware
+from .requests import Job, parse_body, parse_job
 from .session import InferletFailed, Session
 from .tools import parse_reply
 
@@ -37,8 +45,10 @@ from .tools import parse_reply
 class Api:
     """The routes' shared state: where the oven server is and what it serves."""
 
-    def __init__(self, endpoint: str, program: str, models: list[str], max_context: int):
-        self.endpoint, self.program, self.models, self.max_context = endpoint, program, models, max_context
+    def __init__(self, endpoint: str, program: str, models: list[str], limits: Limits, operator_token: str,
+                 metrics: FrontEndMetrics):
+        self.endpoint, self.program, self.models, self.limits = endpoint, program, models, limits
+        self.operator_token, self.metrics = operator_token, metrics
         self.created = int(time.time())
 
     # -- routes ---------------------------------------------------------------------------------
@@ -56,6 +66,32 @@ class Api:
             raise self._unknown_model(name)
         return JSONResponse(self._model(name))
 
+    async def health(self, _request: Request) -> JSONResponse:
+        """200 while an inference process serves the model; 503 while none does (loading, or started again
+        after it died) or the control server does not answer."""
+        try:
+            stats = await asyncio.to_thread(self._stats)
+        except Exception as exc:  # noqa: BLE001 - any failure to ask is "not serving", said in one line
+            return JSONResponse({"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"}, 503)
+        replicas, serving = len(stats.replicas), sum(r.serving for r in stats.replicas)
+        body = {"replicas": replicas, "replicas_serving": serving}
+        if replicas and not serving:
+            return JSONResponse({"status": "loading", **body}, 503)
+        return JSONResponse({"status": "ok", **body})
+
+    async def version(self, _request: Request) -> JSONResponse:
+        try:
+            oven = version("oven")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            oven = "unknown"
+        return JSONResponse({"version": oven, "models": self.models})
+
+    async def prometheus(self, request: Request) -> Response:
+        """The front end's series, then the control process's (read with the request's key)."""
+        token = api_key(request)
+        control = await asyncio.to_thread(self._control_metrics, token)
+        return Response(self.metrics.render() + control.encode(), media_type=CONTENT_TYPE_LATEST)
+
     async def chat_completions(self, request: Request):
         return await self._complete(request, chat=True)
 
@@ -66,24 +102,25 @@ class Api:
 
     async def _complete(self, request: Request, chat: bool):
         token = api_key(request)
-        job = parse_job(parse_body(await read_body(request)), chat, self.max_context)
+        job = parse_job(parse_body(await read_body(request)), chat)
+        self.limits.check_max_tokens(job.max_tokens)
         if job.model not in self.models:
             raise self._unknown_model(job.model)
-        session = Session(self.endpoint, token, self.program, [job.inferlet_request()])
+        session = Session(self.endpoint, token, self.program, [job.inferlet_request(self.limits.inferlet_fields())])
         messages = aiter(session)
         try:
-            first = await anext(messages)  # the prompt's size: the key, the quota and the launch passed
+            first = await anext(messages)  # the prompts' sizes: the key, the quota and the launch passed
         except InferletFailed as exc:
-            raise ApiError(500, str(exc), SERVER) from None
+            raise failure(exc) from None
         except StopAsyncIteration:
             raise ApiError(500, "the chat-completion inferlet ended without an answer", SERVER) from None
         if "error" in first:  # a request the inferlet cannot serve (a grammar that does not compile, ...)
             session.close()
             raise bad_request(first["error"]["message"], first["error"]["param"])
-        try:
-            check_context(job, first["prompt_tokens"], self.max_context)
+        try:  # nothing is forwarded yet; past max_context the inferlet has stopped by itself
+            self.limits.check(first["prompts"], job.max_tokens, job.n, chat)
         except ApiError:
-            session.close()  # before a token is generated
+            session.close()
             raise
         reply = Reply(job, "chatcmpl-" if chat else "cmpl-", first["prompt_tokens"])
         if job.stream:
@@ -93,7 +130,7 @@ class Api:
             async for message in messages:
                 reply.add(message)
         except InferletFailed as exc:
-            raise ApiError(500, str(exc), SERVER) from None
+            raise failure(exc) from None
         return JSONResponse(reply.whole())
 
     # -- helpers --------------------------------------------------------------------------------
@@ -103,6 +140,19 @@ class Api:
         with OvenClient(self.endpoint, timeout_s=10, token=token) as client:
             try:
                 client.info()
+            except AuthError:
+                raise refused_key() from None
+            except TimeoutError:
+                raise not_answering() from None
+
+    def _stats(self):
+        with OvenClient(self.endpoint, timeout_s=HEALTH_TIMEOUT_S, token=self.operator_token or None) as client:
+            return client.stats()
+
+    def _control_metrics(self, token: Token) -> str:
+        with OvenClient(self.endpoint, timeout_s=10, token=token) as client:
+            try:
+                return client.metrics()
             except AuthError:
                 raise refused_key() from None
             except TimeoutError:
@@ -123,10 +173,10 @@ class Reply:
     def __init__(self, job: Job, id_prefix: str, prompt_tokens: int):
         self.job, self.prompt_tokens = job, prompt_tokens
         self.id, self.created = id_prefix + secrets.token_hex(12), int(time.time())
-        self.texts = [""] * job.n
-        self.finish: list[str | None] = [None] * job.n
-        self.entries: list[list[list]] = [[] for _ in range(job.n)]  # [token, logprob, top] per token
-        self.offsets = [0] * job.n  # the completions' text_offset of each choice's next token
+        self.texts = [""] * job.num_choices
+        self.finish: list[str | None] = [None] * job.num_choices
+        self.entries: list[list[list]] = [[] for _ in range(job.num_choices)]  # [token, logprob, top] per token
+        self.offsets = [0] * job.num_choices  # the completions' text_offset of each choice's next token
         self.completion_tokens = 0
 
     def add(self, message: dict) -> None:
@@ -170,7 +220,7 @@ class Reply:
     def whole(self) -> dict:
         if self.job.chat:
             choices = []
-            for i in range(self.job.n):
+            for i in range(self.job.num_choices):
                 content, calls, finish = self.answer(i)
                 message = {"role": "assistant", "content": content or (None if calls else ""), "refusal": None}
                 choices.append({"index": i, "message": message | ({"tool_calls": calls} if calls else {}),
@@ -185,7 +235,7 @@ class Reply:
         """Server-sent events: a chunk per message, the usage if asked, then ``[DONE]``."""
         try:
             if self.job.chat:
-                for i in range(self.job.n):
+                for i in range(self.job.num_choices):
                     yield _sse(self._chunk(i, {"role": "assistant", "content": ""}, None))
             async for message in messages:
                 self.add(message)
@@ -203,8 +253,7 @@ class Reply:
             if self.job.include_usage:
                 yield _sse({**self._head(self._chunk_object()), "choices": [], "usage": self.usage()})
         except (InferletFailed, ApiError) as exc:
-            failure = exc if isinstance(exc, ApiError) else ApiError(500, str(exc), SERVER)
-            yield _sse(failure.body())
+            yield _sse((exc if isinstance(exc, ApiError) else failure(exc)).body())
         yield "data: [DONE]\n\n"
 
     def _tool_chunks(self, i: int) -> list[dict]:
@@ -229,6 +278,11 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.job.model}
 
 
+def failure(exc: InferletFailed) -> ApiError:
+    """A failed run: a 400 if the request's own size caused it, else the server's fault (500)."""
+    return request_size_failure(str(exc)) or ApiError(500, str(exc), SERVER)
+
+
 def _token(token: str, logprob: float) -> dict:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
 
@@ -236,6 +290,8 @@ def _token(token: str, logprob: float) -> dict:
 def _sse(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
+
+HEALTH_TIMEOUT_S = 5.0
 
 # A request's inferlet argument travels in one control message, which holds no more: anyone who
 # reaches the port, with a well-formed key or not, costs the front end this much memory at most.
@@ -348,15 +404,16 @@ async def _server_error(_request: Request, exc: Exception) -> JSONResponse:
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", SERVER).response()
 
 
-def create_app(endpoint: str, program: str, models: list[str], max_context: int) -> Starlette:
-    """The ASGI app for the oven server at ``endpoint``, running ``program`` (chat-completion's digest);
-    ``max_context``: the model's context length in tokens."""
-    api = Api(endpoint, program, models, max_context)
-    routes = [
-        Route("/v1/models", api.list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", api.get_model, methods=["GET"]),
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
-    ]
-    return Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
-                                                        Exception: _server_error})
+def create_app(endpoint: str, program: str, models: list[str], limits: Limits, operator_token: str = ""):
+    """The ASGI app for the oven server at ``endpoint``, running ``program`` (chat-completion's digest)
+    within ``limits``; ``operator_token`` answers ``/health``."""
+    paths = {"/v1/models": "list_models", "/v1/models/{model}": "get_model",
+             "/v1/chat/completions": "chat_completions", "/v1/completions": "completions",
+             "/health": "health", "/version": "version", "/metrics": "prometheus"}
+    metrics = FrontEndMetrics(list(paths))
+    api = Api(endpoint, program, models, limits, operator_token, metrics)
+    routes = [Route(path.replace("{model}", "{model:path}"), getattr(api, name),
+                    methods=["POST"] if "completions" in path else ["GET"]) for path, name in paths.items()]
+    app = Starlette(routes=routes, exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                                                       Exception: _server_error})
+    return MetricsMiddleware(app, metrics)

@@ -5,7 +5,8 @@ separate process shares no GIL with the loop (whose per-token overhead is measur
 microseconds), and a crash or a flood of connections there cannot stall batching. ``oven serve``
 binds the port itself before the model loads, so an address in use fails at once, and hands the
 listening socket to the child (:class:`FrontEnd`), which publishes the chat-completion inferlet to
-the shared library with the operator's token, then serves with uvicorn until its parent goes.
+the shared library with the operator's token, then serves with uvicorn until its parent goes (keeping
+that token in memory for ``/health`` alone: requests use their own keys).
 """
 
 from __future__ import annotations
@@ -132,15 +133,17 @@ def _say(message: str) -> None:
     print(f"oven: {message}", file=sys.stderr, flush=True)
 
 
-def publish(endpoint: str, program: Path) -> tuple[str, list[str], int]:
+def publish(endpoint: str, program: Path):
     """Put the chat-completion component in the server's shared library (as the operator, whose token is in
-    ``OVEN_TOKEN``); (its digest, the models served, their context length)."""
+    ``OVEN_TOKEN``); (its digest, the models served, what one request may ask)."""
     from oven.client.rpc import OvenClient
+
+    from .limits import Limits
 
     with OvenClient(endpoint) as client:
         digest = client.upload_file(program, PROGRAM_NAME, shared=True)
         info = client.info()
-        return digest, info.models, info.max_context
+        return digest, info.models, Limits.of(info)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,17 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     from .app import DeadlineH11Protocol, create_app
 
     try:
-        digest, models, max_context = publish(args.endpoint, args.program)
+        digest, models, limits = publish(args.endpoint, args.program)
     except Exception as exc:  # noqa: BLE001 - said in one line; oven serve goes on without the API
         _say(f"the OpenAI API is off: {type(exc).__name__}: {exc}")
         return API_OFF
-    os.environ.pop("OVEN_TOKEN", None)  # requests use their own keys; the operator's is not needed again
+    operator_token = os.environ.pop("OVEN_TOKEN", "")  # out of the environment: requests use their own keys
     sock = socket.socket(fileno=args.fd)
-    app = create_app(args.endpoint, digest, models, max_context)
+    app = create_app(args.endpoint, digest, models, limits, operator_token)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                            timeout_graceful_shutdown=5, limit_concurrency=MAX_CONNECTIONS,
                                            http=DeadlineH11Protocol))
-    _say(f"OpenAI API on {args.url} (API key: an oven token)")
+    _say(f"OpenAI API on {args.url} (API key: an oven token: `oven token add NAME` prints one; the operator's "
+         "is operator.token in the server's --state-dir)")
     server.run(sockets=[sock])
     return 0
 

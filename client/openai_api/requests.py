@@ -24,6 +24,7 @@ _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CHAT_MAX_TOKENS = 512  # OpenAI's chat default is "until the model stops"; oven's, this many
 COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 MAX_N = 16
+MAX_PROMPTS = 16  # a completions request's list of prompts
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # the completions' logprobs, as OpenAI
@@ -82,21 +83,27 @@ class Job:
     stream: bool
     include_usage: bool
     messages: tuple[dict, ...] = ()
-    prompt: str = ""
+    prompts: tuple[str, ...] = ()  # completions: each gets n choices, prompt k's numbered from k * n
     tools: tuple[dict, ...] = ()  # checked by tools.check_tools; the messages are then AsyncLM's
     prefix: tuple[str, ...] = ()  # with tools: the open assistant turn so far, segment by segment
     results: tuple[str, ...] = ()  # with tools: the turn's further results, given one per wait
+
+    @property
+    def num_choices(self) -> int:
+        return self.n * max(len(self.prompts), 1)
 
     @property
     def logprobs(self) -> int:
         """-1: the reply has no log-probabilities; else how many of the most probable each token lists."""
         return self.sampling.logprobs
 
-    def inferlet_request(self) -> str:
-        """The chat-completion inferlet's one argument."""
+    def inferlet_request(self, limits: dict) -> str:
+        """The chat-completion inferlet's one argument; ``limits``: where it stops by itself
+        (:meth:`.limits.Limits.inferlet_fields`)."""
         body = {"max_tokens": self.max_tokens, **self.sampling.inferlet_fields(), "stop": list(self.stop),
-                "n": self.n, "stream": self.stream}
-        body.update({"messages": list(self.messages)} if self.chat else {"prompt": self.prompt})
+                "n": self.n, "stream": self.stream, **limits}
+        body.update({"messages": list(self.messages)} if self.chat else
+                    {"prompt": self.prompts[0] if len(self.prompts) == 1 else list(self.prompts)})
         if self.tools:
             # Not streamed from the inferlet: text or calls is known only at the end (app.Reply).
             body.update(adapter=cml_tools.ADAPTER, prefix=list(self.prefix), results=list(self.results),
@@ -115,12 +122,9 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def parse_job(body: dict, chat: bool, max_context: int = 0) -> Job:
-    """Check a request body; raises :class:`ApiError` (400) naming the first bad parameter.
-
-    ``max_context``: the model's context length (0: unknown); a ``max_tokens`` that leaves no room for
-    a prompt is refused here, before any instance is launched (:func:`check_context` once the prompt's
-    tokens are known)."""
+def parse_job(body: dict, chat: bool) -> Job:
+    """Check a request body; raises :class:`ApiError` (400) naming the first bad parameter (the server's
+    limits are :mod:`.limits`')."""
     known = COMMON | IGNORED | set(NEUTRAL) | (CHAT_ONLY if chat else COMPLETION_ONLY)
     for name in body:
         if name not in known:
@@ -139,10 +143,6 @@ def parse_job(body: dict, chat: bool, max_context: int = 0) -> Job:
                       int, default=CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS)
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, not {max_tokens}", "max_tokens")
-    if max_context and max_tokens >= max_context:  # a prompt has a token at least
-        raise bad_request(f"This model's maximum context length is {max_context} tokens. However, you requested "
-                          f"{max_tokens} tokens for the completion alone. Please reduce max_tokens.", "max_tokens",
-                          "context_length_exceeded")
     n = _get(body, "n", int, default=1)
     if not 1 <= n <= MAX_N:
         raise bad_request(f"n must be from 1 to {MAX_N}, not {n}", "n")
@@ -159,7 +159,7 @@ def parse_job(body: dict, chat: bool, max_context: int = 0) -> Job:
         return Job(**job, messages=messages, tools=tools, prefix=prefix, results=results)
     if chat:
         return Job(**job, messages=_messages(body.get("messages")))
-    return Job(**job, prompt=_prompt(body.get("prompt")))
+    return Job(**job, prompts=_prompts(body.get("prompt")))
 
 
 def _sampling(body: dict, chat: bool, tools: tuple[dict, ...]) -> Sampling:
@@ -279,16 +279,6 @@ def _response_format(value, tools: tuple[dict, ...]) -> tuple[tuple[str, str] | 
     return ("json-schema", json.dumps({} if schema is True else schema)), "response_format", "all"
 
 
-def check_context(job: Job, prompt_tokens: int, max_context: int) -> None:
-    """400 unless the prompt and the completion fit the model's context together, as OpenAI words it."""
-    if prompt_tokens + job.max_tokens > max_context:
-        where = "messages" if job.chat else "prompt"
-        raise bad_request(f"This model's maximum context length is {max_context} tokens. However, you requested "
-                          f"{prompt_tokens + job.max_tokens} tokens ({prompt_tokens} in the {where}, "
-                          f"{job.max_tokens} in the completion). Please reduce the length of the {where} or "
-                          "completion.", where, "context_length_exceeded")
-
-
 def _get(body: dict, name: str, kind, default=None, required: bool = False):
     value = body.get(name)
     if value is None:
@@ -403,14 +393,17 @@ def _content(content, where: str) -> str:
                       "invalid_type")
 
 
-def _prompt(value) -> str:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        return value[0]
-    if isinstance(value, str) and value:
-        return value
-    if value == "":
-        raise bad_request("'prompt' must not be empty", "prompt")
+def _prompts(value) -> tuple[str, ...]:
+    """The completions' ``prompt``: a string or a list of strings (token ids are not taken)."""
     if value is None:
         raise bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-    raise bad_request("'prompt' must be a string (lists of prompts and token ids are not supported)", "prompt",
-                      "invalid_type")
+    prompts = [value] if isinstance(value, str) else value
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise bad_request("'prompt' must be a string or a non-empty list of strings (token ids are not supported)",
+                          "prompt", "invalid_type")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' holds at most {MAX_PROMPTS} prompts here, not {len(prompts)}", "prompt")
+    if not all(prompts):
+        raise bad_request("'prompt' must not be empty" if len(prompts) == 1 else
+                          f"prompt[{prompts.index('')}] must not be empty", "prompt")
+    return tuple(prompts)

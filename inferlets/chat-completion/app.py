@@ -21,7 +21,13 @@ between two results is one generation (penalties count within it); ``grammar_str
 holds only the one after the last result to the grammar; ``one_call`` ends the choice after the
 first call the model writes (``[CALL] ... [END]``).
 
-It sends JSON messages to the client: first ``{"prompt_tokens": N}``, or ``{"error": {"message",
+``prompt`` may be a list of texts: each gets ``n`` choices, prompt k's numbered from k * n. With
+``max_context`` (a prompt and its completion together) and ``max_prompt_tokens`` (one prompt), a request
+past them ends once the prompts' sizes are sent, before any forward: the client that set them words
+the refusal.
+
+It sends JSON messages to the client: first ``{"prompt_tokens": N, "prompts": [N1, ...]}`` (the
+total, then each prompt's), or ``{"error": {"message",
 "param"}}`` for a request it cannot serve (a grammar that does not compile: the server's reason; a
 token id outside the vocabulary); with ``stream``, text as it is generated, ``{"index": i, "text":
 DELTA}``; and last for each choice ``{"index": i, "text": REST, "finish_reason": "stop" | "length",
@@ -236,6 +242,23 @@ async def forked(prompt: inferlet.Context, request: dict, index: int, shaping: S
         await complete(ctx, request, index, shaping)
 
 
+async def choices(ctx: inferlet.Context, request: dict, first: int, shaping: Shaping) -> None:
+    """The ``n`` choices of one prompt, numbered from ``first``."""
+    if request["n"] == 1:  # decode on the prompt's own context: the same calls as text-completion
+        await complete(ctx, request, first, shaping)
+        return
+    await ctx.flush()  # forward all but the last token once; each fork feeds that one itself
+    await inferlet.gather(*(forked(ctx, request, first + i, shaping) for i in range(request["n"])))
+
+
+def too_long(request: dict, prompt_tokens: list[int]) -> bool:
+    """Past the limits the client gave (``max_context``, ``max_prompt_tokens``): it refuses the request
+    from the sizes sent, so nothing is forwarded."""
+    context, prompt = request.get("max_context"), request.get("max_prompt_tokens")
+    return any(context is not None and n + request["max_tokens"] > context or prompt is not None and n > prompt
+               for n in prompt_tokens)
+
+
 async def main(args: list[str]) -> None:
     if len(args) != 1:
         raise SystemExit("usage: chat-completion REQUEST_JSON")
@@ -252,19 +275,26 @@ async def main(args: list[str]) -> None:
         adapter = inferlet.open_adapter(request["adapter"]) if request["adapter"] else 0
     except inferlet.OvenError as exc:
         raise SystemExit(f"chat-completion: adapter {request['adapter']!r}: {exc}") from None
-    with inferlet.Context(adapter=adapter) as ctx:
-        if "messages" in request:
-            ctx.fill_chat(request["messages"])
-        else:
-            ctx.fill(request["prompt"])
-        for segment in request["prefix"]:
-            ctx.fill(segment)
-        inferlet.send(json.dumps({"prompt_tokens": len(ctx)}))
-        if request["n"] == 1:  # decode on the prompt's own context: the same calls as text-completion
-            await complete(ctx, request, 0, shaping)
+    prompts = [None] if "messages" in request else \
+        [request["prompt"]] if isinstance(request["prompt"], str) else request["prompt"]
+    contexts = [inferlet.Context(adapter=adapter) for _ in prompts]
+    try:
+        for ctx, prompt in zip(contexts, prompts):
+            if prompt is None:
+                ctx.fill_chat(request["messages"])
+            else:
+                ctx.fill(prompt)
+            for segment in request["prefix"]:
+                ctx.fill(segment)
+        sizes = [len(ctx) for ctx in contexts]
+        inferlet.send(json.dumps({"prompt_tokens": sum(sizes), "prompts": sizes}))
+        if too_long(request, sizes):
             return
-        await ctx.flush()  # forward all but the last token once; each fork feeds that one itself
-        await inferlet.gather(*(forked(ctx, request, i, shaping) for i in range(request["n"])))
+        n = request["n"]
+        await inferlet.gather(*(choices(ctx, request, k * n, shaping) for k, ctx in enumerate(contexts)))
+    finally:
+        for ctx in contexts:
+            ctx.close()
 
 
 WitWorld = inferlet.run(main)
