@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import queue
 import sys
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from oven.proto.config_loader import config_from_args
 from oven.proto.endpoints import listening
 
 from .connect import EXIT_FAILURE, EXIT_USAGE, NoServer, client_of, connected, target_of
-from .programs import LocalProgram, ProgramNotFound, library_program, local_program, not_found
+from .programs import LocalProgram, ProgramNotFound, library_program, local_program, not_found, upload_local
 from .rpc import ControlRequestError, OvenClient, ServerRestarted
 
 KILLED_STATUS = 143  # the exit status the server gives an instance a client or a lapsed lease terminated
@@ -83,26 +82,27 @@ def _verb(action: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
 PYTHON_SIZED = 4 << 20  # bytes: a component this large carries an interpreter, and compiles for seconds
 
 
+def compile_notice(name: str, size_bytes: int) -> None:
+    """Said before uploading a program the server lacks: it compiles it (seconds, once per program)."""
+    # (compile time follows size: a Python component carries its interpreter, 18-20 MB; a Rust one ~100 kB)
+    took = "about 15 s for a Python inferlet" if size_bytes > PYTHON_SIZED else "a second or so"
+    say(f"uploading {name}; the server compiles it once ({took}) ...")
+
+
 def upload(client: OvenClient, program: LocalProgram, name: str, shared: bool = False) -> str:
-    """Upload ``program``; say so first when the server will compile it (seconds, once per program)."""
-    data = program.path.read_bytes()
-    if hashlib.sha256(data).hexdigest() not in {p.sha256 for p in client.programs()}:
-        # (compile time follows size: a Python component carries its interpreter, 18-20 MB; a Rust one ~100 kB)
-        took = "about 15 s for a Python inferlet" if len(data) > PYTHON_SIZED else "a second or so"
-        say(f"uploading {name}; the server compiles it once ({took}) ...")
-    return client.upload(data, name, shared)
+    """Upload ``program``; say so first when the server will compile it."""
+    return upload_local(client, program, name, shared, on_upload=compile_notice)
 
 
 @_verb
 def cmd_run(args: argparse.Namespace) -> int:
-    local = local_program(args.program)
+    local = local_program(args.program)  # a bad path is said before a server is reached (or started)
     target = target_of(args)
     if args.detach and not listening(target.endpoint):  # an embedded server would end, and the instance with it
         raise NoServer(f"--detach needs a server that outlives this command: {target.no_server()}")
     with connected(target, args.model) as client:
-        program = upload(client, local, local.name) if local else args.program
-        try:
-            instance_id = client.launch(program, args.args, detach=args.detach)
+        try:  # the library's resolution: a local program is uploaded, a name is the server's
+            instance_id = client.launch(args.program, args.args, detach=args.detach, on_upload=compile_notice)
         except ControlRequestError as exc:
             if exc.code == "unknown_program" and local is None:
                 raise not_found(args.program, [n for p in client.programs() for n in p.names]) from None

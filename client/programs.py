@@ -1,18 +1,29 @@
-"""What ``oven run X`` and ``oven upload X`` mean by X.
+"""What ``oven run X``, ``oven upload X`` and ``OvenClient.launch(X)`` mean by X.
 
 In order: a ``.wasm`` file; an inferlet folder (its built component, if it is built and newer than
 its sources); an inferlet of the library by name (``inferlets/NAME/NAME.wasm``); otherwise a
-program the server knows by that name. What is none of these is said with the closest names.
+program the server knows by that name (the client's own, else the shared library's) or SHA-256.
+The first three are uploaded under their name (the server keeps one copy of a program and answers
+an upload of one it holds at once) and launched by their digest, so what runs is the component on
+this machine. What is none of these is said with the closest names.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .build import BuildError, Inferlet, shown_path
 from .paths import inferlets_dir
+
+if TYPE_CHECKING:
+    from .rpc import OvenClient
+
+OnUpload = Callable[[str, int], None]  # (name, size in bytes): told before uploading a program the server lacks
 
 
 class ProgramNotFound(LookupError):
@@ -47,6 +58,24 @@ def local_program(ref: str) -> LocalProgram | None:
     if library.is_dir():
         return _built(library, str(library), fresh=False)
     return None
+
+
+def launchable(client: OvenClient, ref: str, on_upload: OnUpload | None = None) -> str:
+    """What ``client`` launches for ``ref``: the SHA-256 of the local program ``ref`` names, uploaded now,
+    or ``ref`` itself, for the server to resolve among its names. Raises :class:`ProgramNotFound` as
+    :func:`local_program` does."""
+    local = local_program(ref)
+    return ref if local is None else upload_local(client, local, local.name, on_upload=on_upload)
+
+
+def upload_local(client: OvenClient, program: LocalProgram, name: str, shared: bool = False,
+                 on_upload: OnUpload | None = None) -> str:
+    """Upload ``program`` as ``name``; its SHA-256. ``on_upload`` is told first if the server does not
+    hold it yet (it will compile it: seconds, once per program)."""
+    data = program.path.read_bytes()
+    if on_upload is not None and hashlib.sha256(data).hexdigest() not in {p.sha256 for p in client.programs()}:
+        on_upload(name, len(data))
+    return client.upload(data, name, shared)
 
 
 def library_program(name: str) -> LocalProgram:

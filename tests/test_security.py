@@ -268,7 +268,7 @@ def test_one_client_cannot_touch_another_clients_instances(server, alice, bob):
         assert instance_id not in [i.instance_id for i in b.instances()]
         assert [i.owner for i in a.instances() if i.instance_id == instance_id] == ["alice"]
         with pytest.raises(ControlRequestError, match="unknown_program: no program named or hashed 'echo'"):
-            b.launch("echo", [])  # alice's name means nothing to bob
+            b.request(c.Launch("echo", []))  # alice's name means nothing to bob (launch() would upload the library's)
         digest = b.upload(built("hostile"), "echo")  # bob's own "echo" ...
         a.attach(instance_id)
         a.send(instance_id, "still mine?")  # ... leaves alice's untouched
@@ -321,7 +321,7 @@ def test_uploads_and_launches_name_no_paths(server, alice):
             with pytest.raises(ControlRequestError, match="bad_upload: sha256 must be 64 lowercase hex digits"):
                 client.request(c.UploadChunk("x", digest, 4, 0, b"\x00asm"))
         with pytest.raises(ControlRequestError, match="unknown_program: '/tmp/planted/x' is not a program name"):
-            client.launch("/tmp/planted/x", [])
+            client.request(c.Launch("/tmp/planted/x", []))  # (launch() would look for the file here)
     with server.client(alice) as a:
         with pytest.raises(ControlRequestError, match="forbidden: only the operator may publish"):
             a.upload(built("echo"), "echo", shared=True)
