@@ -330,6 +330,10 @@ class OvenClient:
         """The scheduler's counters since the server started (batches, free pages, interceptions, ...)."""
         return self.request(c.Stats())
 
+    def metrics(self) -> str:
+        """The control process's Prometheus metrics, in the text exposition format (docs/openai.md lists them)."""
+        return self.request(c.Metrics()).text
+
     def events(self, poll_s: float = POLL_S) -> Iterator[c.InstanceEvent | None]:
         """The events of every instance this client watches, as they come; None whenever ``poll_s`` passes
         without one, so a caller can act between events. It never ends by itself: leave the loop when
