@@ -18,6 +18,7 @@ from oven.proto import control as c
 from oven.proto.config_loader import config_from_args
 
 from .connect import EXIT_FAILURE, EXIT_USAGE, NoServer, client_of, target_of
+from .json_output import print_json
 from .rpc import OvenClient
 
 
@@ -28,6 +29,9 @@ def adapters_verb(args: argparse.Namespace) -> int:
     missing = [arg.upper() for arg in needs if not getattr(args, arg)]
     if missing:
         print(f"oven adapters {args.action}: {' and '.join(missing)} required", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json and args.action == "remove":
+        print("oven adapters remove: --json goes with list and add", file=sys.stderr)
         return EXIT_USAGE
     target = target_of(args)
     try:
@@ -43,10 +47,15 @@ def _on_server(args: argparse.Namespace, client: OvenClient) -> int:
     if args.action == "add":
         folder = Path(args.dir).expanduser().resolve()
         entry = client.add_adapter(args.name, str(folder))
+        if args.json:
+            print_json(entry)
+            return 0
         print(f"added {entry.name} as adapter {entry.adapter_id} ({_shape(entry)})")
     elif args.action == "remove":
         client.remove_adapter(args.name)
         print(f"removed {args.name}")
+    elif args.json:
+        print_json(c.AdapterList(client.adapters()))
     else:
         _print_table(client.adapters())
     return 0
@@ -63,6 +72,9 @@ def _offline(args: argparse.Namespace) -> int:
         elif args.action == "remove":
             store.remove(args.name)
             print(f"no server runs: removed {args.name} from the adapter store ({store.root})")
+        elif args.json:  # no server to ask which are loaded: null, and what `oven serve` would load
+            print_json({"adapters": None, "store": str(store.root), "stored": store.names(),
+                        "packaged": list(PACKAGED)})
         else:
             print(f"no server runs; the adapter store ({store.root}) holds: {', '.join(store.names()) or 'none'}; "
                   f"shipped with oven: {', '.join(PACKAGED)}")

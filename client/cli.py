@@ -7,7 +7,7 @@
 * ``oven upload`` / ``oven ps`` / ``oven kill`` / ``oven send`` - the other client verbs;
 * ``oven generate PROMPT`` - greedy chat completion straight over the inference protocol;
 * ``oven inference`` - run an inference process alone, in the foreground;
-* ``oven info`` - what a running inference process serves;
+* ``oven info`` - what a running server (or an inference process) serves;
 * ``oven prepare-model [SPEC]`` - convert/cache a model ahead of time (setup uses it);
 * ``oven build DIR...`` / ``oven new NAME`` - build an inferlet folder into NAME.wasm / start one.
 """
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import signal
@@ -22,10 +23,12 @@ import sys
 from collections.abc import Callable
 
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig
+from oven.proto import control as c
 from oven.proto.config_loader import add_config_arguments
 
 from . import commands
-from .connect import EXIT_USAGE, add_client_args
+from .connect import EXIT_USAGE, add_client_args, target_of
+from .json_output import add_json_flag, print_json, shape
 from .openai_api.frontend import OpenAIConfig
 from .rpc import malformed_endpoint
 from oven.control.config import ControlConfig
@@ -121,17 +124,30 @@ def _ask_inference(endpoint: str, timeout_s: float):
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from oven.proto.endpoints import default_inference_endpoint
+    """A running ``oven serve`` (its control server, found as every client verb finds it), or with
+    ``--endpoint`` an inference process; with neither, this user's stand-alone ``oven inference``."""
+    from oven.proto.endpoints import default_inference_endpoint, listening
 
+    if args.endpoint is None:
+        try:
+            target = target_of(args)
+        except ValueError as exc:
+            _say(str(exc))
+            return EXIT_USAGE
+        if target.explicit or listening(target.endpoint) or not listening(default_inference_endpoint()):
+            return commands.cmd_server_info(args)
     asked = _ask_inference(args.endpoint or default_inference_endpoint(), args.timeout)
     if isinstance(asked, int):
         return asked
     client, info = asked
     client.close()
-    for name in info.__dataclass_fields__:
-        if name != "tokenizer":
-            print(f"{name:18} {getattr(info, name)}")
-    print(f"{'stop_token_ids':18} {info.tokenizer.stop_token_ids}")
+    shown = {**dataclasses.asdict(info), "stop_token_ids": info.tokenizer.stop_token_ids}
+    del shown["tokenizer"]
+    if args.json:
+        print_json(shown)
+        return 0
+    for name, value in shown.items():
+        print(f"{name:18} {value}")
     return 0
 
 
@@ -240,10 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
     inf = sub.add_parser("inference", help="run an inference process in the foreground", add_help=False)
     inf.set_defaults(func=None)
 
-    info = sub.add_parser("info", help="show what a running inference process serves")
+    info = sub.add_parser("info", help="show what a running server serves",
+                          description="What a running `oven serve` serves (its model, device, pages, policies, "
+                                      "replicas, adapters), asked of its control server; with --endpoint, what an "
+                                      "inference process serves. With no server running, this user's stand-alone "
+                                      "`oven inference`, if one answers.")
     info.add_argument("--endpoint", default=None,
-                      help="default: the stand-alone `oven inference` of this user (ipc in its state directory)")
-    info.add_argument("--timeout", type=positive_float, default=5.0, help="seconds to wait (default 5)")
+                      help="ask the inference process at this ZeroMQ endpoint instead of the control server")
+    info.add_argument("--timeout", type=positive_float, default=5.0,
+                      help="seconds to wait for an inference process (default 5)")
+    add_json_flag(info, "the fields shown, under the same names (lists and objects where the table joins them)")
+    add_client_args(info)
     info.set_defaults(func=cmd_info)
 
     serve = sub.add_parser("serve", help="run the inference and control processes",
@@ -263,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "it with ARGS, stream its output, exit with its status. Starts an embedded "
                                      "server on the default model when none answers at the default endpoint.")
     run.add_argument("program", metavar="PROGRAM")
-    run.add_argument("args", nargs="*", metavar="ARGS", help="arguments for the inferlet (put them after --)")
+    run.add_argument("args", nargs="*", default=[], metavar="ARGS",  # default: ARGS is optional (argparse)
+                     help="arguments for the inferlet (put them after --)")
     add_client_args(run)
     run.add_argument("--model", default=DEFAULT_MODEL, help="model of an embedded server (default %(default)s)")
     run.add_argument("--detach", action="store_true", help="print the instance id and return at once")
@@ -327,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --programs: forget these programs (your names for them and your uploads; the "
                          "operator's drop takes them from every client); the server deletes a program no "
                          "client has any more")
+    add_json_flag(ps, shape(c.InstanceList, c.InstanceEntry),
+                  shape(c.ProgramList, c.ProgramEntry, when="with --programs"))
     add_client_args(ps)
     ps.set_defaults(func=commands.cmd_ps)
 
@@ -334,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Batches and free memory, device time (and the part spent recomputing "
                                        "discarded K/V), the interception policy's moves and its cost profile: "
                                        "each cost learnt from the served model's batches, or its default.")
+    add_json_flag(stats, shape(c.StatsReply), "profile: null or an object with "
+                  + ", ".join(f.name for f in dataclasses.fields(c.InterceptionProfile)),
+                  "replicas: a list, each item with " + ", ".join(f.name for f in dataclasses.fields(c.ReplicaStats)))
     add_client_args(stats)
     stats.set_defaults(func=commands.cmd_stats)
 
@@ -346,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     exports.add_argument("--drop", nargs="+", default=[], metavar="NAME", help="release these exports")
     exports.add_argument("--owner", default="", metavar="CLIENT",
                          help="--drop another client's exports (operator only; default: your own)")
+    add_json_flag(exports, shape(c.ExportList, c.ExportEntry))
     add_client_args(exports)
     exports.set_defaults(func=commands.cmd_exports)
 
@@ -369,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "names.")
     token.add_argument("action", choices=("add", "remove", "list"))
     token.add_argument("name", nargs="?", metavar="NAME", help="a lowercase letter, then up to 31 of a-z 0-9 _ -")
+    add_json_flag(token, shape(c.ClientList, when="list"), shape(c.ClientToken, when="add"))
     add_client_args(token)
     token.set_defaults(func=commands.cmd_token)
 
@@ -383,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     adapters.add_argument("action", nargs="?", default="list", choices=("list", "add", "remove"))
     adapters.add_argument("name", nargs="?", metavar="NAME", help="1-64 of A-Z a-z 0-9 . _ -")
     adapters.add_argument("dir", nargs="?", metavar="DIR", help="add: the PEFT LoRA folder")
+    add_json_flag(adapters, shape(c.AdapterList, c.AdapterEntry, when="list"), shape(c.AdapterEntry, when="add"),
+                  'list with no server running: {"adapters": null, "store": PATH, "stored": [...], "packaged": [...]}')
     add_client_args(adapters)
     adapters.set_defaults(func=commands.cmd_adapters)
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import queue
 import sys
 from collections.abc import Callable
 
 from oven.control.config import ControlConfig
 from oven.inference.config import InferenceConfig
+from oven.proto import control as c
 from oven.proto.auth import AuthError
 from oven.proto.config_loader import config_from_args
 from oven.proto.endpoints import listening
 
 from .connect import EXIT_FAILURE, EXIT_USAGE, NoServer, client_of, connected, target_of
+from .json_output import print_json
 from .programs import LocalProgram, ProgramNotFound, library_program, local_program, not_found, upload_local
 from .rpc import ControlRequestError, OvenClient, ServerRestarted
 
@@ -229,16 +232,20 @@ def cmd_upload(args: argparse.Namespace) -> int:
 @_with_client
 def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
     if args.drop:
-        if not args.programs:
-            raise ValueError("--drop forgets programs: give it with --programs")
+        if not args.programs or args.json:
+            raise ValueError("--drop forgets programs: give it with --programs, and without --json")
         for program in args.drop:
             client.remove_program(program)
             print(f"dropped {program}")
         return
     if args.programs:
+        if args.json:
+            return print_json(c.ProgramList(client.programs()))
         for entry in client.programs():
             print(f"{entry.sha256[:16]}  {entry.size_bytes / 1e6:7.1f} MB  {', '.join(entry.names)}")
         return
+    if args.json:
+        return print_json(c.InstanceList(client.instances()))
     print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {'STATE':9} {'AGE':>8} {'CPU':>8} {'REPLICA':>7}  EXIT")
     for i in client.instances():
         exit_text = "" if i.exit_code is None else str(i.exit_code)
@@ -247,8 +254,27 @@ def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
 
 
 @_with_client
+def cmd_server_info(args: argparse.Namespace, client: OvenClient) -> None:
+    """``oven info`` of a running ``oven serve``: its ServerInfo, with its replicas and adapters."""
+    info, stats = client.info(), client.stats()
+    shown = {**dataclasses.asdict(info), "interception_policy": stats.interception_policy,
+             "replicas": stats.replicas, "adapters": client.adapters()}
+    if args.json:
+        return print_json(shown)
+    shown["replicas"] = ", ".join(f"{r.index} {'serving' if r.serving else 'restarting'}" for r in stats.replicas)
+    shown["adapters"] = ", ".join(f"{a.name} ({a.state}, id {a.adapter_id})" for a in shown["adapters"]) or "none"
+    for key in ("models", "traits"):
+        shown[key] = ", ".join(shown[key])
+    width = max(map(len, shown))
+    for key, value in {"server": client.endpoint, **shown}.items():
+        print(f"{key:{width}} {value}")
+
+
+@_with_client
 def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
     s = client.stats()
+    if args.json:
+        return print_json(s)
     print(f"batches {s.num_batches}, commands {s.num_commands} ({s.mean_batch_size:.1f} per batch); free: "
           f"{s.free_kv_pages} KvPages, {s.free_embeds} embeds, {s.free_host_slots} host slots")
     print(f"device {s.device_s:.1f} s, of it recomputing discarded K/V {s.rewrite_s:.1f} s (its batches held "
@@ -268,11 +294,15 @@ def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
 
 @_with_client
 def cmd_exports(args: argparse.Namespace, client: OvenClient) -> None:
+    if args.drop and args.json:
+        raise ValueError("--json lists the exports: give it without --drop")
     for name in args.drop:
         client.drop_export(name, args.owner)
         print(f"dropped {name}")
     if args.drop:
         return
+    if args.json:
+        return print_json(c.ExportList(client.exports()))
     print(f"{'EXPORT':32} {'PAGES':>6}  {'EXPORTER':20} {'OWNER':10} EXPORTER STATE")
     for e in client.exports():
         print(f"{e.name:32} {e.num_pages:6d}  {e.exporter:20} {e.owner:10} {'running' if e.exporter_running else 'ended'}")
@@ -300,15 +330,23 @@ def cmd_token(args: argparse.Namespace) -> int:
     if args.action in ("add", "remove") and not args.name:
         print(f"oven token {args.action}: NAME is required", file=sys.stderr)
         return EXIT_USAGE
+    if args.json and args.action == "remove":
+        print("oven token remove: --json goes with list and add", file=sys.stderr)
+        return EXIT_USAGE
     return _token(args)
 
 
 @_with_client
 def _token(args: argparse.Namespace, client: OvenClient) -> None:
     if args.action == "add":
-        print(client.add_client(args.name))
+        token = client.add_client(args.name)
+        if args.json:
+            return print_json(c.ClientToken(args.name, token))
+        print(token)
     elif args.action == "remove":
         client.remove_client(args.name)
         print(f"removed {args.name}")
+    elif args.json:
+        print_json(c.ClientList(client.clients()))
     else:
         print("\n".join(client.clients()))

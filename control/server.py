@@ -229,7 +229,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
                                                           "(oven serve --max-instances-per-client)")
         try:
             inst = self.loop.launch(digest, req.args, owner=caller.name)
-            inst.launched_as = req.program
+            inst.launched_as = self.loop.programs.launch_name(req.program, digest, caller.name)
         except ProgramError as exc:
             raise RequestFailed("unknown_program", str(exc)) from None
         except Exception as exc:  # instantiation traps, limits

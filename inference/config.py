@@ -61,7 +61,7 @@ class InferenceConfig:
     attention_backend: str = setting("auto", "auto: flashinfer on CUDA when it can run there (bf16/fp16, head "
                                              "size 64/128/256), else torch", choices=BACKENDS)
     page_size: int = setting(16, "tokens per KvPage")
-    num_kv_pages: int | None = setting(None, "KvPages in the pool; overrides kv_memory_bytes")
+    num_kv_pages: int | None = setting(None, "KvPages in the pool; derived: as many as kv_memory_bytes holds")
     kv_memory_bytes: int | None = setting(None, "bytes of KvPages; derived: 512 MiB on CPU, 85% of free GPU "
                                                 "memory on CUDA")
     num_host_pages: int | None = setting(None, "KvPages of the host-memory tier; derived: as many as num_kv_pages, "

@@ -221,7 +221,8 @@ def _internal_failure(request, exc: Exception):
     return p.AckReply(errors)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``oven inference``'s flags (``oven`` hands them over unparsed; docs/cli.md lists them)."""
     parser = argparse.ArgumentParser(prog="oven inference", description="Run one inference process (a ZeroMQ ROUTER).")
     add_config_arguments(parser, InferenceConfig)
     parser.add_argument("--quiet", action="store_true", help="no progress output while loading")
@@ -229,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve a control process on another host (oven serve --remote-replicas ENDPOINT=TOKEN): "
                              "keep this process's keys in KEYFILE (made readable by you alone; reused when it exists, "
                              "so a restart admits the same control process) and print the token it connects with")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     who = f"inference rank {args.tp_rank}" if args.tp_rank else "inference"
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format=f"%(asctime)s {who} %(levelname)s %(message)s", stream=sys.stderr)

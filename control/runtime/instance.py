@@ -56,6 +56,7 @@ class InstanceRecord:
     kv: str = ""  # running | preserved | swapped | discarded (Instance.kv_state); "" once ended
     cpu_s: float = 0.0  # Instance.cpu_ns
     replica: int = 0  # the inference replica it lives (lived) on
+    launched_as: str = ""  # Instance.launched_as
 
     @property
     def shown_state(self) -> str:
@@ -112,6 +113,7 @@ class Instance:
         self.replica = None  # the inference replica it lives on (runtime/replica.py)
         self.placed = False  # it made a call there: it stays (placement.py)
         self.owner = owner  # the client that launched it: its exports, topics, name and runner are that client's
+        self.launched_as = ""  # the name (or hash) its client launched it by, for ps (ProgramStore.shown_name)
         self.state = State.READY
         self.exit_code: int | None = None
         self.error: str | None = None
@@ -127,6 +129,8 @@ class Instance:
         # KvPage handles moved off the device by the pool (preempted) or the interception policy: on the host
         # tier, or discarded; they come back (``Allocator.swap_in``) before it runs again.
         self.swapped_out: list[int] = []
+        # Physical pages restore-discarded gave back to be rewritten, until a forward rewrites them (calls.py).
+        self.rewriting_page_ids: set[int] = set()
         self.swapping = False  # pages on their way to or from the host tier: do not run
         self.output_held = False  # a client reads its output too slowly: do not run (ControlServer)
         self.waiting_on: list[int] = []
@@ -200,7 +204,8 @@ class Instance:
 
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
-                              self.owner, self.output_held and self.alive, self.kv_state, self.cpu_ns / 1e9, self.replica.index)
+                              self.owner, self.output_held and self.alive, self.kv_state, self.cpu_ns / 1e9, self.replica.index,
+                              self.launched_as)
 
     @property
     def alive(self) -> bool:

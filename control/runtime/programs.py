@@ -263,6 +263,24 @@ class ProgramStore:
                 return names[0]
         return None
 
+    def launch_name(self, ref: str, digest: str, client: str) -> str:
+        """The name an instance ``client`` launches by ``ref`` goes by (:meth:`shown_name`): ``ref``, or for
+        a hash (how ``oven run`` launches what it uploads) the name the client knows it by now, or ""."""
+        return (self.name_of(digest, client) or "") if DIGEST.match(ref) else ref
+
+    def shown_name(self, digest: str, launched_as: str, client: str) -> str:
+        """How ``oven ps`` names ``client``'s instance of ``digest``, launched as ``launched_as``: that name
+        while it still means this program to the client; ``library:NAME`` when it is the library's NAME
+        and the client's own NAME is another program now; ``NAME@HASH`` (the hash's start, as in
+        instance ids) for an earlier upload the name has moved on from; else a name the client knows it
+        by, or the start of its hash."""
+        if launched_as:
+            own, library = self._names.get(client, {}).get(launched_as), self._names.get(LIBRARY, {}).get(launched_as)
+            if (own or library) == digest:
+                return launched_as
+            return f"library:{launched_as}" if library == digest else f"{launched_as}@{digest[:8]}"
+        return self.name_of(digest, client) or digest[:12]
+
     def may_run(self, digest: str, client: str) -> bool:
         return client in self._uploaders.get(digest, ()) or digest in self._names.get(LIBRARY, {}).values()
 
