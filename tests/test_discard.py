@@ -158,6 +158,16 @@ def test_a_killed_instance_whose_pages_were_discarded_leaves_nothing_behind(infe
     paused_run(inference, "text-completion", "discard", then=kill)
 
 
+def test_a_prefill_that_asks_for_no_distribution_is_no_recompute(inference):
+    """--steps flushes the prompt but its last token in a forward that asks for no distribution: device
+    time, and no recompute (oven stats showed it as "recomputing discarded K/V" beside 0 discarded)."""
+    with control_loop(inference, None, ["text-completion"], interception_policy="preserve") as loop:
+        inst = loop.launch("text-completion", [PROMPT, "2", "--steps"])
+        assert loop.run_until(lambda: not inst.alive, 60) and inst.exit_code == 0
+        stats = loop.snapshot()
+    assert (stats.num_discarded, stats.rewrite_s, stats.rewrite_page_s) == (0, 0.0, 0.0) and stats.device_s > 0
+
+
 def test_the_loop_measures_the_recompute_and_the_pages_a_pause_keeps(inference):
     def paused_for_a_while(policy: str):
         with control_loop(inference, None, ["text-completion"], interception_policy=policy) as loop:
@@ -169,7 +179,7 @@ def test_the_loop_measures_the_recompute_and_the_pages_a_pause_keeps(inference):
             assert loop.run_until(lambda: not inst.alive, 60)
             return loop.snapshot()
     kept, discarded = paused_for_a_while("preserve"), paused_for_a_while("discard")
-    # Only the SDK's recompute sends forwards that ask for no distribution: none when the K/V was kept.
+    # Only forwards that rewrite restored pages (the SDK's recompute) count: none when the K/V was kept.
     assert (kept.rewrite_s, kept.num_discarded, discarded.num_discarded) == (0.0, 0, 1)
     assert 0 < discarded.rewrite_s < discarded.device_s
     # Recomputing's memory waste: the recompute batches' pages (this one instance's, 1 to NUM_PAGES of

@@ -53,11 +53,12 @@ class InferenceCalls:
         self.scheduler = scheduler
         self._on_broken, self._on_batch = on_broken, on_batch
         self._last_settled_at = 0.0
-        # Seconds the inference process took over every batch, and the share of forward-text items that
-        # ask for no distribution: the SDKs' recomputes of discarded K/V (recompute.py) send those.
-        # Recomputing's memory waste (InferCept's WasteDiscard): that share x the KvPages of the whole
-        # batch, which every instance in it holds while the recompute lengthens its step.
+        # Seconds the inference process took over every batch, and the share of the forward-text items that
+        # rewrite discarded K/V (the SDKs' recomputes, recompute.py: see _rewrites). Recomputing's memory
+        # waste (InferCept's WasteDiscard): that share x the KvPages of the whole batch, which every
+        # instance in it holds while the recompute lengthens its step.
         self.device_s = self.rewrite_s = self.rewrite_page_s = 0.0
+        self._rewrite_command_ids: set[int] = set()
         self._by_command_id: dict[int, tuple[Instance, Future]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
@@ -103,6 +104,8 @@ class InferenceCalls:
                           call_type=call_type, item=item, enqueued_at=time.monotonic(),
                           num_tokens=max(1, num_tokens), reads=reads, writes=writes, kv_context=kv_context)
         self._by_command_id[command.command_id] = (inst, fut)
+        if call_type == "forward_text" and _rewrites(inst, item):
+            self._rewrite_command_ids.add(command.command_id)
         state.track(fut)
         self.scheduler.submit(command)
 
@@ -139,7 +142,9 @@ class InferenceCalls:
         seconds = now - max(sent_at, self._last_settled_at)
         self.device_s += seconds
         if batch.call_type == "forward_text":
-            num_rewrite_tokens = sum(c.num_tokens for c in batch.commands if not c.item.output_indices)
+            rewrites = [c for c in batch.commands if c.command_id in self._rewrite_command_ids]
+            self._rewrite_command_ids.difference_update(c.command_id for c in rewrites)
+            num_rewrite_tokens = sum(c.num_tokens for c in rewrites)
             if num_rewrite_tokens:
                 rewrite_s = seconds * num_rewrite_tokens / batch.num_tokens
                 self.rewrite_s += rewrite_s
@@ -173,9 +178,20 @@ class InferenceCalls:
 
     def _fail(self, commands: list[Command], error: str) -> None:
         for command in commands:
+            self._rewrite_command_ids.discard(command.command_id)
             inst, fut = self._by_command_id.pop(command.command_id, (None, None))
             if inst is not None:
                 inst.futures.fail(fut, error)
+
+
+def _rewrites(inst: Instance, item: p.ForwardTextItem) -> bool:
+    """Whether a forward rewrites K/V the server discarded: it asks for no distribution and ends on a
+    page restore-discarded gave back (an SDK recompute's chunk); the pages it covers are rewritten then.
+    A prefill that asks for no distribution is no recompute."""
+    if item.output_indices or not item.kv_page_ids or item.kv_page_ids[-1] not in inst.rewriting_page_ids:
+        return False
+    inst.rewriting_page_ids.difference_update(item.kv_page_ids)
+    return True
 
 
 def _settle(inst: Instance, fut: Future, reply, i: int) -> None:

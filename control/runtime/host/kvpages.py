@@ -21,6 +21,14 @@ def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: i
     return issue(inst, q, "copy_kvpage", f.UNIT, build)
 
 
+def restore_discarded(inst, pages: list[int]) -> list[int]:
+    """The inferlet rewrites these pages now: those that were discarded come back, and the forwards that
+    rewrite them count as recomputing (InferenceCalls.rewrite_s), as no other forward does."""
+    restored = inst.resources.restore_discarded(pages)
+    inst.rewriting_page_ids.update(inst.resources.physical_pages(restored))
+    return restored
+
+
 def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
     def build():
         (page_id,) = inst.resources.physical_pages([page])
@@ -42,5 +50,5 @@ FUNCS = {
     # InferCept's discard (runtime/interceptions.py): which pages the policy may discard, and taking them back.
     "set-recomputable": lambda inst, pages, recomputable: resource_call(
         lambda: inst.resources.set_recomputable(pages, recomputable)),
-    "restore-discarded": lambda inst, pages: resource_call(lambda: inst.resources.restore_discarded(pages)),
+    "restore-discarded": lambda inst, pages: resource_call(lambda: restore_discarded(inst, pages)),
 }
