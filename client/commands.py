@@ -229,11 +229,18 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ps(args: argparse.Namespace) -> int:
+    mistake = ("--drop forgets programs: give it with --programs" if args.drop and not args.programs else
+               "--json lists: give it without --drop" if args.drop and args.json else "")
+    if mistake:  # said before a server is asked
+        say(mistake)
+        return EXIT_USAGE
+    return _ps(args)
+
+
 @_with_client
-def cmd_ps(args: argparse.Namespace, client: OvenClient) -> None:
+def _ps(args: argparse.Namespace, client: OvenClient) -> None:
     if args.drop:
-        if not args.programs or args.json:
-            raise ValueError("--drop forgets programs: give it with --programs, and without --json")
         for program in args.drop:
             client.remove_program(program)
             print(f"dropped {program}")
@@ -292,10 +299,15 @@ def cmd_stats(args: argparse.Namespace, client: OvenClient) -> None:
                   f"{r.free_kv_pages} free KvPages, {r.num_batches} batches ({mean:.1f} commands per batch)")
 
 
-@_with_client
-def cmd_exports(args: argparse.Namespace, client: OvenClient) -> None:
+def cmd_exports(args: argparse.Namespace) -> int:
     if args.drop and args.json:
-        raise ValueError("--json lists the exports: give it without --drop")
+        say("--json lists the exports: give it without --drop")
+        return EXIT_USAGE
+    return _exports(args)
+
+
+@_with_client
+def _exports(args: argparse.Namespace, client: OvenClient) -> None:
     for name in args.drop:
         client.drop_export(name, args.owner)
         print(f"dropped {name}")

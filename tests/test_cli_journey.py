@@ -241,6 +241,15 @@ MISTAKES = [  # (argv, extra environment, status, the last line of stderr: a str
      "oven: int-for-bool.toml: [inference] cpu_packed_weights: expected a boolean, got int 1"),
     (["serve", "--cpu-packed-weights", "maybe"], {}, 2,
      "oven serve: error: argument --cpu-packed-weights: invalid boolean value: 'maybe'"),
+    (["serve", "--dispatch-policy", "lazy"], {}, 2, "oven serve: error: argument --dispatch-policy: invalid choice: "
+                                                    "'lazy' (choose from 'adaptive', 'eager', 'k', 't')"),
+    (["serve"], {"OVEN_INTERCEPTION_POLICY": "lru"}, 2,
+     "oven: unknown interception policy 'lru'; expected one of infercept, preserve, discard, swap"),
+    (["run"], {}, 2, "oven run: error: the following arguments are required: PROGRAM"),  # ARGS is optional
+    (["ps", "--drop", "x", "--programs", "--json"], {}, 2,
+     "oven: --json lists: give it without --drop"),
+    (["token", "remove", "bob", "--json"], {}, 2, "oven token remove: --json goes with list and add"),
+    (["exports", "--drop", "x", "--json"], {}, 2, "oven: --json lists the exports: give it without --drop"),
     # prepare-model of what is no model (GGUF files say first that they convert)
     (["prepare-model", "nosuch"], {}, 1, UNKNOWN_MODEL.format("nosuch")),
     (["prepare-model", ""], {}, 1, UNKNOWN_MODEL.format("")),
