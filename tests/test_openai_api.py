@@ -288,7 +288,7 @@ def test_request_size_failures_of_the_server_are_400():
     """What the server answers a forward too large for it (a position past the model's, a batch past the
     largest, an instance past its KvPage quota) is the request's size: 400, which clients do not retry;
     any other failure of the run stays a 500."""
-    from oven.client.openai_api.app import failure
+    from oven.client.openai_api.reply import failure
     from oven.client.openai_api.session import InferletFailed
 
     whys = ["bad_position: position 8192 is out of range", "batch_too_large: 9031 tokens",

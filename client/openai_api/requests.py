@@ -97,11 +97,11 @@ class Job:
         """-1: the reply has no log-probabilities; else how many of the most probable each token lists."""
         return self.sampling.logprobs
 
-    def inferlet_request(self, limits: dict) -> str:
+    def inferlet_request(self, limits: dict | None = None) -> str:
         """The chat-completion inferlet's one argument; ``limits``: where it stops by itself
-        (:meth:`.limits.Limits.inferlet_fields`)."""
+        (:meth:`.limits.Limits.inferlet_fields`; none: it forwards whatever it is given)."""
         body = {"max_tokens": self.max_tokens, **self.sampling.inferlet_fields(), "stop": list(self.stop),
-                "n": self.n, "stream": self.stream, **limits}
+                "n": self.n, "stream": self.stream, **(limits or {})}
         body.update({"messages": list(self.messages)} if self.chat else
                     {"prompt": self.prompts[0] if len(self.prompts) == 1 else list(self.prompts)})
         if self.tools:
