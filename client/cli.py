@@ -265,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ask the inference process at this ZeroMQ endpoint instead of the control server")
     info.add_argument("--timeout", type=positive_float, default=5.0,
                       help="seconds to wait for an inference process (default 5)")
-    add_json_flag(info, "the fields shown, under the same names (lists and objects where the table joins them)")
+    add_json_flag(info, shape(c.ServerInfoReply) + ", interception_policy, replicas (as in stats), adapters (as in "
+                  "adapters)", "with --endpoint: the fields of the inference process's InfoReply but tokenizer, "
+                  "and stop_token_ids")
     add_client_args(info)
     info.set_defaults(func=cmd_info)
 

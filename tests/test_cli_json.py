@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from oven.client.rpc import OvenClient
+from oven.proto.endpoints import default_inference_endpoint
 from oven.proto import control as c
 
 
@@ -33,11 +34,11 @@ def env(tmp_path_factory) -> dict:
             "OVEN_CACHE_DIR": str(home / "cache")}
 
 
-def oven(*args: str, env: dict, status: int = 0) -> subprocess.CompletedProcess:
+def oven(*args: str, env: dict, status: int | None = 0) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "oven.client.cli", *args], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == status, (done.returncode, done.stderr)
+    assert status is None or done.returncode == status, (done.returncode, done.stderr)
     return done
 
 
@@ -143,3 +144,28 @@ def test_ps_names_which_program_of_a_shared_name_ran(env, server):
         assert {n for i, n in names.items() if i.endswith(f"-{second_copy[:8]}")} == {"greet", "text-completion-rust"}
     finally:
         oven("kill", from_library, env=env)
+
+
+
+def test_info_of_a_stand_alone_inference_process(tmp_path, monkeypatch):
+    """With no control server to ask, `oven info` asks this user's `oven inference`; --endpoint names one."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OVEN_")},
+           "OVEN_STATE_DIR": str(tmp_path / "state"), "OVEN_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "oven.client.cli", "inference", "--model", "tiny", "--quiet",
+                             "--num-kv-pages", "64", "--torch-threads", "1"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (done := oven("info", "--json", env=env, status=None)).returncode:
+            assert proc.poll() is None and time.monotonic() < deadline, (done.stderr, proc.stderr.read())
+            time.sleep(0.5)
+        info = json.loads(done.stdout)
+        assert (info["model_name"], info["device"], info["num_kv_pages"]) == ("tiny", "cpu", 64)
+        assert "tokenizer" not in info and isinstance(info["stop_token_ids"], list)
+        for name in ("OVEN_STATE_DIR", "OVEN_CACHE_DIR"):
+            monkeypatch.setenv(name, env[name])
+        by_endpoint = oven("info", "--endpoint", default_inference_endpoint(), env=env).stdout.splitlines()
+        assert ["model_name", "tiny"] in [line.split() for line in by_endpoint]
+    finally:
+        proc.terminate()
+        proc.wait(30)
