@@ -93,24 +93,66 @@ def _wrong(value, hint):
     raise TypeError(f"expected {_describe(hint)}, not {type(value).__name__} {value!r:.40}")
 
 
-def _wrap(module_name: str, function):
-    signature = inspect.signature(function)
-    hints = typing.get_type_hints(function)
-    checks = [(name, _checker(hints[name])) for name in signature.parameters if name in hints]
-    where = f"{module_name}.{function.__name__}"
+_SCALARS = {int: (int,), bool: (bool,), float: (int, float), str: (str,), bytes: (bytes,)}
 
-    @functools.wraps(function)
-    def checked(*args):
+
+def _fast(hint, var: str, names: dict) -> str:
+    """A Python expression, true when ``var`` certainly lowers to ``hint`` as it is: exact classes only, so
+    the common call passes in one generated frame; anything else (an int subclass, a tuple for a list, a
+    wrong type) goes to the full check, which converts or raises."""
+    def name(value) -> str:
+        names[f"_c{len(names)}"] = value
+        return f"_c{len(names) - 1}"
+    origin = typing.get_origin(hint)
+    if hint in _SCALARS:
+        return "(" + " or ".join(f"{var}.__class__ is {name(c)}" for c in _SCALARS[hint]) + ")"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return f"{var}.__class__ is {name(hint)}"
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        classes = _SCALARS.get(item) or ((item,) if isinstance(item, type) else None)
+        if classes is None:
+            return "False"
+        # set(map(type, v)): the element check in C, no Python call per element (token lists are long).
+        return f"({var}.__class__ is {name(list)} and {name(set)}({name(map)}({name(type)}, {var})) <= {name(set(classes))})"
+    if origin is typing.Union:
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return f"({var} is None or {_fast(options[0], var, names)})" if len(options) == 1 else "False"
+    if dataclasses.is_dataclass(hint):
+        fields = [_fast(t, f"{var}.{f.name}", names)
+                  for f, t in zip(dataclasses.fields(hint), typing.get_type_hints(hint).values())]
+        return f"({var}.__class__ is {name(hint)} and " + " and ".join(fields) + ")"
+    return "False"
+
+
+def _wrap(module_name: str, function):
+    params = list(inspect.signature(function).parameters)
+    hints = typing.get_type_hints(function)
+    checks = [(name, _checker(hints[name]) if name in hints else None) for name in params]
+    where = f"{module_name}.{function.__name__}"
+    names: dict = {}
+    arguments = [f"a{i}" for i in range(len(params))]
+    test = " and ".join(_fast(hints.get(p), a, names) if p in hints else "True" for p, a in zip(params, arguments))
+    exec(f"def fast({', '.join(arguments)}):\n    return {test or 'True'}", names)
+    fast = names["fast"]
+
+    def lowered(args):
         if len(args) != len(checks):
             raise TypeError(f"{where} takes {len(checks)} arguments, not {len(args)}")
-        lowered = list(args)
+        out = list(args)
         for i, (name, check) in enumerate(checks):
             if check is not None:
                 try:
-                    lowered[i] = check(args[i])
+                    out[i] = check(args[i])
                 except TypeError as exc:
                     raise TypeError(f"{where}: {name}: {exc}") from None
-        return function(*lowered)
+        return out
+
+    @functools.wraps(function)
+    def checked(*args):
+        if len(args) == len(checks) and fast(*args):
+            return function(*args)
+        return function(*lowered(args))
     setattr(checked, _WRAPPED, True)
     return checked
 
