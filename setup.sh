@@ -24,7 +24,7 @@ build_python_inferlets() {
     [ ${#dirs[@]} -eq 0 ] || .venv/bin/oven build --quiet "${dirs[@]}"
 }
 
-# Rust inferlets: Debian's toolchain is the only offline one with a wasm32 std (see DESIGN.md).
+# Rust inferlets: Debian's toolchain is the only offline one with a wasm32 std (docs/troubleshooting.md).
 ensure_rust_toolchain() {
     if [ ! -x /usr/bin/cargo ] || [ ! -d /usr/lib/rustlib/wasm32-unknown-unknown ]; then
         say "installing Debian's Rust toolchain for wasm32 with apt"
