@@ -3,7 +3,7 @@ fine-tuned against the few-shot base model (AsyncLM §6.5).
 
 Held-out sets, built exactly as ``oven asynclm-data`` builds its evaluation split (the same seed,
 so no task here was trained on): BFCL ``parallel`` and ``live_parallel`` (calls judged by BFCL's
-possible answers), ``multi_step_parallel`` (the ground truth's calls, any order) and ``demo`` (the
+possible answers, by oven's matcher and again by BFCL's own AST checker, a table of its own), ``multi_step_parallel`` (the ground truth's calls, any order) and ``demo`` (the
 demo tools on tasks with unseen entities: every call right and every returned value stated in
 the answer). Each sample runs greedily in process, the loops of ``oven.client.asynclm.training.check``
 on oven's paged engine (a model's sessions batched; ``--decoder transformers``: transformers + PEFT,
@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS_DIR, SHIPPED_ADAPTER, markdown_table, shown_path, write_results  # noqa: E402
+from oven.client.asynclm.tools.bfcl_official import KINDS as OFFICIAL_SETS, official_verdict  # noqa: E402
 from oven.client.asynclm.training.check import check, judged  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
 from oven.client.asynclm.training.decoder import DECODERS  # noqa: E402
@@ -111,9 +112,10 @@ def main() -> int:
               for s in sets for v in variants}
 
     results: dict[tuple[str, str, str], list[bool]] = {}
+    official: dict[tuple[str, str, str], list[bool]] = {}  # BFCL's own checker, where it judges by AST
     kept = dict(earlier)  # every session by key, written out as each cell ends
     total = sum(len(rs) for rs in chosen.values()) * len(models)
-    done, start = 0, time.monotonic()
+    done, ran, start = 0, 0, time.monotonic()
     for model_name in models:
         few_shot = model_name == "base"
         sessions = {cell: [{"model": model_name, "adapter_sha256": None if few_shot else adapter_sha, "set": cell[0],
@@ -121,6 +123,7 @@ def main() -> int:
                     for cell, recs in chosen.items()}
         todo = [(cell, r, s) for cell, recs in chosen.items() for r, s in zip(recs, sessions[cell])
                 if _key(s) not in earlier]
+        ran += len(todo)
         decoder = None
         if todo:  # up to --parallel of a cell's sessions at once, batched on the engine (decoder.py)
             decoder, _ = make_decoder(args.decoder, args.model, None if few_shot else args.adapter, threads,
@@ -137,6 +140,9 @@ def main() -> int:
                     session = earlier.get(_key(session), session)
                     session["correct"] = correct(record, session, registry_by_id[record["task_id"]]())
                     ok.append(session["correct"])
+                    if cell[0] in OFFICIAL_SETS:
+                        valid, _ = official_verdict(cell[0], record["task_id"], session["calls"])
+                        official.setdefault((model_name, *cell), []).append(valid)
                     kept[_key(session)] = session
                 _write_sessions(RESULTS_DIR / "asynclm_accuracy.json", list(kept.values()))
                 done += len(recs)
@@ -147,13 +153,16 @@ def main() -> int:
             if decoder is not None:
                 decoder.close()
 
-    def cell(model_name: str, set_name: str, variant: str) -> str:
-        ok = results.get((model_name, set_name, variant))
+    def cell(model_name: str, set_name: str, variant: str, judged_by=results) -> str:
+        ok = judged_by.get((model_name, set_name, variant))
         return f"{100 * sum(ok) / len(ok):.0f} % ({sum(ok)}/{len(ok)})" if ok else "—"
 
     columns = [(m, v) for m in models for v in variants]
     rows = [[s, len(chosen[s, variants[0]]), *[cell(m, s, v) for m, v in columns]] for s in sets]
     table = markdown_table(["set", "samples", *[f"{m} {v}" for m, v in columns]], rows)
+    official_rows = [[s, len(chosen[s, variants[0]]), *[cell(m, s, v, official) for m, v in columns]]
+                     for s in sets if s in OFFICIAL_SETS]
+    disagree = sum(a != b for key, verdicts in official.items() for a, b in zip(verdicts, results[key]))
     goals = []
     for s in sets:
         share = {key: sum(ok) / len(ok) for key, ok in results.items() if key[1] == s and ok}
@@ -169,8 +178,12 @@ def main() -> int:
     adapter_line = f"Adapter: `{shown_path(args.adapter)}`" + (f" (`{json.loads((args.adapter / 'training.json').read_text())['command']}`)"
                                                    if (args.adapter / "training.json").is_file() else "")
     sections = [
-        f"{adapter_line}; model `{args.model}`; data seed {args.seed}; greedy; {time.monotonic() - start:.0f} s.",
+        f"{adapter_line}; model `{args.model}`; data seed {args.seed}; greedy; {time.monotonic() - start:.0f} s "
+        f"({ran} sessions run, {total - ran} taken from an earlier run's JSON).",
         "## Accuracy (correct sessions / samples)\n\n" + table,
+        *(["## BFCL's own AST checker (bfcl_eval ast_checker, the same sessions)\n\n"
+           + markdown_table(["set", "samples", *[f"{m} {v}" for m, v in columns]], official_rows)
+           + f"\n\nSessions where it and oven's matcher disagree: {disagree}."] if official_rows else []),
         "## Goals (issue 14)\n\n" + ("\n".join(goals) or "—") + "\n\n" + PAPER_NOTE,
     ]
     path = write_results("asynclm_accuracy", "AsyncLM accuracy (Table 1) on the embedded model", sections)
