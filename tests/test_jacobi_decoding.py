@@ -1,0 +1,88 @@
+"""inferlets/jacobi-decoding: Jacobi iteration returns exactly greedy decoding's tokens in fewer forwards.
+
+The reference replays the algorithm straight on the inference process (the same forwards over the
+same tokens at the same positions), so the rounds and what each accepted are known exactly; the
+tokens are checked against plain greedy decoding as well.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from harness import NUM_PAGES, assert_pools_full, direct_greedy, messages, run
+
+from oven.client.generate import PagedSequence
+from oven.control.tokenizer import Tokenizer
+from oven.proto import inference as p
+
+PROGRAMS = ["jacobi-decoding"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
+
+# (prompt, max new tokens, window). The tiny random model falls into loops ("fox duplication
+# duplication ...", "c c c ..."), where guesses converge: several tokens a round.
+CASES = [("The quick brown fox", 30, 4), ("a b c a b c a b c", 25, 3), ("1 2 3 4 1 2 3 4", 20, 6),
+         ("Hello world. Hello world.", 17, 1), ("The quick brown fox", 12, 0)]
+
+
+def jacobi_reference(inference, tok: Tokenizer, page_size: int, prompt: str, max_new: int, window: int) -> dict:
+    """The rounds the inferlet must make, replayed on the inference process: one forward of the anchor
+    and its guesses a round, the sequence cut back to the accepted tokens after it."""
+    seq = PagedSequence(page_size, list(range(NUM_PAGES)))
+    end = tok.stop_token_ids
+
+    def forward(tokens: list[int]) -> list[int]:
+        start = seq.num_tokens
+        pages, last_len = seq.extend(len(tokens))
+        item = p.ForwardTextItem(tokens, list(range(start, seq.num_tokens)), pages, last_len,
+                                 list(range(len(tokens))), top_k=1)
+        with inference.client() as client:
+            (dists,) = client.call(p.ForwardTextRequest([item])).dists
+        return [int(np.frombuffer(d.token_ids, "<i4", count=1)[0]) for d in dists]
+
+    out = [forward(tok.encode(prompt))[-1]]
+    forwards, accepted, guesses = 1, [], []
+    while len(out) < max_new and out[-1] not in end:
+        size = min(window, max_new - len(out) - 1)
+        guesses = (guesses + [out[-1]] * size)[:size]
+        base = seq.num_tokens
+        predicted = forward(out[-1:] + guesses)
+        forwards += 1
+        agree = next((i for i, (g, q) in enumerate(zip(guesses, predicted)) if g != q), len(guesses))
+        new = predicted[:agree + 1]
+        new = new[:next((i + 1 for i, t in enumerate(new) if t in end), len(new))]
+        seq.num_tokens = base + 1 + min(agree, len(new))  # the anchor and the converged guesses
+        out, guesses = out + new, predicted[agree + 1:]
+        accepted.append(len(new))
+    return {"tokens": out, "forward_calls": forwards, "accepted_per_round": accepted}
+
+
+def test_tokens_are_greedy_in_fewer_forwards(loop, inference):
+    instances = run(loop, "jacobi-decoding", [[prompt, str(max_new), "--window", str(window)]
+                                              for prompt, max_new, window in CASES])
+    assert all(i.exit_code == 0 for i in instances), [i.error for i in instances]
+    tok = Tokenizer(loop.info.tokenizer)
+    reports = [json.loads(messages(loop, inst)[0]) for inst in instances]
+    for report, (prompt, max_new, window) in zip(reports, CASES):
+        greedy = direct_greedy(inference, loop, prompt, max_new)
+        assert report["tokens"] == greedy
+        if window == 0:  # plain greedy: one forward a token
+            assert report == {"tokens": greedy, "forward_calls": len(greedy), "accepted_per_round": []}
+            continue
+        assert report == jacobi_reference(inference, tok, loop.info.page_size, prompt, max_new, window)
+        assert sum(report["accepted_per_round"]) == len(greedy) - 1  # the prefill gave the first
+    # Every Jacobi case but the window of one converged several tokens in some round: fewer forwards.
+    assert [r["forward_calls"] < len(r["tokens"]) for r in reports] == [True, True, True, True, False]
+    assert max(reports[0]["accepted_per_round"]) > 1 and min(reports[0]["accepted_per_round"]) == 1
+    assert_pools_full(loop)
+
+
+def test_bad_arguments_are_refused(loop):
+    instances = run(loop, "jacobi-decoding", [[], ["x", "ten"], ["x", "5", "--window"], ["x", "--window", "-1"],
+                                              ["", "5"]])
+    assert [i.exit_code for i in instances] == [1, 1, 1, 1, 1]
+    assert "usage: jacobi-decoding" in instances[0].error
+    assert "MAX_NEW_TOKENS must be a positive whole number, not 'ten'" in instances[1].error
+    assert "--window needs a whole number" in instances[2].error
+    assert "--window needs a whole number" in instances[3].error
+    assert "the prompt is empty" in instances[4].error
+    assert_pools_full(loop)
