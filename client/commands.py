@@ -253,10 +253,16 @@ def _ps(args: argparse.Namespace, client: OvenClient) -> None:
         return
     if args.json:
         return print_json(c.InstanceList(client.instances()))
-    print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {'STATE':9} {'AGE':>8} {'CPU':>8} {'REPLICA':>7}  EXIT")
-    for i in client.instances():
+    instances = client.instances()
+    # A PARENT column only when an inferlet launched some of them (WIT children): "-" for a client's launch.
+    with_parent = any(i.parent for i in instances)
+    parent_title = f"{'PARENT':20} " if with_parent else ""
+    print(f"{'INSTANCE':20} {'PROGRAM':20} {'OWNER':10} {parent_title}{'STATE':9} {'AGE':>8} {'CPU':>8} "
+          f"{'REPLICA':>7}  EXIT")
+    for i in instances:
         exit_text = "" if i.exit_code is None else str(i.exit_code)
-        print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {i.state:9} {i.age_s:7.1f}s {i.cpu_s:7.2f}s "
+        parent = f"{i.parent or '-':20} " if with_parent else ""
+        print(f"{i.instance_id:20} {i.program:20} {i.owner:10} {parent}{i.state:9} {i.age_s:7.1f}s {i.cpu_s:7.2f}s "
               f"{i.replica:7d}  {exit_text:4} {i.error}".rstrip())
 
 

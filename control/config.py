@@ -43,6 +43,10 @@ class ControlConfig:
                                        choices=INTERCEPTION_POLICIES)
     max_instances: int = setting(1024, "instances running at once, all clients together")
     max_instances_per_client: int = setting(256, "instances running at once per client (the operator is exempt)")
+    max_launch_depth: int = setting(4, "how deep inferlets may launch inferlets: a child of a client's launch is at "
+                                       "depth 1, its child at 2")
+    max_children_per_instance: int = setting(64, "children one instance holds at once (running, or ended and not "
+                                                 "yet waited for)")
     finished_instances: int = setting(100, "ended instances `oven ps` still shows (and `oven attach` replays), "
                                            "newest")
     inbox_messages: int = setting(1024, "client messages waiting in one instance's inbox")
@@ -85,7 +89,8 @@ class ControlConfig:
     http_allow_list: AllowList = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("dispatch_k", "max_instances", "max_instances_per_client", "inbox_messages", "inbox_mib",
+        for name in ("dispatch_k", "max_instances", "max_instances_per_client", "max_launch_depth",
+                     "max_children_per_instance", "inbox_messages", "inbox_mib",
                       "instance_memory_mib", "client_memory_mib", "max_runners", "slice_ms",
                       "max_kv_pages_per_instance", "max_embeds_per_instance", "http_fetches_per_instance",
                       "http_workers", "http_max_body_mib"):

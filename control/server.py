@@ -244,7 +244,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
         return c.InstanceList([c.InstanceEntry(r.instance_id, self.loop.programs.shown_name(r.program, r.launched_as,
                                                                                             r.owner),
                                                r.shown_state, now - r.started_at,
-                                               r.exit_code, r.error or "", r.owner, r.cpu_s, r.replica)
+                                               r.exit_code, r.error or "", r.owner, r.cpu_s, r.replica, r.parent)
                                for r in snapshot.instances + snapshot.finished
                                if caller.operator or r.owner == caller.name])
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 
-CONTROL_PROTOCOL_VERSION = 7  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
+CONTROL_PROTOCOL_VERSION = 8  # 3: adapters (ListAdapters, AddAdapter, RemoveAdapter); 4: ServerInfoReply.max_context;
 # 5: InstanceEntry.cpu_s; 6: InstanceEntry.replica, StatsReply.replicas; 7: Metrics, ServerInfoReply's
-# max_kv_pages_per_instance and max_batch_tokens
+# max_kv_pages_per_instance and max_batch_tokens; 8: InstanceEntry.parent
 DEFAULT_LEASE_S = 10.0
 UPLOAD_CHUNK_BYTES = 4 << 20
 
@@ -120,6 +120,7 @@ class InstanceEntry:
     owner: str  # the client that launched it
     cpu_s: float = 0.0  # CPU its slices took in its client's runner (its own code and the host calls answered there)
     replica: int = 0  # the inference replica its KV lives (lived) on (oven serve --data-parallel)
+    parent: str = ""  # the instance that launched it (WIT children), "" when a client did
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,13 +126,14 @@ GOLDEN = [
     # A dataclass where an int belongs: the walker always sent it as a nested array.
     (p.CODEC, p.IdleNotice(DIST), 0, "9406a469646c65009192c40401000000c4040000803f"),
     # Control protocol 2 (authenticated clients; instances carry their owner), 3 (adapters), 4 (max_context),
-    # 5 (InstanceEntry.cpu_s), 6 (InstanceEntry.replica, the trailing field), now 7 (Metrics; the second byte).
+    # 5 (InstanceEntry.cpu_s), 6 (InstanceEntry.replica), 7 (Metrics), now 8 (InstanceEntry.parent, the
+    # trailing field; the second byte).
     (c.CODEC, c.InstanceList(ENTRIES), 3,
-     ("9407ad696e7374616e63655f6c69737403919299a3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c696365"
-      "cb00000000000000000099a3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72"
-      "cb000000000000000000")),
-    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9407a66c61756e63680493a470726f6791a32d2d78c3"),
-    (c.CODEC, c.Ok(), 5, "9407a26f6b0590"),
+     ("9408ad696e7374616e63655f6c6973740391929aa3692d31a470726f67a57265616479cb3ff4000000000000c0a0a5616c696365"
+      "cb000000000000000000a09aa3692d32a470726f67a866696e6973686564cb400800000000000000a4626f6f6da86f70657261746f72"
+      "cb000000000000000000a0")),
+    (c.CODEC, c.Launch("prog", ["--x"], detach=True), 4, "9408a66c61756e63680493a470726f6791a32d2d78c3"),
+    (c.CODEC, c.Ok(), 5, "9408a26f6b0590"),
 ]
 
 

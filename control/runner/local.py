@@ -58,6 +58,15 @@ def take_http(guest, handle: int):
     return response
 
 
+def take_exit(guest, handle: int):
+    value, error = guest.futures.take(handle, f.EXIT)
+    if error is not None:
+        return error
+    child_exit = Record()  # wasmtime-py accepts only its own Record for a record inside a result
+    child_exit.state, child_exit.code, child_exit.error, child_exit.messages = value
+    return child_exit
+
+
 def discard(guest, handle: int) -> None:
     """Forget it here, and in the control process, which may still hold it pending."""
     guest.futures.discard(handle)
@@ -73,6 +82,7 @@ FUTURES = {
     "take-sampled": take_sampled,
     "take-text": take_text,
     "take-http": take_http,
+    "take-exit": take_exit,
     "discard": discard,
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-UNIT, HANDLES, DISTS, TOKEN, TEXT, HTTP = "unit", "handles", "dists", "token", "text", "http"
+UNIT, HANDLES, DISTS, TOKEN, TEXT, HTTP, EXIT = "unit", "handles", "dists", "token", "text", "http", "exit"
 # Futures one instance may hold at once (issued, not yet taken or dropped): each is control memory,
 # and an inferlet that issues calls it never takes must hurt only itself (it is trapped past this).
 MAX_FUTURES = 1 << 16

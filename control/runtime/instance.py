@@ -57,6 +57,7 @@ class InstanceRecord:
     cpu_s: float = 0.0  # Instance.cpu_ns
     replica: int = 0  # the inference replica it lives (lived) on
     launched_as: str = ""  # Instance.launched_as
+    parent: str = ""  # the instance that launched it (children.py), "" for a client's launch
 
     @property
     def shown_state(self) -> str:
@@ -142,6 +143,26 @@ class Instance:
         self.queues: dict[int, QueueState] = {}  # virtual queue id -> its state (InferenceCalls.open_queue)
         self.num_queues_opened = 0
         self.resources: ResourceTable | None = None
+        # Composition (children.py): the instance that launched this one and how deep it is; the children
+        # it holds by handle; who waits for this one's exit; what it sent, kept for its parent.
+        self.parent: Instance | None = None
+        self.depth = 0
+        self.children: dict[int, Instance] = {}
+        self.num_children_made = 0
+        self.exit_waiters: list[Callable[[list], None]] = []
+        self.messages_for_parent: list[str] = []
+        self._num_bytes_for_parent = 0
+
+    def keep_for_parent(self, message: str) -> None:
+        """Keep a message it sent for its parent (a child's), within its inbox's bounds; ValueError past them."""
+        if self.parent is None:
+            return
+        self._num_bytes_for_parent += len(message.encode())
+        if (len(self.messages_for_parent) >= self.limits.inbox_messages
+                or self._num_bytes_for_parent > self.limits.inbox_bytes):
+            raise ValueError(f"send: its parent holds {len(self.messages_for_parent)} messages of this child "
+                             f"already, at most {self.limits.inbox_messages} and {self.limits.inbox_bytes >> 20} MiB")
+        self.messages_for_parent.append(message)
 
     def queue(self, q: int) -> QueueState:
         state = self.queues.get(q)
@@ -205,7 +226,7 @@ class Instance:
     def record(self) -> InstanceRecord:
         return InstanceRecord(self.instance_id, self.program, self.state, self.started_at, self.exit_code, self.error,
                               self.owner, self.output_held and self.alive, self.kv_state, self.cpu_ns / 1e9, self.replica.index,
-                              self.launched_as)
+                              self.launched_as, self.parent.instance_id if self.parent is not None else "")
 
     @property
     def alive(self) -> bool:

@@ -59,6 +59,7 @@ from oven.proto.auth import OPERATOR
 from . import host
 from .adapters import Adapters
 from .apply import apply_calls
+from .children import Children
 from .http_client import HttpClient
 from .instance import Instance, InstanceLimits, InstanceRecord, State
 from .placement import Placement
@@ -121,7 +122,12 @@ class ControlLoop:
         self._limits = InstanceLimits(config.max_kv_pages_per_instance, config.max_embeds_per_instance,
                                       config.inbox_messages, config.inbox_mib << 20)
         self.placement = Placement(self.replicas, self._limits)
-        shared = dict(topics=self.topics, timers=self.timers, http=self.http, emit=on_event, placement=self.placement)
+        self.children = Children(self.launch, self.kill, self.num_instances,
+                                 lambda ref, digest, owner: self.programs.launch_name(ref, digest, owner),
+                                 config.max_launch_depth, config.max_children_per_instance,
+                                 config.max_instances_per_client)
+        shared = dict(topics=self.topics, timers=self.timers, http=self.http, emit=on_event, placement=self.placement,
+                      children=self.children)
         supervisors = supervisors or [None] * len(clients)
         self._replica_by_socket: dict[zmq.Socket, Replica] = {}
         for index, (client, info, supervisor) in enumerate(zip(clients, infos, supervisors)):
@@ -180,7 +186,8 @@ class ControlLoop:
         self._retire(inst)
 
     def _retire(self, inst: Instance) -> None:
-        """Return everything the instance holds; fail what it still had queued."""
+        """Return everything the instance holds; fail what it still had queued; kill its children."""
+        self.children.parent_ended(inst)
         replica = inst.replica
         replica.calls.drop_instance(inst)
         host.grammars.drop_all(inst)
@@ -199,6 +206,7 @@ class ControlLoop:
         while len(self.finished) > self.config.finished_instances:  # oldest first (dicts keep insertion order)
             del self.finished[next(iter(self.finished))]
         self._on_event(inst, "exit", inst.exit_code)
+        self.children.child_ended(inst)
         self.metrics.ended(inst.instance_id, inst.state.value, inst.started_at, time.monotonic())
         replica.allocator.retry_parked()
 

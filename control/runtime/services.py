@@ -17,6 +17,7 @@ from oven.proto import inference as p
 from .adapters import Adapters
 from .allocator import Allocator
 from .calls import InferenceCalls
+from .children import Children
 from .http_client import HttpClient
 from .timers import Timers
 from .topics import Topics
@@ -41,3 +42,4 @@ class HostServices:
     http: HttpClient  # fetch, off the loop thread
     emit: EventSink  # output to the instance's clients
     placement: Placement  # exports across replicas, and moving an instance not placed yet
+    children: Children  # launching, waiting for and cancelling child instances

@@ -23,8 +23,8 @@ import typing
 
 # The WIT's imported interfaces (a guest cannot list its own bundled modules: pkgutil finds none);
 # test_runtime's bad-types test fails when one is missing.
-INTERFACES = ("adapters", "embeds", "forward", "futures", "grammars", "http", "kvpages", "messaging", "queues",
-              "runtime", "tokenize")
+INTERFACES = ("adapters", "children", "embeds", "forward", "futures", "grammars", "http", "kvpages", "messaging",
+              "queues", "runtime", "tokenize")
 _WRAPPED = "__oven_checked__"
 
 

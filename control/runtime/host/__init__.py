@@ -16,13 +16,14 @@ from collections.abc import Callable
 
 from oven.proto import runner as r
 
-from . import adapters, embeds, forward, futures, grammars, http, kvpages, messaging, queues, runtime
+from . import adapters, children, embeds, forward, futures, grammars, http, kvpages, messaging, queues, runtime
 
 INTERFACES: dict[str, dict[str, Callable]] = {
     "futures": futures.FUNCS,
     "runtime": runtime.FUNCS,
     "messaging": messaging.FUNCS,
     "http": http.FUNCS,
+    "children": children.FUNCS,
     "queues": queues.FUNCS,
     "kvpages": kvpages.FUNCS,
     "embeds": embeds.FUNCS,
@@ -41,7 +42,7 @@ _REPLIES = {
     # answered in the runner (control/runner/grammars.py), which reports them with the handle it gave
     **dict.fromkeys(("create-grammar", "drop-grammar", "create-decoder", "drop-decoder"), r.REPLY_NONE),
     **dict.fromkeys(("export-kvpages", "import-kvpages", "release-export", "set-recomputable", "restore-discarded",
-                     "open-adapter"), r.REPLY_VALUE),
+                     "open-adapter", "launch", "cancel-child"), r.REPLY_VALUE),
 }
 
 CALL_SPECS = [r.CallSpec(interface, name, _REPLIES.get(name, r.REPLY_FUTURE))

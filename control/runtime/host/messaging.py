@@ -16,6 +16,7 @@ def send(inst, message: str) -> None:
         if size > MAX_MESSAGE_BYTES:
             raise ValueError(f"send: a message is at most {MAX_MESSAGE_BYTES >> 20} MiB, this one is "
                              f"{size / (1 << 20):.1f} MiB (send it in parts)")
+    inst.keep_for_parent(message)  # a child's (runtime/children.py)
     inst.host.emit(inst, "message", message)
 
 

@@ -18,6 +18,7 @@ from host_boundary import check_imports
 
 check_imports()  # first: a wrongly typed argument to a host function raises TypeError instead of trapping
 
+from .children import Child, ChildExit, launch
 from .context import Context
 from .host import (args, available_traits, broadcast, decode, encode, fetch, instance_id, models, now_ms, open_adapter,
                    page_size, pause_hint, receive, render_chat, send, sleep, stop_tokens, subscribe, vocab_size)
@@ -32,5 +33,5 @@ __all__ = [
     "Future", "HostFuture", "Task", "OvenError", "run", "spawn", "gather",
     "args", "instance_id", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
     "encode", "decode", "render_chat", "page_size", "stop_tokens", "vocab_size", "models", "available_traits",
-    "open_adapter", "pause_hint",
+    "open_adapter", "pause_hint", "launch", "Child", "ChildExit",
 ]

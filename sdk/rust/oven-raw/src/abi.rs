@@ -73,8 +73,8 @@ pub fn borrow_str(text: &str) -> RawList<u8> {
 }
 
 /// Stack space the host writes a multi-value result into. 32 bytes, align 4, covers every
-/// result in this world: the largest is `result<sampled, string>` (tag at 0, token at 4, logprob
-/// at 8, top-ids at 12, top-logprobs at 20: 28 bytes).
+/// result in this world: the largest is `result<child-exit, string>` (tag at 0, state at 4, code
+/// at 12, error at 16, messages at 24: 32 bytes).
 #[repr(C, align(4))]
 pub struct RetArea {
     bytes: [u8; 32],

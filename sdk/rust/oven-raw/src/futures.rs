@@ -33,6 +33,16 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
+/// How a child instance ended (`children::wait_child`): `state` "finished", "failed" or "killed",
+/// its exit code, why it did not finish ("" if it did), and the messages it sent, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildExit {
+    pub state: String,
+    pub code: i32,
+    pub error: String,
+    pub messages: Vec<String>,
+}
+
 #[link(wasm_import_module = "oven:inferlet/futures@0.2.0")]
 extern "C" {
     #[link_name = "poll"]
@@ -51,6 +61,8 @@ extern "C" {
     fn raw_take_text(f: u32, ret: *mut u8);
     #[link_name = "take-http"]
     fn raw_take_http(f: u32, ret: *mut u8);
+    #[link_name = "take-exit"]
+    fn raw_take_exit(f: u32, ret: *mut u8);
     #[link_name = "discard"]
     fn raw_discard(f: u32);
 }
@@ -135,6 +147,21 @@ pub fn take_http(f: u32) -> Result<HttpResponse, String> {
     unsafe {
         raw_take_http(f, ret.ptr());
         ret.take_result(|r| HttpResponse { status: r.u16_at(4), body: r.take_list(8) })
+    }
+}
+
+/// wait-child: how the child ended. In memory the record sits at 4: state at 4, code at 12, error
+/// at 16, messages at 24 (32 bytes, the whole return area).
+pub fn take_exit(f: u32) -> Result<ChildExit, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_take_exit(f, ret.ptr());
+        ret.take_result(|r| ChildExit {
+            state: r.take_string(4),
+            code: r.u32_at(12) as i32,
+            error: r.take_string(16),
+            messages: r.take_string_list(24),
+        })
     }
 }
 

@@ -21,6 +21,7 @@
 
 pub mod abi;
 pub mod adapters;
+pub mod children;
 pub mod embeds;
 pub mod forward;
 pub mod futures;

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 
-use oven_raw::futures::{self as raw, Distribution, HttpResponse, Sampled};
+use oven_raw::futures::{self as raw, ChildExit, Distribution, HttpResponse, Sampled};
 
 use crate::executor;
 
@@ -92,6 +92,13 @@ impl HostFuture<HttpResponse> {
     /// `fetch`: the response.
     pub fn http(handle: u32) -> Self {
         Self::new(handle, raw::take_http)
+    }
+}
+
+impl HostFuture<ChildExit> {
+    /// `wait-child`: how the child ended.
+    pub fn exit(handle: u32) -> Self {
+        Self::new(handle, raw::take_exit)
     }
 }
 

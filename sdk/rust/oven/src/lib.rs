@@ -23,6 +23,7 @@
 //! * Tasks: [`spawn`], [`join`], [`join_all`] (gather), [`sleep`], [`Promise`] (a value another
 //!   task sets).
 //! * Messages and I/O: [`send`], [`receive`], [`broadcast`], [`subscribe`], [`fetch`].
+//! * Composition: [`launch`] a child inferlet, [`Child::wait`] for how it ended, [`Child::cancel`].
 //! * Generation: [`Context`] (fill, flush, next_dist, dists, decode_step, generate, fork,
 //!   drop_range, truncate, offload/restore, evict, export/imported/release_export) on its own
 //!   [`Queue`], samplers ([`Greedy`], [`Temperature`], [`TopK`], [`TopP`], [`MinP`], drawing from
@@ -39,6 +40,7 @@
 //!
 //! Builds with rustc 1.63 (Debian's, the only offline toolchain with a wasm32 std) and stable.
 
+mod children;
 mod context;
 mod executor;
 mod host_future;
@@ -52,6 +54,7 @@ mod sampling;
 mod shaping;
 mod stop;
 
+pub use children::{launch, Child, ChildExit};
 pub use context::Context;
 pub use executor::{spawn, IntoExitCode, JoinHandle};
 pub use host_future::HostFuture;
