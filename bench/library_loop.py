@@ -1,0 +1,58 @@
+"""A library inferlet run on a real inference process, one instance at a time, timed launch to exit.
+
+Shared by the benches of single inferlets (``jacobi_decoding.py``, ``prefix_tree.py``): a
+``ControlLoop`` over an inference process serving the model, the inferlet's built component stored
+in it, and ``run(args)`` giving the seconds it took and the JSON message it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from oven.client.build import Inferlet
+from oven.client.paths import inferlets_dir
+from oven.control.config import ControlConfig, default_program_dir
+from oven.control.inference_process import start_inference_process
+from oven.control.runtime.loop import ControlLoop
+from oven.inference.config import InferenceConfig
+from oven.proto.endpoints import private_endpoint
+
+
+class LibraryLoop:
+    def __init__(self, loop: ControlLoop, name: str, events: list):
+        self.loop, self.name, self._events = loop, name, events
+
+    def run(self, args: list[str], timeout_s: float = 300) -> tuple[float, dict]:
+        """Launch one instance with ``args``, wait for it; (seconds from launch to exit, its one JSON message)."""
+        start = time.perf_counter()
+        inst = self.loop.launch(self.name, args)
+        if not self.loop.run_until(lambda: not inst.alive, timeout_s):
+            raise RuntimeError(f"{self.name} did not finish in {timeout_s} s")
+        took = time.perf_counter() - start
+        if inst.exit_code != 0:
+            raise RuntimeError(f"{self.name} failed: {inst.error}")
+        (message,) = [p for i, k, p in self._events if i == inst.instance_id and k == "message"]
+        return took, json.loads(message)
+
+
+@contextmanager
+def library_loop(name: str, model: str, threads: int) -> Iterator[LibraryLoop]:
+    """The inferlet ``name`` (built: ``oven build inferlets/NAME``) on ``model`` with ``threads`` torch threads."""
+    inferlet = Inferlet.at(inferlets_dir() / name)
+    if not inferlet.output.is_file():
+        raise SystemExit(f"{inferlet.output} is missing: run `oven build inferlets/{name}`")
+    config = InferenceConfig(model=model, endpoint=private_endpoint(), torch_threads=threads)
+    with start_inference_process(config, timeout_s=300) as inference:
+        events: list = []
+        loop = ControlLoop(inference.client(),
+                           ControlConfig(program_dir=str(Path(default_program_dir()).parent / "bench-programs")),
+                           lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
+        loop.programs.add(inferlet.output.read_bytes(), name)
+        try:
+            yield LibraryLoop(loop, name, events)
+        finally:
+            loop.close()
