@@ -310,9 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      "Starts an embedded server on the default model when none answers.")
     alm.add_argument("task", nargs="?", metavar="TASK",
                      help="the request (default: a demo task on weather and currency tools)")
-    alm.add_argument("--tools", default="demo", metavar="demo|bfcl:KIND",
-                     help="demo tools, or a BFCL workload: bfcl:parallel, bfcl:live_parallel, bfcl:multi_turn, "
-                          "bfcl:multi_step_parallel (default %(default)s)")
+    alm.add_argument("--tools", action="append", metavar="SOURCE",
+                     help="where the tools come from (default demo): demo, the demo tools; bfcl:KIND, a BFCL workload "
+                          "(bfcl:parallel, bfcl:live_parallel, bfcl:multi_turn, bfcl:multi_step_parallel); FILE.py, "
+                          "your own Python functions; mcp:URL, an MCP server over HTTP (streamable; SSE where the path "
+                          "ends in /sse); 'mcp-stdio:COMMAND ARGS', an MCP server this command starts. Repeat the flag "
+                          "to combine files and MCP servers (docs/asynclm.md, 'Your own tools')")
+    alm.add_argument("--list-tools", action="store_true",
+                     help="print each tool's signature, estimated time and description, and exit (no server is asked)")
+    add_json_flag(alm, "--list-tools: {\"tools\": [...]}, each item with name, signature, description, latency_ms and "
+                       "parameters (its arguments' JSON schema)")
     alm.add_argument("--sample", type=int, default=0, help="which BFCL sample (default %(default)s)")
     alm.add_argument("--mode", default="async", choices=["async", "async-naive", "sync", "sync-parallel"])
     alm.add_argument("--stateless", action="store_true", help="sync modes: re-prefill after every call")

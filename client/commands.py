@@ -158,6 +158,14 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         say(str(exc))
         return EXIT_USAGE
+    if args.list_tools:  # (no server needed)
+        from .asynclm.tools.listing import tool_lines, tools_document
+        with workload:
+            if args.json:
+                print_json(tools_document(workload.registry))
+            else:
+                print("\n".join(tool_lines(workload.registry)))
+        return 0
     adapter = None if args.no_adapter else args.adapter
     # The adapter was trained on the bare prompt; the base model gets a worked example (few-shot) instead.
     spec = session_spec(workload, args.mode, stateless=args.stateless or None, kv=args.kv,
@@ -170,7 +178,7 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
     if sys.stdin.isatty():
         read_user_interrupts(outgoing)
         print("(type a line and press Enter to interrupt the model with it)", file=sys.stderr)
-    with connected(target_of(args), args.model) as client:
+    with workload, connected(target_of(args), args.model) as client:  # (workload: MCP sessions it holds open)
         session = run_session(client, upload(client, program, program.name), workload, spec, StreamPrinter(),
                               results=outgoing)
         print(flush=True)  # end the streamed text before an embedded server says it is shutting down
@@ -187,16 +195,31 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
 
 def _workload(args: argparse.Namespace):
     """The workload ``--tools`` and ``--sample`` name; a ValueError says which forms and samples there are."""
-    from .asynclm.session import bfcl_workload, demo_workload
+    from .asynclm.session import bfcl_workload, demo_workload, tools_workload
     from .asynclm.tools.bfcl import KINDS, load_scenarios
+    from .asynclm.tools.sources import is_user_source, unknown_source
 
     if args.task is not None and not args.task.strip():  # (a TASK left out runs the demo's own)
         raise ValueError("TASK is empty: give a task, or leave it out for the demo's")
-    if args.tools == "demo":
+    if args.json and not args.list_tools:
+        raise ValueError("--json goes with --list-tools (a run prints its stream)")
+    specs = args.tools or ["demo"]
+    if specs == ["demo"]:
         return demo_workload(args.task, plan=args.plan)
-    kind = args.tools.removeprefix("bfcl:")
-    if kind == args.tools or kind not in KINDS:
-        raise ValueError(f"--tools {args.tools!r}: expected demo or bfcl:KIND, KIND one of {', '.join(KINDS)}")
+    if not any(spec == "demo" or spec.startswith("bfcl:") for spec in specs):  # a user's files and MCP servers
+        if not all(map(is_user_source, specs)):
+            raise unknown_source(next(spec for spec in specs if not is_user_source(spec)))
+        if args.plan:
+            raise ValueError("--plan pins the demo task's or a BFCL sample's calls; your own tools have none")
+        if args.task is None and not args.list_tools:
+            raise ValueError("give a TASK for your own tools (the demo task needs the demo tools)")
+        return tools_workload(specs, args.task)
+    if len(specs) > 1:
+        raise ValueError(f"--tools {' --tools '.join(specs)}: demo and bfcl:KIND bring their own tools: give them "
+                         "alone")
+    kind = specs[0].removeprefix("bfcl:")
+    if kind not in KINDS:
+        raise unknown_source(specs[0])
     workload = None
     if args.sample >= 0:
         with contextlib.suppress(IndexError):  # past the last one (only then are all loaded, to say how many)

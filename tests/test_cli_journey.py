@@ -227,8 +227,8 @@ TOKEN = "oven-" + "ab" * 32 + "-" + "cd" * 32
 UNKNOWN_MODEL = ("oven: unknown model {!r}: expected smollm2-135m-instruct, tiny, dummy:<shape>, a .gguf file or a "
                  "Hugging Face folder with config.json")
 BAD_ENDPOINT = "oven: bad endpoint 'garbage': Invalid argument (expected ipc://PATH or tcp://HOST:PORT)"
-BFCL_TOOLS = ("oven: --tools {!r}: expected demo or bfcl:KIND, KIND one of parallel, live_parallel, multi_turn, "
-              "multi_step_parallel")
+BFCL_TOOLS = ("oven: --tools {!r}: expected demo, bfcl:KIND (KIND one of parallel, live_parallel, multi_turn, "
+              "multi_step_parallel), a tools file (FILE.py), mcp:URL or mcp-stdio:COMMAND")
 MISTAKES = [  # (argv, extra environment, status, the last line of stderr: a string, or a pattern)
     # a config file's setting of the wrong type, or a section that is no table
     (["ps", "--config", "wrong-type.toml"], {}, 2,

@@ -12,11 +12,13 @@ import json
 import queue
 import sys
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..rpc import OvenClient
 from .tools import ToolExecutor, ToolRegistry, demo_registry, load_scenarios
+from .tools.sources import open_tools
 
 DEMO_TASK = "What is the weather in Paris and in Tokyo, and what is 250 USD in EUR?"
 DEMO_PLAN = [['get_weather(city="Paris")'], ['get_weather(city="Tokyo")'],
@@ -32,9 +34,16 @@ class Workload:
     registry: ToolRegistry
     plan: list[list[str]] | None = None
     latency: Callable[[str], float] | None = None  # emulated execution time of a call, seconds
+    resources: ExitStack = field(default_factory=ExitStack)  # what its tools hold open (MCP sessions)
 
     def estimates_ms(self) -> dict[str, float]:
         return {tool.name: tool.latency_ms for tool in self.registry}
+
+    def __enter__(self) -> Workload:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.resources.close()
 
 
 def demo_workload(task: str | None, plan: bool) -> Workload:
@@ -42,6 +51,15 @@ def demo_workload(task: str | None, plan: bool) -> Workload:
     registry = demo_registry()
     return Workload("demo", task or DEMO_TASK, registry, DEMO_PLAN if plan and not task else None,
                     registry.latency_s)
+
+
+def tools_workload(specs: list[str], task: str | None) -> Workload:
+    """A user's own tools (``--tools`` values: files, MCP servers; see :mod:`.tools.sources`) on ``task``.
+    They run with their real latencies; the workload keeps its MCP sessions open until it is closed
+    (``with workload:``). Raises as :func:`~.tools.sources.open_tools` does."""
+    with ExitStack() as resources:
+        registry = open_tools(specs, resources)
+        return Workload(", ".join(specs), task or "", registry, resources=resources.pop_all())
 
 
 def bfcl_workload(kind: str, sample: int, seed: int = 0) -> Workload:

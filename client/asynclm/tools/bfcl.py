@@ -198,7 +198,7 @@ def _stub_registry(schemas: list[dict], latency: PaperLatency) -> ToolRegistry:
         signature, description = schema_tool_text(schema)
         registry.register(Tool(
             schema["name"], SchemaStub(schema), description, signature,
-            latency.function_ms(schema["name"]),
+            latency.function_ms(schema["name"]), schema,
         ))
     return registry
 
@@ -221,7 +221,7 @@ def _class_registry(entries: list[dict], latency: PaperLatency) -> ToolRegistry:
                 method = _serialized(getattr(instance, schema["name"]), lock)
                 registry.register(Tool(
                     schema["name"], method, description, signature,
-                    latency.function_ms(schema["name"]),
+                    latency.function_ms(schema["name"]), schema,
                 ))
     return registry
 

@@ -16,7 +16,8 @@ import operator
 
 from collections.abc import Callable
 
-from .registry import Tool, ToolRegistry
+from .function_schema import function_tool
+from .registry import ToolRegistry
 
 __all__ = ["demo_registry", "DEMO_LATENCY_MS_BY_TOOL", "CURRENCIES", "TIME_ZONES"]
 
@@ -112,9 +113,7 @@ def demo_registry() -> ToolRegistry:
     functions: list[Callable[..., object]] = [
         get_weather, get_stock_price, search_web, calculate, convert_currency, get_time,
     ]
-    return ToolRegistry(
-        [Tool.from_function(f, DEMO_LATENCY_MS_BY_TOOL[f.__name__]) for f in functions]
-    )
+    return ToolRegistry([function_tool(f, DEMO_LATENCY_MS_BY_TOOL[f.__name__]) for f in functions])
 
 
 def _digest(text: str) -> int:

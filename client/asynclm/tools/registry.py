@@ -17,7 +17,11 @@ from typing import Any
 
 from .call import ParsedCall, ToolError, parse_call
 
-__all__ = ["Tool", "ToolError", "ToolRegistry", "describe_line", "result_text"]
+__all__ = ["DEFAULT_LATENCY_MS", "Tool", "ToolError", "ToolRegistry", "describe_line", "result_text"]
+
+# The estimated execution time announced for a tool whose source states none (a user's function
+# left out of its file's LATENCY_MS, an MCP server's tool).
+DEFAULT_LATENCY_MS = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,8 @@ class Tool:
     ``signature`` is the prompt text of the call (``get_weather(city: str)``);
     ``description`` is one line; ``latency_ms`` is the estimated execution time
     announced to the model (and, in emulations, the time a call is made to take).
+    ``schema`` is the call's JSON schema as an OpenAI or BFCL function definition
+    (``{"name", "description", "parameters"}``), where the tool's source gives one.
     """
 
     name: str
@@ -34,6 +40,7 @@ class Tool:
     description: str
     signature: str
     latency_ms: float
+    schema: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -22,7 +22,7 @@ __all__ = ["SchemaStub", "schema_signature", "schema_tool_text"]
 _PYTHON_TYPE_BY_SCHEMA_TYPE = {
     "string": "str", "integer": "int", "float": "float", "number": "float",
     "boolean": "bool", "array": "list", "tuple": "tuple", "dict": "dict", "object": "dict",
-    "any": "Any",
+    "any": "Any", "null": "None",
 }
 
 
@@ -50,12 +50,23 @@ def schema_tool_text(schema: dict) -> tuple[str, str]:
     properties: dict[str, dict] = schema.get("parameters", {}).get("properties", {})
     parts = []
     for parameter in schema_signature(schema).parameters.values():
-        schema_type = properties[parameter.name].get("type", "any")
-        part = f"{parameter.name}: {_PYTHON_TYPE_BY_SCHEMA_TYPE.get(schema_type, schema_type)}"
+        part = f"{parameter.name}: {_type_text(properties[parameter.name])}"
         if parameter.default is not inspect.Parameter.empty:
             part += f" = {parameter.default!r}"
         parts.append(part)
     return f"{schema['name']}({', '.join(parts)})", schema.get("description", "")
+
+
+def _type_text(schema: dict) -> str:
+    """The Python name of a property's type: ``str``; ``str | None`` for a list of types or an
+    ``anyOf`` (as MCP servers write optional parameters); ``Any`` when it names none."""
+    schema_type = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(schema_type, list):
+        return " | ".join(_PYTHON_TYPE_BY_SCHEMA_TYPE.get(t, str(t)) for t in schema_type) or "Any"
+    if schema_type is None:
+        members = schema.get("anyOf") or schema.get("oneOf") if isinstance(schema, dict) else None
+        return " | ".join(_type_text(m) for m in members) if isinstance(members, list) and members else "Any"
+    return _PYTHON_TYPE_BY_SCHEMA_TYPE.get(schema_type, str(schema_type))
 
 
 class SchemaStub:
