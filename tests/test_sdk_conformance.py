@@ -19,7 +19,9 @@ from harness import assert_pools_full, direct_greedy, messages, run
 from oven.control.tokenizer import Tokenizer
 from oven.inference.models import resolve_model
 
-PROGRAMS = ["conformance", "conformance-rust"]  # stored in the module's ControlLoop (conftest.py)
+SDKS = ["conformance", "conformance-rust"]  # the two SDKs' scenarios, compared
+CHILD = "launch-callee"  # what the launch scenario launches
+PROGRAMS = [*SDKS, CHILD]  # stored in the module's ControlLoop (conftest.py)
 PARTIAL = "Once upon a time, in a land far away, there lived a"  # 14 tokens: 13 forwarded by a flush
 FULL = ("One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
         "seventeen")  # 17 tokens: a flush fills one page
@@ -90,6 +92,7 @@ def scenarios(greedy) -> dict[str, str]:
         "adapter": f"adapter|{ADAPTER}|{PARTIAL}|12",
         "vectors": "vectors",
         "errors": "errors",
+        "launch": f"launch|{CHILD}|{FOX}|6",
         **shaped_scenarios(),
     }
 
@@ -136,7 +139,7 @@ def stopped_at_string(tokenizer, tokens: list[int], string: str) -> tuple[list[i
 def run_both(loop, named: dict[str, str], out: dict[str, dict[str, dict]]) -> None:
     """Run the scenarios through each program in turn; their reports into ``out[program]``, the
     instance id taken out of error messages."""
-    for program in PROGRAMS:
+    for program in SDKS:
         (inst,) = run(loop, program, [list(named.values())], timeout_s=60)
         assert (inst.exit_code, inst.error) == (0, None)
         got = [json.loads(m.replace(inst.instance_id, "<id>")) for m in messages(loop, inst)]
@@ -146,9 +149,9 @@ def run_both(loop, named: dict[str, str], out: dict[str, dict[str, dict]]) -> No
 @pytest.fixture(scope="module")
 def reports(loop, tokenizer, greedy) -> dict[str, dict[str, dict]]:
     """{program: {scenario: its report}}: the scenarios, then stops placed in a sampled generation."""
-    out = {program: {} for program in PROGRAMS}
+    out = {program: {} for program in SDKS}
     run_both(loop, scenarios(greedy), out)
-    sampled = out[PROGRAMS[0]][f"sample {SAMPLERS[0]}"]["tokens"]
+    sampled = out[SDKS[0]][f"sample {SAMPLERS[0]}"]["tokens"]
     run_both(loop, {name: arg for name, (arg, _, _) in stop_scenarios(tokenizer, sampled).items()}, out)
     assert_pools_full(loop)
     return out
@@ -156,7 +159,7 @@ def reports(loop, tokenizer, greedy) -> dict[str, dict[str, dict]]:
 
 def both(reports, scenario: str) -> dict:
     """The scenario's report, the same from both SDKs."""
-    python, rust = (reports[program][scenario] for program in PROGRAMS)
+    python, rust = (reports[program][scenario] for program in SDKS)
     assert python == rust
     return python
 
@@ -277,6 +280,17 @@ def test_errors_read_alike(reports):
         "empty": "the context is empty: fill it before decoding",
         "range": "[0, 3) is not a range of tokens before the last of 3",
         "import": "no kvpage export named 'conformance/none'",
+    }
+
+
+def test_children_are_launched_awaited_and_cancelled_alike(reports, tokenizer, greedy):
+    """A child's messages reach its parent (the Rust callee's greedy text), a cancelled one ends killed."""
+    tokens = greedy[FOX, 12][:6]
+    assert not set(tokens) & set(tokenizer.stop_token_ids)
+    assert both(reports, "launch") == {
+        "finished": {"state": "finished", "code": 0, "error": "", "messages": [tokenizer.decode(tokens)]},
+        "cancelled": {"state": "killed", "code": 143, "error": "cancelled by its parent", "messages": []},
+        "refused": "launch 'no-such-program': no program named or hashed 'no-such-program'",
     }
 
 

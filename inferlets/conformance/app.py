@@ -29,6 +29,9 @@ Arguments: one scenario each, its fields separated by "|":
   opening an adapter that does not exist
 * ``vectors``: the seeded-sampling test vectors of sdk/README.md, computed here
 * ``errors``: the messages of an empty decode, a bad drop range and a missing import
+* ``launch|PROGRAM|PROMPT|MAX``: two children of PROGRAM with arguments PROMPT MAX, the second
+  cancelled at once, both awaited -> each one's exit (state, code, error, messages), the error
+  launching a program that does not exist
 * ``shaped|SAMPLER|PROMPT|MAX|GRAMMAR[|logprobs=N][|penalties=P:F:R][|allowed=IDS][|bias=BIAS][|stop options]``:
   ``generate`` under a Shape (GRAMMAR: ``none``, ``json``, ``json-schema:SCHEMA``, ``regex:PATTERN``,
   ``lark:GRAMMAR`` or ``choice:A,B,...``; IDS ``1,2,...``; BIAS ``ID:VALUE,...``, ``-inf`` bans), then 3
@@ -371,8 +374,22 @@ async def errors():
     return messages
 
 
+async def launch(program, prompt, max_tokens):
+    finished = inferlet.launch(program, [prompt, max_tokens])
+    cancelled = inferlet.launch(program, [prompt, max_tokens])
+    cancelled.cancel()
+    report = {}
+    for name, child in (("finished", finished), ("cancelled", cancelled)):
+        report[name] = (await child.wait())._asdict()
+    try:
+        inferlet.launch("no-such-program", [])
+    except inferlet.OvenError as err:
+        report["refused"] = str(err)
+    return report
+
+
 SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, pipelined, dists, adapter,
-                                      vectors, errors, shaped, masked, shape_errors)}
+                                      vectors, errors, launch, shaped, masked, shape_errors)}
 
 
 async def main(args: list[str]) -> None:

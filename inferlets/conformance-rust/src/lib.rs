@@ -432,6 +432,22 @@ async fn errors() -> Outcome {
     Ok(object(&messages))
 }
 
+async fn launch(program: &str, prompt: &str, max: &str) -> Outcome {
+    let finished = oven::launch(program, &[prompt, max])?;
+    let cancelled = oven::launch(program, &[prompt, max])?;
+    cancelled.cancel()?;
+    let mut fields = Vec::new();
+    for (name, child) in [("finished", &finished), ("cancelled", &cancelled)] {
+        let exit = child.wait().await?;
+        fields.push((name, object(&[("state", text(&exit.state)), ("code", exit.code.to_string()),
+                                    ("error", text(&exit.error)), ("messages", list(exit.messages.iter().map(|m| text(m))))])));
+    }
+    if let Err(message) = oven::launch("no-such-program", &[]) {
+        fields.push(("refused", text(&message)));
+    }
+    Ok(object(&fields))
+}
+
 async fn scenario(arg: &str) -> Outcome {
     let fields: Vec<&str> = arg.split('|').collect();
     match (fields[0], &fields[1..]) {
@@ -448,6 +464,7 @@ async fn scenario(arg: &str) -> Outcome {
         ("adapter", [name, prompt, max]) => adapter(name, prompt, max).await,
         ("vectors", []) => vectors(),
         ("errors", []) => errors().await,
+        ("launch", [program, prompt, max]) => launch(program, prompt, max).await,
         ("shaped", [spec, prompt, max, grammar, options @ ..]) => shaped(spec, prompt, max, grammar, options).await,
         ("masked", [spec, prompt, steps, ids, bias, n]) => masked(spec, prompt, steps, ids, bias, n).await,
         ("shape_errors", []) => shape_errors().await,
