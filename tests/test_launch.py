@@ -7,10 +7,11 @@ over a real inference process; both are library programs here, so any client may
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
-from harness import assert_pools_full, built, messages, run
+from harness import Server, assert_pools_full, built, messages, oven, run
 
 from oven.control.runtime.instance import State
 from oven.control.runtime.programs import LIBRARY
@@ -143,3 +144,32 @@ def test_a_forged_or_foreign_child_handle_is_an_error(loop):
     loop.terminate(holder.instance_id, "done")
     assert loop.run_until(lambda: not loop.instances, 60)
     assert_pools_full(loop)
+
+
+def test_oven_ps_shows_a_childs_parent(tmp_path):
+    """Through a real `oven serve`: `ps --json` gives each instance's parent, and `ps` a PARENT column."""
+    srv = Server(tmp_path)
+    try:
+        token = tmp_path / "operator.token"
+        token.write_text(srv.operator_token)
+        ps = ["ps", "--server", srv.endpoint, "--token", f"@{token}"]
+        with srv.client() as client:
+            assert "PARENT" not in oven(*ps).stdout.splitlines()[0]  # no child: no column
+            for name in ("launch-caller", "launch-callee"):
+                client.upload(built(name), name)
+            caller = client.launch("launch-caller", ["--hold", "1", "Hi", "2"], detach=True)
+            deadline = time.monotonic() + 120
+            while not (children := [i for i in client.instances() if i.parent == caller]):
+                assert time.monotonic() < deadline, "the child never showed"
+                time.sleep(0.1)
+            (child,) = children
+            listing = json.loads(oven(*ps, "--json").stdout)["instances"]
+            assert {i["instance_id"]: i["parent"] for i in listing} == {caller: "", child.instance_id: caller}
+            table = [line.split() for line in oven(*ps).stdout.splitlines()]
+            assert table[0][:5] == ["INSTANCE", "PROGRAM", "OWNER", "PARENT", "STATE"]
+            rows = {row[0]: row for row in table[1:]}
+            assert rows[caller][1:4] == ["launch-caller", "operator", "-"]
+            assert rows[child.instance_id][1:4] == ["launch-callee", "operator", caller]
+            client.terminate(caller)
+    finally:
+        srv.stop()
