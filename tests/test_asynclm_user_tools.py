@@ -13,8 +13,11 @@ import hashlib
 import json
 import os
 import queue
+import re
+import socket
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -138,8 +141,11 @@ def refuse(reason: str) -> str:
     raise ToolError(reason)
 
 
-if __name__ == "__main__":
-    server.run("stdio")
+if __name__ == "__main__":  # GATE [streamable-http PORT | sse PORT]
+    if len(sys.argv) > 2:
+        server.run(sys.argv[2], host="127.0.0.1", port=int(sys.argv[3]))
+    else:
+        server.run("stdio")
 '''
 
 
@@ -305,6 +311,22 @@ def test_list_tools_prints_signatures_and_descriptions(folder):
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
+DOC = Path(__file__).resolve().parents[1] / "docs" / "asynclm.md"
+
+
+@pytest.mark.parametrize("name, source", [("my_tools.py", "my_tools.py"),
+                                          ("my_server.py", f"mcp-stdio:{sys.executable} my_server.py")])
+def test_the_docs_examples_list_as_the_docs_show(tmp_path, name, source):
+    """docs/asynclm.md's example file and MCP server, written out as they stand there, list what it shows."""
+    text = DOC.read_text()
+    code = re.search(rf'```python\n("""{re.escape(name)}:.*?)```', text, re.S)[1]
+    (tmp_path / name).write_text(code)
+    shown = re.search(rf"\$ oven asynclm --list-tools --tools (?:{re.escape(name)}|\"mcp-stdio:python {re.escape(name)}\")\n"
+                      r"(.*?)(?:\$|```)", text, re.S)[1]
+    proc = oven_asynclm("--list-tools", "--tools", source, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (0, shown), proc.stderr
+
+
 # -- an MCP server ----------------------------------------------------------------------------------------
 
 def test_an_mcp_servers_tools_are_listed_and_called(folder, tmp_path):
@@ -330,6 +352,34 @@ def test_an_mcp_servers_tools_are_listed_and_called(folder, tmp_path):
         with pytest.raises(ToolError, match=r"^add_numbers\(b=1\): wrong arguments: missing a required argument: "
                                             r"'a'$"):
             registry.execute("add_numbers(b=1)")  # held to the schema before it reaches the server
+
+
+@pytest.mark.parametrize("transport, path", [("streamable-http", "/mcp"), ("sse", "/sse")])
+def test_an_mcp_server_over_http(folder, tmp_path, transport, path):
+    with socket.socket() as probe:  # a free port (the server binds it a moment later)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    gate = tmp_path / "gate"
+    gate.touch()
+    process = subprocess.Popen([sys.executable, str(folder / "mcp_server.py"), str(gate), transport, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not listening(port):
+            assert process.poll() is None and time.monotonic() < deadline, "the MCP server did not come up"
+            time.sleep(0.05)
+        with ExitStack() as resources:
+            registry = open_tools([f"mcp:http://127.0.0.1:{port}{path}"], resources)
+            assert [tool.name for tool in registry] == ["echo_when_released", "add_numbers", "refuse"]
+            assert registry.execute("add_numbers(a=2)") == '{"sum": 4}'
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as connection:
+        return connection.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_an_mcp_server_that_is_no_server_is_one_line(folder):
