@@ -5,7 +5,9 @@ on a :class:`ToolExecutor` over a :class:`ToolRegistry` and sends the result bac
 :func:`demo_registry` is a reproducible demo tool set; :func:`load_scenarios`
 gives the BFCL workloads of the AsyncLM evaluation, with :func:`paper_latency`
 emulating their execution times. The BFCL data need the ``bfcl-eval`` wheel, which
-is read only when scenarios are loaded.
+is read only when scenarios are loaded. A user's own tools, a Python file of functions
+(:mod:`.user`) or MCP servers (:mod:`.mcp_client`), are opened by
+:func:`.sources.open_tools`.
 """
 
 from .bfcl import KINDS, Scenario, load_scenarios
