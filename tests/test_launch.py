@@ -13,7 +13,7 @@ import pytest
 
 from harness import Server, assert_pools_full, built, messages, oven, run
 
-from oven.control.runtime.instance import State
+from oven.control.runtime.instance import Instance, InstanceLimits, State
 from oven.control.runtime.programs import LIBRARY
 
 PROGRAMS = []  # stored below, in the library
@@ -173,3 +173,17 @@ def test_oven_ps_shows_a_childs_parent(tmp_path):
             client.terminate(caller)
     finally:
         srv.stop()
+
+
+def test_a_childs_messages_kept_for_its_parent_are_bounded():
+    """Within its inbox's bounds (inbox_messages, inbox_mib): past them its send fails it, naming why."""
+    limits = InstanceLimits(inbox_messages=2, inbox_bytes=1 << 20)
+    parent, child = (Instance(f"{i}-cafe", "p" * 64, [], "alice", limits) for i in (1, 2))
+    child.parent = parent
+    child.keep_for_parent("a")
+    child.keep_for_parent("b")
+    with pytest.raises(ValueError, match=r"^send: its parent holds 2 messages of this child already, at most 2 and "
+                                         r"1 MiB$"):
+        child.keep_for_parent("c")
+    parent.keep_for_parent("no parent: kept for no one")
+    assert (child.messages_for_parent, parent.messages_for_parent) == (["a", "b"], [])

@@ -157,12 +157,13 @@ class Instance:
         """Keep a message it sent for its parent (a child's), within its inbox's bounds; ValueError past them."""
         if self.parent is None:
             return
-        self._num_bytes_for_parent += len(message.encode())
+        size = len(message.encode())
         if (len(self.messages_for_parent) >= self.limits.inbox_messages
-                or self._num_bytes_for_parent > self.limits.inbox_bytes):
+                or self._num_bytes_for_parent + size > self.limits.inbox_bytes):
             raise ValueError(f"send: its parent holds {len(self.messages_for_parent)} messages of this child "
                              f"already, at most {self.limits.inbox_messages} and {self.limits.inbox_bytes >> 20} MiB")
         self.messages_for_parent.append(message)
+        self._num_bytes_for_parent += size
 
     def queue(self, q: int) -> QueueState:
         state = self.queues.get(q)
