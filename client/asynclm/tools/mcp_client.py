@@ -41,7 +41,9 @@ __all__ = ["McpConnection", "McpConnectError", "McpToolError"]
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 60.0  # a stdio server's start (an interpreter, its imports) and the handshake
-CALL_TIMEOUT_S = 300.0  # a worker gives up on a call the server never answers (the executor answers sooner)
+# A worker gives up on a call the server never answers after as long as a session's executor waits (its
+# timeout answers the model first), so that the executor's close at the session's end is not held longer.
+CALL_TIMEOUT_S = 60.0
 _NOT_A_NAME = re.compile(r"\W")
 
 
