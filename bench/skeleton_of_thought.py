@@ -1,0 +1,101 @@
+"""Skeleton-of-thought: the points of one skeleton expanded side by side against one after another.
+
+The ``skeleton-of-thought`` inferlet (inferlets/skeleton-of-thought) on a real inference process
+serving SmolLM2-135M-Instruct on this machine. A first run writes the skeleton (and compiles and warms
+everything up); then, round by round, the same points are expanded in parallel (a fork per point,
+their decode steps batched) and with ``--sequential`` (one context, rewound to the shared question and
+skeleton after each point), one instance at a time. Both must give the same tokens, point for point.
+Measures the expansion's wall time inside the inferlet and the instance's launch-to-exit time.
+
+    .venv/bin/python bench/skeleton_of_thought.py [--points 4] [--max-tokens 32] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
+
+from oven.client.paths import inferlets_dir  # noqa: E402
+from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
+from oven.control.inference_process import start_inference_process  # noqa: E402
+from oven.control.runtime.loop import ControlLoop  # noqa: E402
+from oven.inference.config import InferenceConfig  # noqa: E402
+from oven.proto.endpoints import private_endpoint  # noqa: E402
+
+QUESTION = "How can I improve my sleep?"
+MODES = {"sequential": ["--sequential"], "parallel": []}
+
+
+def parse_args():
+    parser = doc_parser(__doc__)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--points", type=int, default=4, help="the skeleton's points at most")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per point's expansion at most")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the inference process")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    config = InferenceConfig(model=args.model, endpoint=private_endpoint(), torch_threads=args.threads)
+    with start_inference_process(config, timeout_s=300) as inference:
+        events = []
+        loop = ControlLoop(inference.client(), ControlConfig(
+            program_dir=str(Path(default_program_dir()).parent / "bench-programs"), max_kv_pages_per_instance=128),
+            lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
+        wasm = inferlets_dir() / "skeleton-of-thought" / "skeleton-of-thought.wasm"
+        loop.programs.add(wasm.read_bytes(), "skeleton-of-thought")
+
+        def run(flags: list[str]) -> tuple[float, dict]:
+            start = time.perf_counter()
+            inst = loop.launch("skeleton-of-thought", [QUESTION, "--max-tokens", str(args.max_tokens), *flags])
+            assert loop.run_until(lambda: not inst.alive, 600), "the instance did not finish"
+            took = time.perf_counter() - start
+            if inst.exit_code != 0:
+                raise RuntimeError(f"skeleton-of-thought failed: {inst.error}")
+            (message,) = [p for i, k, p in events if i == inst.instance_id and k == "message"]
+            return took, json.loads(message)
+
+        _, first = run(["--points", str(args.points)])  # writes the skeleton; compiles and warms up
+        skeleton = first["skeleton"]
+        wall: dict[str, list[float]] = {mode: [] for mode in MODES}
+        expand: dict[str, list[float]] = {mode: [] for mode in MODES}
+        tokens = {}
+        for r in range(args.rounds):
+            for mode, flags in MODES.items():
+                took, report = run(["--skeleton", "|".join(skeleton), *flags])
+                wall[mode].append(took)
+                expand[mode].append(report["expand_ms"] / 1e3)
+                tokens[mode] = [e["tokens"] for e in report["expansions"]]
+            if tokens["parallel"] != tokens["sequential"]:
+                raise RuntimeError(f"round {r + 1}: the parallel expansion differs from the sequential one")
+            print(f"round {r + 1}: expansion sequential {expand['sequential'][-1]:.2f} s, "
+                  f"parallel {expand['parallel'][-1]:.2f} s", flush=True)
+        loop.close()
+
+    med = {mode: (statistics.median(expand[mode]), statistics.median(wall[mode])) for mode in MODES}
+    rows = [[mode, f"{med[mode][0]:.2f}", f"{min(expand[mode]):.2f}", f"{max(expand[mode]):.2f}",
+             f"{med[mode][1]:.2f}"] for mode in MODES]
+    table = markdown_table(["expansion", "median s", "min", "max", "launch to exit median s"], rows)
+    num_tokens = sum(map(len, tokens["parallel"]))
+    summary = (f"{len(skeleton)} points ({num_tokens} tokens expanded, the same in both), {args.model}, "
+               f"{args.threads} torch thread(s), {args.rounds} rounds: expansion time sequential / parallel = "
+               f"**{med['sequential'][0] / med['parallel'][0]:.2f}x**; launch to exit "
+               f"**{med['sequential'][1] / med['parallel'][1]:.2f}x**.\n\nSkeleton: "
+               + "; ".join(f"{i}. {p}" for i, p in enumerate(skeleton, 1)))
+    print("\n".join(machine_lines()) + "\n\n" + table + "\n\n" + summary)
+    path = write_results("skeleton_of_thought", "Skeleton-of-thought: parallel against sequential expansion",
+                         [table, summary])
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
