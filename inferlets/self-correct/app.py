@@ -9,7 +9,7 @@ verifier then accepts or rejects the answer: --pattern, when the whole answer (s
 REGEX; --judge, when the model itself, asked on a fork of the context holding the answer whether
 it is correct, answers "yes" (a choice grammar holds it to yes or no; greedy). A rejected answer is
 rewound: the context is truncated to the snapshot's length, which gives back the pages past it and
-leaves the prompt's K/V as they were, so the next attempt forwards nothing of the prompt again.
+leaves the prompt's K/V as they were: the next attempt forwards only the prompt's last token again.
 At most N attempts; the last rejected one is rewound too.
 
 --probe K: after every rewind, take the distribution after the rewound context (its 8 most probable
