@@ -1,8 +1,10 @@
 """inferlets/jacobi-decoding: Jacobi iteration returns exactly greedy decoding's tokens in fewer forwards.
 
-The reference replays the algorithm straight on the inference process (the same forwards over the
-same tokens at the same positions), so the rounds and what each accepted are known exactly; the
-tokens are checked against plain greedy decoding as well.
+On SmolLM2, not the tiny random model: the tiny model's next token hardly depends on more than the
+token before it, so K/V left behind by rejected guesses went unnoticed there. The reference replays
+the algorithm straight on the inference process (the same forwards over the same tokens at the same
+positions), so the rounds and what each accepted are known exactly; the tokens are checked against
+plain greedy decoding as well.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from harness import NUM_PAGES, assert_pools_full, direct_greedy, messages, run
+import pytest
+from harness import NUM_PAGES, assert_pools_full, direct_greedy, messages, run, tiny_inference
 
 from oven.client.generate import PagedSequence
 from oven.control.tokenizer import Tokenizer
@@ -18,10 +21,15 @@ from oven.proto import inference as p
 
 PROGRAMS = ["jacobi-decoding"]  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
-# (prompt, max new tokens, window). The tiny random model falls into loops ("fox duplication
-# duplication ...", "c c c ..."), where guesses converge: several tokens a round.
-CASES = [("The quick brown fox", 30, 4), ("a b c a b c a b c", 25, 3), ("1 2 3 4 1 2 3 4", 20, 6),
-         ("Hello world. Hello world.", 17, 1), ("The quick brown fox", 12, 0)]
+# (prompt, max new tokens, window): counting and code, where SmolLM2's guesses converge now and then.
+COUNTING, CODE = "Count from 1 to 40: 1, 2, 3, 4, 5,", "def fibonacci(n):\n    if n <= 1:\n        return n\n    return"
+CASES = [(COUNTING, 40, 4), (CODE, 40, 6), (COUNTING, 12, 0)]
+
+
+@pytest.fixture(scope="module")
+def inference():
+    with tiny_inference(model="smollm2-135m-instruct") as process:
+        yield process
 
 
 def jacobi_reference(inference, tok: Tokenizer, page_size: int, prompt: str, max_new: int, window: int) -> dict:
@@ -70,9 +78,10 @@ def test_tokens_are_greedy_in_fewer_forwards(loop, inference):
             continue
         assert report == jacobi_reference(inference, tok, loop.info.page_size, prompt, max_new, window)
         assert sum(report["accepted_per_round"]) == len(greedy) - 1  # the prefill gave the first
-    # Every Jacobi case but the window of one converged several tokens in some round: fewer forwards.
-    assert [r["forward_calls"] < len(r["tokens"]) for r in reports] == [True, True, True, True, False]
-    assert max(reports[0]["accepted_per_round"]) > 1 and min(reports[0]["accepted_per_round"]) == 1
+    # (forwards, tokens, most tokens one round accepted): both Jacobi cases needed fewer forwards than
+    # tokens; plain greedy (the last) one a token.
+    assert [(r["forward_calls"], len(r["tokens"]), max(r["accepted_per_round"], default=0)) for r in reports] == \
+        [(32, 40, 4), (35, 40, 2), (12, 12, 0)]
     assert_pools_full(loop)
 
 

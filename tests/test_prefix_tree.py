@@ -1,11 +1,16 @@
 """inferlets/prefix-tree: each leaf generates what its prompt alone would, with every shared prefix
-forwarded once; ``--independent`` forwards each leaf's whole prompt (the baseline)."""
+forwarded once; ``--independent`` forwards each leaf's whole prompt (the baseline).
+
+On SmolLM2, whose next token depends on the whole prompt (the tiny random model's hardly looks past
+the token before it), so a leaf decoding over the wrong prefix or wrong K/V would show.
+"""
 
 from __future__ import annotations
 
 import json
 
-from harness import assert_pools_full, direct_greedy, messages, run
+import pytest
+from harness import assert_pools_full, direct_greedy, messages, run, tiny_inference
 
 from oven.control.tokenizer import Tokenizer
 
@@ -23,6 +28,12 @@ TREE = {"text": SYSTEM, "children": [
     {"text": "User: name one organelle.\nTutor:"}]}
 LEAF_PATHS = [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2], [2]]
 MAX_NEW = 6
+
+
+@pytest.fixture(scope="module")
+def inference():
+    with tiny_inference(model="smollm2-135m-instruct") as process:
+        yield process
 
 
 def nodes(node: dict, path: list[int] = ()) -> dict[tuple, dict]:
