@@ -78,7 +78,8 @@ def main() -> int:
                f"**{prefill['independent'] / prefill['tree']:.2f}x** fewer prompt tokens forwarded, wall time "
                f"independent / tree **{med['independent'] / med['tree']:.2f}x**.")
     print("\n".join(machine_lines()) + "\n\n" + table + "\n\n" + summary)
-    print(f"\nwrote {write_results('prefix_tree', 'Prefix-tree generation against independent generation', [table, summary])}")
+    path = write_results("prefix_tree", "Prefix-tree generation against independent generation", [table, summary])
+    print(f"\nwrote {path}")
     return 0
 
 
