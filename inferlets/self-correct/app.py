@@ -83,7 +83,8 @@ async def rewind(ctx: inferlet.Context, snapshot: int, probe: int) -> dict:
     if probe:
         dist = await ctx.next_dist(PROBE_TOP_K)
         rewound["dist"] = {"ids": list(dist.token_ids), "probs": list(dist.probs)}
-        rewound["probe"] = list(await ctx.generate_tokens(inferlet.Greedy(), inferlet.Stop(max_tokens=probe, eos=False)))
+        greedy = await ctx.generate_tokens(inferlet.Greedy(), inferlet.Stop(max_tokens=probe, eos=False))
+        rewound["probe"] = list(greedy)
         ctx.truncate(snapshot)
     return rewound
 
