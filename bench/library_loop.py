@@ -1,6 +1,7 @@
 """A library inferlet run on a real inference process, one instance at a time, timed launch to exit.
 
-Shared by the benches of single inferlets (``jacobi_decoding.py``, ``prefix_tree.py``): a
+Shared by the benches of single inferlets (``jacobi_decoding.py``, ``prefix_tree.py``,
+``skeleton_of_thought.py``): a
 ``ControlLoop`` over an inference process serving the model, the inferlet's built component stored
 in it, and ``run(args)`` giving the seconds it took and the JSON message it sent.
 """

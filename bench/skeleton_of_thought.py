@@ -12,21 +12,13 @@ Measures the expansion's wall time inside the inferlet and the instance's launch
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
-
-from oven.client.paths import inferlets_dir  # noqa: E402
-from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
-from oven.control.inference_process import start_inference_process  # noqa: E402
-from oven.control.runtime.loop import ControlLoop  # noqa: E402
-from oven.inference.config import InferenceConfig  # noqa: E402
-from oven.proto.endpoints import private_endpoint  # noqa: E402
+from library_loop import library_loop  # noqa: E402
 
 QUESTION = "How can I improve my sleep?"
 MODES = {"sequential": ["--sequential"], "parallel": []}
@@ -44,24 +36,9 @@ def parse_args():
 
 def main() -> int:
     args = parse_args()
-    config = InferenceConfig(model=args.model, endpoint=private_endpoint(), torch_threads=args.threads)
-    with start_inference_process(config, timeout_s=300) as inference:
-        events = []
-        loop = ControlLoop(inference.client(), ControlConfig(
-            program_dir=str(Path(default_program_dir()).parent / "bench-programs"), max_kv_pages_per_instance=128),
-            lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
-        wasm = inferlets_dir() / "skeleton-of-thought" / "skeleton-of-thought.wasm"
-        loop.programs.add(wasm.read_bytes(), "skeleton-of-thought")
-
+    with library_loop("skeleton-of-thought", args.model, args.threads) as runner:
         def run(flags: list[str]) -> tuple[float, dict]:
-            start = time.perf_counter()
-            inst = loop.launch("skeleton-of-thought", [QUESTION, "--max-tokens", str(args.max_tokens), *flags])
-            assert loop.run_until(lambda: not inst.alive, 600), "the instance did not finish"
-            took = time.perf_counter() - start
-            if inst.exit_code != 0:
-                raise RuntimeError(f"skeleton-of-thought failed: {inst.error}")
-            (message,) = [p for i, k, p in events if i == inst.instance_id and k == "message"]
-            return took, json.loads(message)
+            return runner.run([QUESTION, "--max-tokens", str(args.max_tokens), *flags], timeout_s=600)
 
         _, first = run(["--points", str(args.points)])  # writes the skeleton; compiles and warms up
         skeleton = first["skeleton"]
@@ -78,7 +55,6 @@ def main() -> int:
                 raise RuntimeError(f"round {r + 1}: the parallel expansion differs from the sequential one")
             print(f"round {r + 1}: expansion sequential {expand['sequential'][-1]:.2f} s, "
                   f"parallel {expand['parallel'][-1]:.2f} s", flush=True)
-        loop.close()
 
     med = {mode: (statistics.median(expand[mode]), statistics.median(wall[mode])) for mode in MODES}
     rows = [[mode, f"{med[mode][0]:.2f}", f"{min(expand[mode]):.2f}", f"{max(expand[mode]):.2f}",
