@@ -192,6 +192,12 @@ def _scenario(
     )
 
 
+def stub_registry(schemas: list[dict], seed: int = 0) -> ToolRegistry:
+    """Tools with BFCL's function ``schemas`` whose calls return a stub result, as the single-turn sets'
+    (for an entry of a set that has no scenario here: BFCL's irrelevance sets, bench/asynclm_abstain.py)."""
+    return _stub_registry(schemas, paper_latency(seed))
+
+
 def _stub_registry(schemas: list[dict], latency: PaperLatency) -> ToolRegistry:
     registry = ToolRegistry()
     for schema in schemas:
