@@ -85,6 +85,8 @@ def test_a_step_on_another_queue_may_feed_on_a_pending_future(loop):
     """A fork's first step fed by its parent's token future, on a queue of its own that is served first."""
     inst = loop.launch("echo", [])
     pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 2), "take-handles")
+    # Once (a CI run, 28 Nov) the pages were an error string here: say why the instance ended, if it did.
+    assert isinstance(pages, list), (pages, inst.state, inst.error)
     fork_queue = call(inst, "queues", "create-queue", 9)
     expected = [take(loop, inst, step(inst, pages[:1], 0, PROMPT), "take-token")]
     expected.append(take(loop, inst, step(inst, pages[:1], len(PROMPT), expected[:1]), "take-token"))
