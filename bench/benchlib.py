@@ -178,3 +178,11 @@ def write_results(name: str, title: str, sections: list[str]) -> Path:
     stamp = time.strftime("%Y-%m-%d %H:%M %Z")
     path.write_text(f"# {title}\n\nMeasured {stamp} on:\n\n{machine}\n\n" + "\n\n".join(sections) + "\n")
     return path
+
+
+def publish(name: str, title: str, sections: list[str]) -> Path:
+    """Print the machine and ``sections``, then write them (:func:`write_results`) and say where."""
+    print("\n".join(machine_lines()) + "\n\n" + "\n\n".join(sections))
+    path = write_results(name, title, sections)
+    print(f"\nwrote {path}")
+    return path

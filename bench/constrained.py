@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import doc_parser, machine_lines, markdown_table, percentile, write_results  # noqa: E402
+from benchlib import doc_parser, markdown_table, percentile, publish  # noqa: E402
 
 from oven.control.inference_process import start_inference_process  # noqa: E402
 from oven.inference import engine as engine_module  # noqa: E402
@@ -386,9 +386,7 @@ def main() -> int:
     intro = (f"Model `{args.model}` (float32, one torch thread), JSON Schema `{json.dumps(SCHEMA)}`, Temperature(1.0) "
              f"drawn in the inference process, top-{TOP_K} distributions. Load average (1 / 5 / 15 min, "
              f"{os.cpu_count()} logical cores, shared): " + "; ".join(loads) + ".")
-    print("\n".join(machine_lines()) + "\n\n" + intro + "\n\n" + "\n\n".join(sections))
-    path = write_results("constrained", "Constrained decoding: mask cost and TPOT", [intro] + sections)
-    print(f"\nwrote {path}")
+    publish("constrained", "Constrained decoding: mask cost and TPOT", [intro] + sections)
     return 0
 
 

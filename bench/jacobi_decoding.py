@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import doc_parser, markdown_table, publish  # noqa: E402
 from library_loop import library_loop  # noqa: E402
 
 # Prompts whose continuations repeat a pattern (counting, code, a listing): where Jacobi guesses converge.
@@ -67,8 +67,7 @@ def main() -> int:
     summary = (f"{args.model}, window {args.window}, {args.max_new_tokens} new tokens, {args.threads} torch thread(s), "
                f"{args.rounds} rounds (median times, launch to exit): the same tokens in **{total_g / total_j:.2f}x** "
                f"fewer forwards, wall time greedy / Jacobi **{time_g / time_j:.2f}x**.")
-    print("\n".join(machine_lines()) + "\n\n" + table + "\n\n" + summary)
-    print(f"\nwrote {write_results('jacobi_decoding', 'Jacobi decoding against greedy decoding', [table, summary])}")
+    publish("jacobi_decoding", "Jacobi decoding against greedy decoding", [table, summary])
     return 0
 
 

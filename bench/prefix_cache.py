@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import markdown_table, publish  # noqa: E402
 
 from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig, default_program_dir  # noqa: E402
@@ -90,9 +90,7 @@ def main() -> int:
     table = markdown_table(["case", "TTFT median ms", "min", "max", "tokens forwarded"], rows)
     summary = (f"Prefix {prefix_tokens} tokens, {args.model}, {args.threads} torch thread(s), {args.rounds} rounds: "
                f"time to first token without the cache / with it = **{ratio:.1f}x**.")
-    print("\n".join(machine_lines()) + "\n\n" + table + "\n\n" + summary)
-    path = write_results("prefix_cache", "Prefix caching: time to first token", [table, summary])
-    print(f"\nwrote {path}")
+    publish("prefix_cache", "Prefix caching: time to first token", [table, summary])
     return 0
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import doc_parser, markdown_table, publish  # noqa: E402
 from library_loop import library_loop  # noqa: E402
 
 SYSTEM = ("System: you are a science tutor for students of every age. Explain each idea step by step, "
@@ -77,9 +77,7 @@ def main() -> int:
                f"thread(s), {args.rounds} rounds (launch to exit): the same tokens with "
                f"**{prefill['independent'] / prefill['tree']:.2f}x** fewer prompt tokens forwarded, wall time "
                f"independent / tree **{med['independent'] / med['tree']:.2f}x**.")
-    print("\n".join(machine_lines()) + "\n\n" + table + "\n\n" + summary)
-    path = write_results("prefix_tree", "Prefix-tree generation against independent generation", [table, summary])
-    print(f"\nwrote {path}")
+    publish("prefix_tree", "Prefix-tree generation against independent generation", [table, summary])
     return 0
 
 

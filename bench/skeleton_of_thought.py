@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import doc_parser, machine_lines, markdown_table, write_results  # noqa: E402
+from benchlib import doc_parser, markdown_table, publish  # noqa: E402
 from library_loop import library_loop  # noqa: E402
 
 QUESTION = "How can I improve my sleep?"
@@ -66,10 +66,7 @@ def main() -> int:
                f"**{med['sequential'][0] / med['parallel'][0]:.2f}x**; launch to exit "
                f"**{med['sequential'][1] / med['parallel'][1]:.2f}x**.\n\nSkeleton: "
                + "; ".join(f"{i}. {p}" for i, p in enumerate(skeleton, 1)))
-    print("\n".join(machine_lines()) + "\n\n" + table + "\n\n" + summary)
-    path = write_results("skeleton_of_thought", "Skeleton-of-thought: parallel against sequential expansion",
-                         [table, summary])
-    print(f"\nwrote {path}")
+    publish("skeleton_of_thought", "Skeleton-of-thought: parallel against sequential expansion", [table, summary])
     return 0
 
 
