@@ -335,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "see `oven adapters`)")
     alm.add_argument("--no-adapter", action="store_true",
                      help="run the base model instead, with a worked CML example in its prompt (for comparison)")
+    alm.add_argument("--constrain", action="store_true",
+                     help="hold each call the model writes to the tools' schemas by a grammar: one of their names, "
+                          "their argument names, the required ones, values of their types and enums")
     alm.add_argument("--max-tokens", type=int, default=256, help="tokens the model may sample (pinned ones not counted)")
     alm.add_argument("--answer-tokens", type=int, default=48, help="--plan: free tokens after the pinned calls")
     add_client_args(alm)

@@ -168,11 +168,12 @@ def cmd_asynclm(args: argparse.Namespace) -> int:
         return 0
     adapter = None if args.no_adapter else args.adapter
     # The adapter was trained on the bare prompt; the base model gets a worked example (few-shot) instead.
-    spec = session_spec(workload, args.mode, stateless=args.stateless or None, kv=args.kv,
+    spec = session_spec(workload, args.mode, args.constrain, stateless=args.stateless or None, kv=args.kv,
                         max_tokens=args.max_tokens, answer_tokens=args.answer_tokens, adapter=adapter,
                         example=None if adapter else True)
     calls = "the calls are pinned (--plan)" if workload.plan else "the model writes its calls"
-    model = f"adapter {adapter}" if adapter else "the base model (--no-adapter)"
+    model = (f"adapter {adapter}" if adapter else "the base model (--no-adapter)") \
+        + ("; calls held to the tools' schemas (--constrain)" if args.constrain else "")
     print(f"task: {workload.task}\n({calls}; {model})", flush=True)
     outgoing = queue.Queue()
     if sys.stdin.isatty():

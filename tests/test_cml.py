@@ -194,6 +194,32 @@ def test_head_needs_a_fresh_identifier(head, fresh):
     assert monitor.allowed(vocab.id("[END]"))  # the text may still be an anonymous call
 
 
+@pytest.mark.parametrize("fed, token, named", [
+    ("", "[CALL] w1", True), ("[CALL]", " get", True), ("[CALL] get", "_weather", True), ("[CALL] w1", " [", True),
+    ("[CALL] w1 [", "HEAD", True), ("[CALL] w1", " [HEAD]", True), ("[CALL] w1 [HEAD]", " f(1)", True),
+    ("[CALL] w1 [", "END", False), ("[CALL] w1", "[END]", False), ("[CALL] w1", " [HEAD] f", False),
+    ("[CALL] w1", " [HEAD]\n", False), ("[CALL] w1", "(", False), ("[CALL] w1", " x", False),
+    ("", "[CALL] f(", False), ("[CALL] get", "_weather(", False), ("[CALL] w1 [", "C", False)])
+def test_named_calls_allow_only_an_id_then_head_ending_its_token(fed, token, named):
+    """--constrain: no anonymous call, and the call text after [HEAD] starts on a token of its own
+    (the grammar's generation starts there); a monitor without named_calls allows each of these."""
+    vocab = FakeVocab([fed, token])
+    monitors = TokenMonitor(vocab, named_calls=True), TokenMonitor(vocab)
+    for monitor in monitors:
+        monitor.feed(vocab.id(fed))
+    assert [m.allowed(vocab.id(token)) for m in monitors] == [named, True]
+
+
+def test_the_call_body_starts_right_after_head():
+    vocab = FakeVocab(["[CALL] w1", " [HEAD]", " f(1)", " [END]"])
+    monitor = TokenMonitor(vocab, named_calls=True)
+    starts = []
+    for text in ["[CALL] w1", " [HEAD]", " f(1)", " [END]"]:
+        monitor.feed(vocab.id(text))
+        starts.append(monitor.call_body_start)
+    assert starts == [False, True, False, False]
+
+
 def test_duplicate_id_refused_at_head_split_across_tokens():
     steps = [("[CALL] a [HEAD] f() [END]", [Call("a", "f()")], False), (" [CALL] a ", [Text(" ")], True),
              ("[", [], True), ("HE", [], True), ("AD", [], True)]

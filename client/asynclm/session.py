@@ -18,6 +18,7 @@ from typing import Callable
 
 from ..rpc import OvenClient
 from .tools import ToolExecutor, ToolRegistry, demo_registry, load_scenarios
+from .tools.call_grammar import call_grammar, registry_schemas
 from .tools.sources import open_tools
 
 DEMO_TASK = "What is the weather in Paris and in Tokyo, and what is 250 USD in EUR?"
@@ -69,11 +70,15 @@ def bfcl_workload(kind: str, sample: int, seed: int = 0) -> Workload:
     return Workload(scenario.id, scenario.question, registry, scenario.chains, registry.latency_s)
 
 
-def session_spec(workload: Workload, mode: str, **options) -> dict:
+def session_spec(workload: Workload, mode: str, constrain: bool = False, **options) -> dict:
     """The inferlet's argument (see inferlets/asynclm/app.py); ``options`` set to None are left out
-    (``adapter``: the LoRA adapter's name; without one the inferlet runs the base model)."""
+    (``adapter``: the LoRA adapter's name; without one the inferlet runs the base model). ``constrain``
+    holds the model's calls to the workload's tools: their names, argument names and value types
+    (:func:`~.tools.call_grammar.call_grammar`)."""
     spec = {"task": workload.task, "mode": mode, "functions": workload.registry.describe(),
             "estimates_ms": workload.estimates_ms()}
+    if constrain:
+        spec["call_grammar"] = call_grammar(registry_schemas(workload.registry))
     if workload.plan:
         spec["plan"] = workload.plan
     spec.update({k: v for k, v in options.items() if v is not None})

@@ -21,6 +21,7 @@ import json
 import re
 
 from ..asynclm.tools.call import ToolError, parse_call, spaced_call
+from ..asynclm.tools.call_grammar import function_rules, literal as _literal
 from ..asynclm.tools.registry import describe_line
 from ..asynclm.tools.schema import schema_signature, schema_tool_text
 from ..asynclm.training.protocol import prompt as asynclm_prompt
@@ -99,19 +100,6 @@ def call_text(tool_call: dict, where: str) -> tuple[str, str]:
         return call_id, text
 
 
-def _literal(value) -> str:
-    """A JSON value as a Python literal in the model's style: strings in double quotes, as in its
-    training calls (``get_weather(city=" Paris")``, the space added by ``spaced_call``),
-    ``True``/``None``, lists and dicts alike."""
-    if value is None or isinstance(value, bool):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)}: {_literal(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value, ensure_ascii=False)
-
-
 def trap_text() -> str:
     """The wait as the model writes it: ``[TRAP][END]``, the interrupt right after its ``[END]`` (the
     newline of the inferlet's ``TRAP_TEXT`` is never written in training: the result comes first)."""
@@ -169,7 +157,6 @@ _RESTART = r"(?:(?:C(?:A(?:LL?)?)?)?\[)*"
 _LEAVE = r"(?:[^\[C]|C[^\[A]|CA[^\[L]|CAL[^\[L]|CALL[^\[\]])"
 NO_CALL_REGEX = rf"(?:[^\[]|\[{_RESTART}{_LEAVE})*(?:\[{_RESTART}(?:C(?:A(?:LL?)?)?)?)?"
 MAX_ID_CHARS = 16  # a call id the model writes under a grammar: a Python name this long at most
-MAX_VALUE_DEPTH = 4  # nested arrays of a schema followed: deeper, any literal
 
 
 def choice_grammar(choice, tools: tuple[dict, ...], parallel: bool = True) -> tuple[tuple[str, str], str, str] | None:
@@ -180,9 +167,8 @@ def choice_grammar(choice, tools: tuple[dict, ...], parallel: bool = True) -> tu
     ``tools`` and then the wait, nothing else; a function (``{"type": "function", "function":
     {"name": ...}}``): calls of it alone. Those two hold the last stretch (once the turn's results
     are all given: an earlier stretch only waits for the next one). Each call's arguments are
-    keyword arguments in the model's style (``f(city=" Paris", n=2)``): the required ones in the
-    schema's order, then any of the optional ones in order, each value of its schema's type
-    (:func:`_value`). ``parallel`` false (``parallel_tool_calls``): one call."""
+    keyword arguments in the model's style (``f(city=" Paris", n=2)``), of its schema's names and
+    types (``call_grammar``). ``parallel`` false (``parallel_tool_calls``): one call."""
     if choice in (None, "auto"):
         return None
     if choice == "none":
@@ -202,88 +188,10 @@ def choice_grammar(choice, tools: tuple[dict, ...], parallel: bool = True) -> tu
 
 
 def calls_grammar(tools: tuple[dict, ...], parallel: bool = True) -> str:
-    """A Lark grammar: one call of ``tools`` or more (one alone unless ``parallel``), then the wait."""
+    """A Lark grammar: one call of ``tools`` or more (one alone unless ``parallel``), then the wait
+    (each call as :mod:`~oven.client.asynclm.tools.call_grammar` holds it)."""
     trap = json.dumps(trap_text())
-    rules = [f"start: call{'+' if parallel else ''} {trap}",
-             f"call: \"[CALL] \" ID \" [HEAD] \" ({' | '.join(f'f{i}' for i in range(len(tools)))}) \" [END]\\n\""]
-    for i, tool in enumerate(tools):
-        rules.append(f"f{i}: {json.dumps(tool['name'] + '(')} {_arguments(tool['parameters'])} \")\"")
-    rules += [
-        f"ID: /[A-Za-z_][A-Za-z0-9_]{{0,{MAX_ID_CHARS - 1}}}/",
-        r'STRING: /" ?([^"\\\n]|\\.)*"/',
-        r"INT: /-?[0-9]+/",
-        r"NUMBER: /-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?/",
-        'value: STRING | NUMBER | "True" | "False" | "None" | list | dict',
-        'list: "[" (value (", " value)*)? "]"',
-        'dict: "{" (STRING ": " value (", " STRING ": " value)*)? "}"',
-    ]
-    return "\n".join(rules)
-
-
-def _arguments(parameters: dict) -> str:
-    """The keyword arguments a schema allows, as a Lark expression (see :func:`choice_grammar`)."""
-    properties = parameters.get("properties", {})
-    required = [name for name in properties if name in parameters.get("required", [])]
-    optional = [name for name in properties if name not in required]
-    item = {name: f"{json.dumps(name + '=')} {_value(properties[name])}" for name in properties}
-    tail = ""  # any of the optional ones in order, each after a comma
-    for name in reversed(optional):
-        tail = f'(", " {item[name]})? {tail}'.strip()
-    if required:
-        return " ".join([f'{item[required[0]]}', *(f'", " {item[name]}' for name in required[1:]), tail]).strip()
-    if not optional:
-        return ""
-    tails = []  # the first optional one given, then the rest
-    for i, name in enumerate(optional):
-        rest = ""
-        for later in reversed(optional[i + 1:]):
-            rest = f'(", " {item[later]})? {rest}'.strip()
-        tails.append(f"{item[name]} {rest}".strip())
-    return f"({' | '.join(tails)})?"
-
-
-def _value(schema, depth: int = 0) -> str:
-    """A Lark expression for a Python literal of ``schema`` as the model writes it (strings double-quoted,
-    opening with a space or not): enums and consts exactly, ``anyOf``/``oneOf`` and type lists as
-    alternatives, arrays of their items; objects, ``$ref`` and the rest as any literal (their keys and
-    bounds, and strings' patterns, are not held)."""
-    if not isinstance(schema, dict) or depth > MAX_VALUE_DEPTH:
-        return "value"
-    if "const" in schema:
-        return _constant(schema["const"])
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return "(" + " | ".join(_constant(v) for v in schema["enum"]) + ")"
-    for key in ("anyOf", "oneOf"):
-        if isinstance(schema.get(key), list) and schema[key]:
-            return "(" + " | ".join(_value(s, depth + 1) for s in schema[key]) + ")"
-    kinds = schema.get("type")
-    kinds = kinds if isinstance(kinds, list) else [kinds]
-    if "number" in kinds and "integer" in kinds:
-        kinds.remove("integer")
-    parts = []
-    for kind in kinds:
-        if kind == "string":
-            parts.append("STRING")
-        elif kind == "integer":
-            parts.append("INT")
-        elif kind == "number":
-            parts.append("NUMBER")
-        elif kind == "boolean":
-            parts.append('("True" | "False")')
-        elif kind == "null":
-            parts.append('"None"')
-        elif kind == "array":
-            item = _value(schema.get("items", {}), depth + 1)
-            parts.append(f'"[" ({item} (", " {item})*)? "]"')
-        elif kind == "object":
-            parts.append("dict")
-        else:
-            return "value"
-    return parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")"
-
-
-def _constant(value) -> str:
-    """One JSON value as the model may write it: a string with or without its opening space."""
-    if isinstance(value, str):
-        return f"({json.dumps(_literal(' ' + value))} | {json.dumps(_literal(value))})"
-    return json.dumps(_literal(value))
+    names, rules = function_rules(list(tools))
+    return "\n".join([f"start: call{'+' if parallel else ''} {trap}",
+                      f"call: \"[CALL] \" ID \" [HEAD] \" ({' | '.join(names)}) \" [END]\\n\"", *rules,
+                      f"ID: /[A-Za-z_][A-Za-z0-9_]{{0,{MAX_ID_CHARS - 1}}}/"])

@@ -10,6 +10,11 @@ manager and trap handler together (AsyncLM §5), in one of four modes:
 
 ``stateless`` makes the sync modes re-prefill the context after every wait, as the paper's
 baselines over a serving API do.
+
+With a ``call_grammar`` (``oven asynclm --constrain``: the tools' schemas as a Lark grammar of what
+follows a call's ``[HEAD]``), every call is named and the text after its ``[HEAD]`` is one
+generation the server draws under that grammar (greedy, pipelined), up to its ``[END]``: a call of
+one of the tools, with their argument names and value types. Without one, nothing changes.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ class Agent:
 
         # The fine-tuned CML adapter, by the name the server offers it under (spec "adapter"); none: the base model.
         self.ctx = inferlet.Context(adapter=inferlet.open_adapter(spec["adapter"]) if spec.get("adapter") else 0)
-        self.monitor = TokenMonitor(lambda token: inferlet.decode([token]))
+        # --constrain: the grammar of a call's text after [HEAD] (checked by the server here, once)
+        self.call_shape = inferlet.Shape(grammar=inferlet.Grammar("lark", spec["call_grammar"])) \
+            if spec.get("call_grammar") else None
+        self.monitor = TokenMonitor(lambda token: inferlet.decode([token]), named_calls=self.call_shape is not None)
         self.interrupts = Interrupts()
         self.calls = Calls(self.interrupts, estimate_ms, int(spec.get("call_timeout_ms", 30000)),
                            spec.get("http_url"))
@@ -80,11 +88,16 @@ class Agent:
                 answering += 1
                 if answering > self.answer_tokens:
                     break
-            token = await self._step()
-            if token is None:
+            if self.call_shape is not None and not self.forced and self.monitor.call_body_start:
+                tokens = await self._held_call()
+            else:
+                token = await self._step()
+                tokens = [] if token is None else [token]
+            if not tokens:
                 break
-            for event in self.monitor.feed(token):
-                await self._on(event)
+            for token in tokens:
+                for event in self.monitor.feed(token):
+                    await self._on(event)
         for event in self.monitor.flush():
             await self._on(event)
         self.stats.update(wall_ms=inferlet.now_ms() - started, dispatched=self.calls.dispatched,
@@ -113,6 +126,20 @@ class Agent:
         self.ctx.fill_tokens([token])
         self.stats["tokens"] += 1
         return token
+
+    async def _held_call(self) -> list[int]:
+        """A call's text after its ``[HEAD]``, up to its ``[END]``, drawn under the call grammar."""
+        in_flight = bool(self.calls.in_flight)
+        before = inferlet.now_ms()
+        budget = self.max_tokens - (self.stats["tokens"] - self.stats["forced"])
+        tokens = await self.ctx.generate_tokens(inferlet.Greedy(), inferlet.Stop(max_tokens=budget, strings=("[END]",)),
+                                                self.call_shape)
+        took = inferlet.now_ms() - before
+        self.stats["generation_ms"] += took
+        if in_flight:
+            self.stats["overlap_ms"] += took
+        self.stats["tokens"] += len(tokens)
+        return tokens
 
     def _choose(self, ranked: list[int]) -> int | None:
         """The best token the monitor allows; an end token while results are owed becomes a trap."""

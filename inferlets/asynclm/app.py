@@ -12,6 +12,8 @@ Argument: one JSON object (the ``oven asynclm`` command builds it):
   plan            pinned calls as chains [["f(1)", "g(2)"], ["h()"]] (the paper's cheat sheet)
   kv              auto (the server's interception policy places the KV, told the expected wait) | keep |
                   offload | drop while waiting at a trap (default auto)
+  call_grammar    a Lark grammar of a call's text after [HEAD] up to [END] (`oven asynclm --constrain`: the tools'
+                  schemas); every call is then named and held to it
   max_tokens (sampled, not pinned), answer_tokens, call_timeout_ms, http_url (send calls over HTTP instead),
   report_context  put the final context's token ids in the done event
 

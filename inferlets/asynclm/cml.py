@@ -22,7 +22,9 @@ Before ``[HEAD]`` a block's text is ambiguous: it is the id if ``[HEAD]``
 follows and the call itself if ``[END]`` follows. No character is refused
 there, so anonymous calls stay possible; ``[HEAD]`` is allowed only while the
 text so far is a fresh identifier, so once the text stops being one the block
-is committed to the anonymous form.
+is committed to the anonymous form. A monitor made with ``named_calls`` (``--constrain``) allows
+there only an identifier and then ``[HEAD]``, ending the token that completes it, so that a grammar
+can hold the call from exactly that point (:attr:`TokenMonitor.call_body_start`).
 
 Stdlib only: it runs inside the inferlet's CPython in WebAssembly.
 """
@@ -152,8 +154,9 @@ class TokenMonitor:
     Delimiters are ASCII, so a token whose bytes decode to U+FFFD alone is harmless.
     """
 
-    def __init__(self, token_text: Callable[[int], str], used_ids: Iterable[str] = ()):
+    def __init__(self, token_text: Callable[[int], str], used_ids: Iterable[str] = (), named_calls: bool = False):
         self._token_text = token_text
+        self._named_calls = named_calls  # no anonymous calls; [HEAD] ends its token (module doc)
         self._text_by_token_id: dict[int, str] = {}
         self._mode = Mode.TEXT
         self._held = ""  # a proper prefix of a delimiter, not yet known to be text
@@ -183,14 +186,20 @@ class TokenMonitor:
         """
         return not self.in_critical_section and not self._line_open
 
+    @property
+    def call_body_start(self) -> bool:
+        """True right after a call's ``[HEAD]``, before any of its call text."""
+        return self._mode is Mode.CALL_BODY and not self._block_parts and not self._held
+
     def allowed(self, token_id: int) -> bool:
         """May ``token_id`` be sampled now? ``[INTR]`` never may; other delimiters per CML."""
         text = self._text(token_id)
-        if not self._held and "[" not in text:  # the usual case: no delimiter can start or end here
+        named_head = self._named_calls and self._mode is Mode.CALL_HEAD
+        if not self._held and "[" not in text and not named_head:  # the usual case: no delimiter here
             return self._mode is not Mode.TRAP or text.isspace() or not text
         pieces, held = _split(self._held + text)
         mode, block_text = self._mode, None  # the block's text is joined only at a delimiter
-        for piece, delimiter in pieces:
+        for index, (piece, delimiter) in enumerate(pieces):
             if mode is Mode.TRAP and piece and not piece.isspace():
                 return False
             if delimiter is None:
@@ -199,10 +208,17 @@ class TokenMonitor:
                 return False
             if block_text is None:
                 block_text = "".join(self._block_parts)
+            if self._named_calls and mode is Mode.CALL_HEAD and delimiter != HEAD:
+                return False  # an anonymous call (or a misplaced delimiter)
             mode, reason = _step(mode, delimiter, block_text + piece, self._used_ids)
             if reason:
                 return False
+            if self._named_calls and mode is Mode.CALL_BODY and (index + 2 < len(pieces) or pieces[-1][0] or held):
+                return False  # the call text must start on a token of its own
             block_text = ""
+        if self._named_calls and mode is Mode.CALL_HEAD:  # only an id so far, then perhaps the start of [HEAD]
+            head = ("".join(self._block_parts) if block_text is None else "") + pieces[-1][0]
+            return (not head.strip() or head.strip().isidentifier()) and HEAD.startswith(held)
         return mode is not Mode.TRAP or END.startswith(held)
 
     def choose(self, ranked: Sequence[int]) -> int | None:
