@@ -23,7 +23,8 @@ from oven.inference.models import resolve_model
 PROGRAMS = ["asynclm"]  # for the `loop` fixture (conftest.py)
 LOOP_CONFIG = dict(max_kv_pages_per_instance=64)  # the demo tools' prompt is ~560 tokens
 SMALL = DataConfig(demo_train=12, demo_eval=4, multi_turn_train=2, multi_step_train=1, multi_step_eval=1,
-                   weights=parse_weights("async=0.5,sync-cml=0.3,sync=0.2"), group=4)
+                   weights=parse_weights("async=0.5,sync-cml=0.3,sync=0.2"), group=4,
+                   sources=("demo", "parallel", "live_parallel", "multi_turn", "multi_step_parallel"))
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +188,41 @@ def test_small_talk_needs_no_call(encoder):
     transcript = CmlSimulation(task, encoder, Timing(ESTIMATES, 10.0), "async").run()
     assert transcript.calls == [] and texts(encoder, transcript) == [("model", "Hello! Ask me anything.\n<|im_end|>")]
     assert plain_sync(task, encoder, Timing(ESTIMATES, 10.0)).calls == []
+
+
+def test_irrelevance_tasks_make_no_call_and_say_so(encoder):
+    from oven.client.asynclm.training.bfcl_tasks import IRRELEVANCE_KINDS, NO_CALL_REPLY
+
+    config = DataConfig(sources=IRRELEVANCE_KINDS, irrelevance_train=3, weights=parse_weights("async=1,sync=1"))
+    train, dropped = build("train", config, encoder)
+    assert [r["task_id"] for r in train] == [*bfcl_ids("irrelevance", "train")[:3],
+                                            *bfcl_ids("live_irrelevance", "train")[:3]]
+    for record in train:
+        assert record["calls"] == [] and record["facts"] == []
+        written = [encoder.decode(record["ids"][s:e]) for s, e in record["loss_spans"]]
+        assert written == [NO_CALL_REPLY + ("\n" if record["variant"] == "async" else "") + "<|im_end|>"]
+    assert {r["variant"] for r in train} == {"async", "sync"}
+    for kind in IRRELEVANCE_KINDS:  # held out: no evaluation id in training, a quarter for training
+        train_ids, eval_ids = bfcl_ids(kind, "train"), bfcl_ids(kind, "eval")
+        assert not set(train_ids) & set(eval_ids) and len(train_ids) == (len(train_ids) + len(eval_ids)) // 4
+
+
+def test_off_topic_requests_need_no_call_and_the_held_out_ones_are_never_trained_on():
+    from dataclasses import replace
+
+    from oven.client.asynclm.training.data import tasks_for
+    from oven.client.asynclm.training.demo_tasks import OFF_TOPIC_HELD_OUT, OFF_TOPIC_TRAIN, TRAINING_MIX
+
+    def questions(off_topic: float) -> list[str]:
+        mix = replace(TRAINING_MIX, small_talk=0, off_topic=off_topic)
+        config = DataConfig(demo_train=40, sources=("demo",), mix=mix)
+        return [t.question for t in tasks_for("train", config) if not any(s.steps for s in t.subtasks)]
+    trained = {question for question, _ in OFF_TOPIC_TRAIN}
+    assert not trained & set(OFF_TOPIC_HELD_OUT)
+    assert not set(questions(0)) & trained
+    assert set(questions(1)) <= trained and len(questions(1)) == 40
+    with pytest.raises(ValueError, match="off-topic is a chance"):
+        replace(TRAINING_MIX, off_topic=2)
 
 
 def test_the_training_mix_sets_how_many_chains_depend_on_a_result():

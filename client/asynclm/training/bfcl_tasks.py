@@ -5,6 +5,8 @@
 * ``multi_turn``: a sample's first turn, one chain of dependent calls on the real tool classes.
 * ``multi_step_parallel``: three first turns of samples with disjoint tool classes in one request
   (as ``load_scenarios`` composes them), three chains. Training composes its own from training ids.
+* ``irrelevance`` / ``live_irrelevance``: a request beside tools that cannot serve it; the right
+  answer makes no call and says so (:data:`NO_CALL_REPLY`).
 
 Multi-turn tool classes describe 20-30 functions each (2,000-5,500 prompt tokens), too many for
 a 135M model's training budget on a CPU, so these tasks list the called functions plus up to
@@ -16,14 +18,18 @@ from __future__ import annotations
 import random
 
 from ..tools import ToolRegistry, format_call, load_scenarios, parse_call
-from ..tools.bfcl import MAX_CHAIN_CALLS, Scenario, disjoint_samples, first_turns
-from ..tools.bfcl_data import ground_truth_by_id, read_entries
+from ..tools.bfcl import MAX_CHAIN_CALLS, Scenario, disjoint_samples, first_turns, stub_registry
+from ..tools.bfcl_data import ground_truth_by_id, question_text, read_entries
 from ..tools.latency import paper_latency
 from ..tools.registry import result_text
 from .split import bfcl_ids
 from .tasks import Subtask, Task, fixed_call, function_name
 
-BFCL_KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel")
+IRRELEVANCE_KINDS = ("irrelevance", "live_irrelevance")
+BFCL_KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel") + IRRELEVANCE_KINDS
+# What the model says where none of its tools applies: one fixed sentence, so that abstaining is
+# learnt as a behaviour rather than as answers a 135M model would make up.
+NO_CALL_REPLY = "None of my functions can help with this request."
 NUM_DISTRACTORS = 4
 RESULT_CHARS = 100  # a longer result is cut in the answer
 _MULTI_TURN_FILE = "BFCL_v4_multi_turn_base.json"
@@ -75,6 +81,8 @@ def bfcl_tasks(kind: str, split: str, rng: random.Random, count: int | None = No
     if kind not in BFCL_KINDS:
         raise ValueError(f"unknown BFCL kind {kind!r}; expected one of {', '.join(BFCL_KINDS)}")
     latency = paper_latency(0)  # replaced by each simulation's random estimates
+    if kind in IRRELEVANCE_KINDS:
+        return _no_call_tasks(kind, split)
     if kind in ("parallel", "live_parallel"):
         ids = set(bfcl_ids(kind, split))
         return [_task(s, rng, trim=False) for s in load_scenarios(kind) if s.id in ids]
@@ -90,3 +98,12 @@ def bfcl_tasks(kind: str, split: str, rng: random.Random, count: int | None = No
     return [_task(first_turns(f"train_multi_step_parallel_{index}", disjoint_samples(rng, entries), truth_by_id,
                               latency), rng, trim=True)
             for index in range(count or 0)]
+
+
+def _no_call_tasks(kind: str, split: str) -> list[Task]:
+    """The split's entries of an irrelevance set, each one subtask that needs no call."""
+    ids = set(bfcl_ids(kind, split))
+    reply = Subtask((), lambda results: NO_CALL_REPLY)
+    return [Task(entry["id"], kind, question_text(entry["question"][0]), (reply,),
+                 lambda functions=entry["function"]: stub_registry(functions))
+            for entry in read_entries(f"BFCL_v4_{kind}.json") if entry["id"] in ids]

@@ -46,6 +46,9 @@ def _add_mix_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contrast", type=float, default=TRAINING_MIX.contrast,
                         help="chance that a training demo task pairs a request with a same-kind one that needs a "
                              "next call: the weather in A and the temperature in B in Fahrenheit (default %(default)s)")
+    parser.add_argument("--off-topic", type=float, default=TRAINING_MIX.off_topic,
+                        help="chance that a training demo task is a request none of the tools serves, answered "
+                             "without a call: a limerick, a synonym (default %(default)s)")
 
 
 def _command_line(verb: str) -> str | None:
@@ -62,7 +65,7 @@ def _mix(args: argparse.Namespace):
     from .demo_tasks import TRAINING_MIX
 
     return replace(TRAINING_MIX, dependent_weight=args.dependent_weight, made_up=args.made_up,
-                   contrast=args.contrast)
+                   contrast=args.contrast, off_topic=args.off_topic)
 
 
 def add_parsers(sub, default_model: str) -> None:
@@ -92,6 +95,9 @@ def add_parsers(sub, default_model: str) -> None:
                       help="multi-step-parallel compositions of training samples (default %(default)s)")
     data.add_argument("--multi-step-eval", type=int, default=defaults.multi_step_eval,
                       help="held-out multi-step-parallel samples (default %(default)s)")
+    data.add_argument("--irrelevance-train", type=int, default=defaults.irrelevance_train,
+                      help="BFCL irrelevance and live-irrelevance training entries, each, first in file order "
+                           "(default: all)")
     data.add_argument("--variants", default=",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items()),
                       help="weights of the variant a training task gets (evaluation tasks get all three) "
                            "(default %(default)s)")
@@ -208,6 +214,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         config = DataConfig(seed=args.seed, demo_train=args.demo_train, demo_eval=args.demo_eval,
                             parallel_repeats=args.parallel_repeats, multi_turn_train=args.multi_turn_train,
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
+                            irrelevance_train=args.irrelevance_train,
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
                             sources=tuple(s for s in args.sources.split(",") if s),
                             mix=_mix(args))
@@ -288,8 +295,8 @@ def _earlier_rollouts(folder: Path) -> tuple[list[dict], dict]:
 
 
 # What only a run that rolls an adapter out uses (recorded from the earlier run under --rollouts).
-_ROLLOUT_OPTIONS = ("adapter", "tasks", "source", "dependent_weight", "made_up", "contrast", "exclude", "decoder",
-                    "parallel", "threads")
+_ROLLOUT_OPTIONS = ("adapter", "tasks", "source", "dependent_weight", "made_up", "contrast", "off_topic", "exclude",
+                    "decoder", "parallel", "threads")
 
 
 def _threads(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..tools import ToolError
-from .bfcl_tasks import BFCL_KINDS, bfcl_tasks
+from .bfcl_tasks import BFCL_KINDS, IRRELEVANCE_KINDS, bfcl_tasks
 from .demo_tasks import FOLLOW_UP_PROBABILITY, TRAINING_MIX, DemoTaskMaker, TrainingMix
 from .names import Words, vocabulary_words
 from .plain import plain_sync
@@ -50,6 +50,7 @@ class DataConfig:
     multi_turn_train: int = 20      # BFCL multi-turn first turns for training (of 49)
     multi_step_train: int = 6       # multi-step-parallel compositions of training ids
     multi_step_eval: int = 92       # the bench's compositions made of evaluation ids (all 92)
+    irrelevance_train: int | None = None  # training entries of each irrelevance set, first in file order (None: all)
     weights: tuple[tuple[str, float], ...] = tuple(DEFAULT_WEIGHTS.items())
     max_tokens: int = 1536          # longer samples are left out (counted)
     group: int = 24                 # training demo tasks that share one table of estimated times
@@ -58,8 +59,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
-                     "multi_step_eval", "group"):
-            if getattr(self, name) < 0:
+                     "multi_step_eval", "group", "irrelevance_train"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_tokens < 1:  # every sample would be left out
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -133,6 +134,9 @@ def tasks_for(split: str, config: DataConfig, words: Words | None = None) -> lis
     if "multi_step_parallel" in config.sources:
         tasks += bfcl_tasks("multi_step_parallel", split, rng,
                             config.multi_step_train if split == "train" else config.multi_step_eval)
+    for kind in IRRELEVANCE_KINDS:
+        if kind in config.sources:
+            tasks += bfcl_tasks(kind, split, rng)[:config.irrelevance_train if split == "train" else None]
     return tasks
 
 

@@ -9,7 +9,7 @@ that no training task does.
 
 Training tasks (``TRAINING_MIX``) have more chains and more dependent ones than evaluation tasks,
 name a made-up or rare entity (:mod:`.names`) as often as a real one, and a few are small talk
-that needs no call. Evaluation tasks are drawn exactly as before any of that: the same seed gives
+or off-topic requests that need no call. Evaluation tasks are drawn exactly as before any of that: the same seed gives
 the same held-out tasks.
 """
 
@@ -38,11 +38,12 @@ class TrainingMix:
     made_up: float = 0.5             # chance that an entity is made up or rare (names.py)
     small_talk: float = 0.03         # chance that a task needs no call
     contrast: float = 0.0            # chance that a task holds a request and a same-kind one that needs a next call
+    off_topic: float = 0.0           # chance that a task is a request none of the tools serves (OFF_TOPIC_TRAIN)
 
     def __post_init__(self) -> None:
         if self.dependent_weight < 0:
             raise ValueError(f"the dependent chains' weight must be >= 0, got {self.dependent_weight}")
-        for name in ("made_up", "small_talk", "contrast"):
+        for name in ("made_up", "small_talk", "contrast", "off_topic"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name.replace('_', '-')} is a chance, between 0 and 1; got {getattr(self, name)}")
 
@@ -58,6 +59,50 @@ _SMALL_TALK = (
     ("What can you do?", "I can check the weather, stock prices, exchange rates and the local time, do "
                          "arithmetic and search the web."),
     ("Good morning!", "Good morning! What would you like me to look up?"),
+)
+# Requests beside the demo tools that none of them serves (issue 43: "Tell me a joke" called
+# get_stock_price). Training draws from the first list; the second is held out for
+# bench/asynclm_abstain.py. The replies are short answers of the project's own writing.
+OFF_TOPIC_TRAIN = (
+    ("Write a limerick about a cat.", "A cat with a taste for the cream\nwould plot and would purr and would scheme;\n"
+                                       "she tipped the jug over,\nthen rolled in the clover,\nand napped in a warm sunny beam."),
+    ("Tell me a fun fact.", "Octopuses have three hearts and blue blood."),
+    ("Give me a synonym for happy.", "Joyful."),
+    ("Translate 'good night' into Spanish.", "Buenas noches."),
+    ("Suggest a name for my new puppy.", "How about Biscuit?"),
+    ("Write one sentence about autumn.", "Autumn paints the trees in red and gold before the first frost."),
+    ("What is the opposite of ancient?", "Modern."),
+    ("Can you recommend a good book?", "Try \"The Hobbit\" by J. R. R. Tolkien."),
+    ("Tell me a riddle.", "What has keys but cannot open locks? A piano."),
+    ("Write a short poem about the moon.", "Silver moon above the hill,\nthe night is calm, the air is still."),
+    ("How do I say thank you in French?", "Merci."),
+    ("Give me a tip for sleeping better.", "Go to bed at the same time every night and keep screens out of the bedroom."),
+    ("What rhymes with light?", "Night, bright, kite and sight."),
+    ("Write a motto for a bakery.", "Fresh from our oven to your table."),
+    ("Tell me something nice.", "You are doing great, and your questions are good ones."),
+    ("Summarize the story of Cinderella in one sentence.",
+     "A kind young woman, helped by her fairy godmother, goes to the ball and marries the prince."),
+    ("What is a good name for a pirate ship?", "The Salty Gull."),
+    ("Give me an idea for a birthday present.", "A book by their favourite author, with a note inside."),
+    ("Write a tongue twister.", "Six slim swans swam swiftly south."),
+    ("Describe the color blue to me.", "Blue is the color of a clear sky and of the deep sea: cool and calm."),
+    ("Spell the word necessary.", "N-E-C-E-S-S-A-R-Y."),
+    ("What is the plural of mouse?", "Mice."),
+    ("Tell me a story in two sentences.", "A lighthouse keeper found a message in a bottle. It was the one he had "
+                                          "thrown into the sea as a boy."),
+    ("Help me start an email to my boss.", "Dear Ms. Smith, I hope this message finds you well."),
+)
+OFF_TOPIC_HELD_OUT = (
+    "Tell me a joke.",
+    "Write a haiku about the sea.",
+    "What is a good name for a cat?",
+    "Translate 'thank you' into German.",
+    "Write a short poem about rain.",
+    "Give me a synonym for big.",
+    "Tell me an interesting fact about space.",
+    "Suggest a title for my essay about friendship.",
+    "What rhymes with cat?",
+    "Write a sentence about summer.",
 )
 _PLACE_BY_ZONE = {"UTC": "UTC", "Europe/London": "London", "Europe/Paris": "Paris", "Europe/Berlin": "Berlin",
                   "America/New_York": "New York", "America/Chicago": "Chicago",
@@ -108,6 +153,10 @@ class DemoTaskMaker:
     def make(self, task_id: str, follow_up: bool = False) -> Task:
         if self.training and self.rng.random() < self.mix.small_talk:
             question, reply = self.rng.choice(_SMALL_TALK)
+            return Task(task_id, "demo", question, (Subtask((), lambda r: reply),), demo_registry)
+        # drawn only when asked for, so that data made before the option has the same bytes
+        if self.training and self.mix.off_topic and self.rng.random() < self.mix.off_topic:
+            question, reply = self.rng.choice(OFF_TOPIC_TRAIN)
             return Task(task_id, "demo", question, (Subtask((), lambda r: reply),), demo_registry)
         count = self.rng.choices(list(self._count_weights), weights=list(self._count_weights.values()))[0]
         parts: list[_Part] = []

@@ -34,7 +34,7 @@ def _read(name: str) -> dict:
 
 
 def bfcl_ids(kind: str, split: str) -> tuple[str, ...]:
-    """The BFCL ids of data file ``kind`` (parallel, live_parallel, multi_turn) in ``split``."""
+    """The BFCL ids of data file ``kind`` (parallel, live_parallel, multi_turn, irrelevance, live_irrelevance) in ``split``."""
     by_kind = _read("split.json")["bfcl"]
     if kind not in by_kind:
         raise ValueError(f"unknown BFCL kind {kind!r}; expected one of {', '.join(by_kind)}")
