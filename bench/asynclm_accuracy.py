@@ -20,15 +20,19 @@ ICL rows). Writes ``results/asynclm_accuracy.md`` (tables, the goals checked) an
 ``results/asynclm_accuracy.json`` (every session's calls and answer, written as they end);
 ``--reuse`` takes the sessions of an earlier run's JSON instead of running them again (those of
 ``FT`` only where the adapter's weights are the same), so a long run can be split or resumed.
+``--constrain`` holds the CML calls to the tools' schemas as ``oven asynclm --constrain`` does
+(``training/held.py``); its results go to ``results/asynclm_accuracy_constrained.*``.
 
     .venv/bin/python bench/asynclm_accuracy.py                        # 20 samples per set
     .venv/bin/python bench/asynclm_accuracy.py --tasks 50 --sets demo --variants async
     .venv/bin/python bench/asynclm_accuracy.py --reuse bench/results/asynclm_accuracy.json   # go on
+    .venv/bin/python bench/asynclm_accuracy.py --constrain --sets parallel --variants async --models FT
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -37,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import RESULTS_DIR, SHIPPED_ADAPTER, markdown_table, shown_path, write_results  # noqa: E402
+from oven.client.asynclm.tools import ToolError, parse_call  # noqa: E402
 from oven.client.asynclm.tools.bfcl_official import KINDS as OFFICIAL_SETS, official_verdict  # noqa: E402
 from oven.client.asynclm.training.check import check, judged  # noqa: E402
 from oven.client.asynclm.training.data import VARIANTS, DataConfig, build, tasks_for  # noqa: E402
@@ -78,6 +83,8 @@ def main() -> int:
                         help="sessions decoded at once on the engine (default %(default)s; a whole cell of "
                              "150 few-shot sessions at once ran a 23 GiB machine out of memory)")
     parser.add_argument("--reuse", type=Path, help="an earlier run's JSON: its sessions are not run again")
+    parser.add_argument("--constrain", action="store_true",
+                        help="hold the CML calls to the tools' schemas (oven asynclm --constrain)")
     args = parser.parse_args()
     sets = [s for s in args.sets.split(",") if s]
     variants = [v for v in args.variants.split(",") if v]
@@ -91,6 +98,7 @@ def main() -> int:
     if "FT" in models and not (args.adapter / "adapter_config.json").is_file():
         parser.error(f"--adapter {args.adapter}: no adapter_config.json there")
 
+    name = "asynclm_accuracy_constrained" if args.constrain else "asynclm_accuracy"  # its results' file names
     adapter_sha = file_sha256(args.adapter / "adapter_model.safetensors") if "FT" in models else None
     earlier = {}
     if args.reuse:
@@ -114,12 +122,13 @@ def main() -> int:
     results: dict[tuple[str, str, str], list[bool]] = {}
     official: dict[tuple[str, str, str], list[bool]] = {}  # BFCL's own checker, where it judges by AST
     kept = dict(earlier)  # every session by key, written out as each cell ends
+    strays = {m: [0, 0] for m in models}  # per model: calls outside the tools, calls
     total = sum(len(rs) for rs in chosen.values()) * len(models)
     done, ran, start = 0, 0, time.monotonic()
     for model_name in models:
         few_shot = model_name == "base"
         sessions = {cell: [{"model": model_name, "adapter_sha256": None if few_shot else adapter_sha, "set": cell[0],
-                            "variant": cell[1], "task_id": r["task_id"]} for r in recs]
+                            "variant": cell[1], "task_id": r["task_id"], "constrain": args.constrain} for r in recs]
                     for cell, recs in chosen.items()}
         todo = [(cell, r, s) for cell, recs in chosen.items() for r, s in zip(recs, sessions[cell])
                 if _key(s) not in earlier]
@@ -132,7 +141,7 @@ def main() -> int:
             for cell, recs in chosen.items():
                 mine = [(r, s) for c, r, s in todo if c == cell]
                 outcomes = check(decoder, encoder, [r for r, _ in mine], lambda r: registry_by_id[r["task_id"]](),
-                                 example=few_shot, log=lambda line: None) if mine else []
+                                 example=few_shot, log=lambda line: None, constrain=args.constrain) if mine else []
                 for (record, session), outcome in zip(mine, outcomes):
                     session.update(calls=outcome.calls, expected=record["calls"], answer=outcome.text.strip())
                 ok = results.setdefault((model_name, *cell), [])
@@ -140,11 +149,14 @@ def main() -> int:
                     session = earlier.get(_key(session), session)
                     session["correct"] = correct(record, session, registry_by_id[record["task_id"]]())
                     ok.append(session["correct"])
+                    registry = registry_by_id[record["task_id"]]()
+                    strays[model_name][0] += sum(map(lambda call: outside(registry, call), session["calls"]))
+                    strays[model_name][1] += len(session["calls"])
                     if cell[0] in OFFICIAL_SETS:
                         valid, _ = official_verdict(cell[0], record["task_id"], session["calls"])
                         official.setdefault((model_name, *cell), []).append(valid)
                     kept[_key(session)] = session
-                _write_sessions(RESULTS_DIR / "asynclm_accuracy.json", list(kept.values()))
+                _write_sessions(RESULTS_DIR / f"{name}.json", list(kept.values()))
                 done += len(recs)
                 elapsed = time.monotonic() - start
                 print(f"[{done}/{total}, {elapsed / 60:.1f} min, ETA {elapsed / done * (total - done) / 60:.1f} min] "
@@ -180,20 +192,40 @@ def main() -> int:
     sections = [
         f"{adapter_line}; model `{args.model}`; data seed {args.seed}; greedy; {time.monotonic() - start:.0f} s "
         f"({ran} sessions run, {total - ran} taken from an earlier run's JSON).",
-        "## Accuracy (correct sessions / samples)\n\n" + table,
+        "## Accuracy (correct sessions / samples)\n\n" + table
+        + "\n\nCalls outside the tools (an unknown function, or arguments its signature does not take): "
+        + "; ".join(f"{m} {n} of {calls}" for m, (n, calls) in strays.items()) + ".",
         *(["## BFCL's own AST checker (bfcl_eval ast_checker, the same sessions)\n\n"
            + markdown_table(["set", "samples", *[f"{m} {v}" for m, v in columns]], official_rows)
            + f"\n\nSessions where it and oven's matcher disagree: {disagree}."] if official_rows else []),
         "## Goals (issue 14)\n\n" + ("\n".join(goals) or "—") + "\n\n" + PAPER_NOTE,
     ]
-    path = write_results("asynclm_accuracy", "AsyncLM accuracy (Table 1) on the embedded model", sections)
+    path = write_results(name, "AsyncLM accuracy (Table 1) on the embedded model"
+                         + (", calls held to the tools' schemas (--constrain)" if args.constrain else ""), sections)
     print(path.read_text())
     return 0
 
 
+def outside(registry, call: str) -> bool:
+    """Whether ``call`` names no tool of ``registry`` or passes arguments its signature does not take."""
+    try:
+        parsed = parse_call(call)
+        signature = inspect.signature(registry.get(parsed.name).function)
+    except (ToolError, KeyError):
+        return True
+    except ValueError:  # no signature to check against
+        return False
+    try:
+        signature.bind(*parsed.args, **parsed.kwargs)
+    except TypeError:
+        return True
+    return False
+
+
 def _key(session: dict) -> tuple:
-    """What decides a session's outcome (greedy): the model (the adapter's weights), the sample."""
-    return (session["model"], session["adapter_sha256"], session["set"], session["variant"], session["task_id"])
+    """What decides a session's outcome (greedy): the model (the adapter's weights), the sample, the grammar."""
+    return (session["model"], session["adapter_sha256"], session["set"], session["variant"], session["task_id"],
+            session.get("constrain", False))
 
 
 def _write_sessions(path: Path, sessions: list[dict]) -> None:

@@ -37,6 +37,7 @@ from . import plain, protocol
 from ..tools import ToolError, ToolRegistry, parse_call
 from .data import VARIANTS, DataConfig, read_meta, read_records, tasks_for
 from .decoder import DECODERS
+from .held import HeldCalls
 from .segments import Encoder
 from .tasks import function_name
 
@@ -125,12 +126,13 @@ class Loop:
     adapter); the model starts after ``prompt_ids`` (default: the sample's own prompt)."""
 
     def __init__(self, session, encoder: Encoder, record: dict, max_new_tokens: int, registry: ToolRegistry,
-                 prompt_ids: list[int] | None = None):
+                 prompt_ids: list[int] | None = None, held: HeldCalls | None = None):
         cml = protocol.cml()
         self.session, self.encoder, self.record = session, encoder, record
         self.max_new_tokens = max_new_tokens
         self.prompt_ids = prompt_ids or record["ids"][:record["loss_spans"][0][0]]
-        self.monitor = cml.TokenMonitor(lambda token: encoder.decode([token]))
+        self.held = held  # --constrain: each call's text held to the tools' schemas (held.py)
+        self.monitor = cml.TokenMonitor(lambda token: encoder.decode([token]), named_calls=held is not None)
         self.registry = registry
         self.stop_ids = set(encoder.tokenizer.stop_token_ids)
         self.now_ms, self.queue, self.forced = 0.0, [], []
@@ -139,7 +141,7 @@ class Loop:
     def run(self) -> Outcome:
         ids = list(self.prompt_ids)
         for _ in range(self.max_new_tokens):
-            token = self._choose(self.session.ranked(ids))
+            token = self._choose(self.session.ranked(ids), ids)
             if token is None:
                 break
             ids.append(token)
@@ -152,9 +154,11 @@ class Loop:
             self._on(event)
         return _scored(self.outcome, self.record, self.registry)
 
-    def _choose(self, ranked: list[int]) -> int | None:
+    def _choose(self, ranked: list[int], ids: list[int]) -> int | None:
         if self.forced:
             return self.forced.pop(0)
+        if self.held is not None and (self.held.open or self.monitor.call_body_start):
+            return self.held.choose(ranked, lambda: self.session.ranked(ids, self.held.vocab_size))
         for token in ranked:
             if token in self.stop_ids:
                 if self.monitor.in_critical_section:
@@ -280,28 +284,31 @@ def system_text(record: dict, example: bool = False) -> str:
     return prompt.system_prompt(record["functions"], example=example, rules=rules)
 
 
-def run_task(decoder, encoder: Encoder, record: dict, registry: ToolRegistry, example: bool = False) -> Outcome:
+def run_task(decoder, encoder: Encoder, record: dict, registry: ToolRegistry, example: bool = False,
+             constrain: bool = False) -> Outcome:
     """One greedy session of ``record``'s task in its variant on a session of ``decoder``
-    (decoder.py); ``example``: the prompt's worked example."""
+    (decoder.py); ``example``: the prompt's worked example; ``constrain``: CML calls held to the
+    tools' schemas (held.py; the ``sync`` variant's plain calls are not CML and are left free)."""
+    held = HeldCalls(registry, encoder.tokenizer) if constrain and record["variant"] != "sync" else None
     session = decoder.session()
     try:
         if record["variant"] == "sync":
             return PlainLoop(session, encoder, record, token_budget(record), registry,
                              system_text(record, example)).run()
         prompt_ids = encoder.prompt(system_text(record, True), record["question"]).token_ids if example else None
-        return Loop(session, encoder, record, token_budget(record), registry, prompt_ids).run()
+        return Loop(session, encoder, record, token_budget(record), registry, prompt_ids, held).run()
     finally:
         session.close()
 
 
 def check(decoder, encoder: Encoder, records: list[dict], registry_for: Callable[[dict], ToolRegistry],
-          example: bool = False, log=print) -> list[Outcome]:
+          example: bool = False, log=print, constrain: bool = False) -> list[Outcome]:
     """Run each record's task on ``decoder``, as many at once as it has sessions (threads; an
     ``EngineDecoder`` batches their steps). Outcomes and log lines come in the records' order."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(record: dict) -> Outcome:
-        return run_task(decoder, encoder, record, registry_for(record), example)
+        return run_task(decoder, encoder, record, registry_for(record), example, constrain)
 
     outcomes = []
     with ThreadPoolExecutor(decoder.max_sessions) as pool:
@@ -346,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tasks decoded at once on the engine (default %(default)s; memory grows with it)")
     parser.add_argument("--start", type=int, default=0, help="skip this many of each source first (default %(default)s)")
     parser.add_argument("--example", action="store_true", help="put the worked example in the prompt (few-shot)")
+    parser.add_argument("--constrain", action="store_true",
+                        help="hold the CML calls to the tools' schemas, as `oven asynclm --constrain` does")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     parser.add_argument("--decoder", choices=DECODERS, default="engine",
                         help="oven's paged engine, every task at once in one batch (the served numbers), or "
@@ -376,10 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         outcomes = check(decoder, Encoder(Tokenizer(source.tokenizer)), chosen,
-                         lambda r: registry_by_id[r["task_id"]](), args.example)
+                         lambda r: registry_by_id[r["task_id"]](), args.example, constrain=args.constrain)
     finally:
         decoder.close()
-    label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "")
+    label = (args.adapter or "base model") + f", {args.variant}" + (", worked example" if args.example else "") \
+        + (", constrained" if args.constrain else "")
     summary = {}
     for name in sources:
         mine = [o for o, r in zip(outcomes, chosen) if r["source"] == name]

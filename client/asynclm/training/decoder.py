@@ -1,6 +1,6 @@
 """What the check and the on-policy runs decode with: sessions that rank a context's next tokens.
 
-A session holds one context's KV cache; ``ranked(ids)`` gives the ``TOP_K`` likeliest next tokens
+A session holds one context's KV cache; ``ranked(ids)`` gives the ``TOP_K`` (or ``top_k``) likeliest next tokens
 after the context ``ids`` (likeliest first), forwarding only what its cache does not hold yet
 (the longest prefix it shares with the ids cached is kept, the rest dropped), so a caller may
 rewind as well as extend. Two decoders make sessions:
@@ -66,7 +66,7 @@ class TransformersSession:
     def __init__(self, model):
         self.model, self.cache, self.cached_ids = model, None, []
 
-    def ranked(self, ids: list[int]) -> list[int]:
+    def ranked(self, ids: list[int], top_k: int = TOP_K) -> list[int]:
         import torch
 
         keep = min(common_prefix_length(self.cached_ids, ids), len(ids) - 1)  # the last one's logits are needed
@@ -75,7 +75,7 @@ class TransformersSession:
         with torch.no_grad():
             out = self.model(input_ids=torch.tensor([ids[keep:]]), cache=self.cache, use_cache=True)
         self.cache, self.cached_ids = out.cache, list(ids)
-        return out.logits[0, -1].topk(TOP_K).indices.tolist()
+        return out.logits[0, -1].topk(top_k).indices.tolist()
 
     def close(self) -> None:
         self.cache, self.cached_ids = None, []
@@ -87,6 +87,7 @@ class _Step:
     session: EngineSession
     token_ids: list[int]
     start: int
+    top_k: int = TOP_K
     ranked: list[int] | None = None
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -196,7 +197,7 @@ class EngineDecoder:
             items.append(p.ForwardTextItem(
                 token_ids=step.token_ids, positions=list(range(step.start, end)), kv_page_ids=list(pages),
                 kv_last_page_len=end - (len(pages) - 1) * self.page_size, output_indices=[len(step.token_ids) - 1],
-                top_k=TOP_K, adapter_id=self.adapter_id))
+                top_k=step.top_k, adapter_id=self.adapter_id))
         try:
             reply = self.engine.handle(p.ForwardTextRequest(items))
             for step, error, dists in zip(batch, reply.errors, reply.dists):
@@ -218,7 +219,7 @@ class EngineSession:
         self.decoder, self.pages, self.cached_ids = decoder, [], []
         self.closed = False
 
-    def ranked(self, ids: list[int]) -> list[int]:
+    def ranked(self, ids: list[int], top_k: int = TOP_K) -> list[int]:
         keep = min(common_prefix_length(self.cached_ids, ids), len(ids) - 1)
         page_size = self.decoder.page_size
         needed = -(-len(ids) // page_size)
@@ -227,7 +228,7 @@ class EngineSession:
             self.decoder._release(self.pages[kept_pages:])
             self.pages = self.pages[:kept_pages]
         self.pages += self.decoder._pages(needed - len(self.pages))
-        ranked = self.decoder._forward(_Step(self, list(ids[keep:]), keep))
+        ranked = self.decoder._forward(_Step(self, list(ids[keep:]), keep, top_k))
         self.cached_ids = list(ids)
         return ranked
 
