@@ -62,6 +62,8 @@ class ControlConfig:
     slice_ms: int = setting(2000, "longest a guest may run between two waits (ms)")
     max_kv_pages_per_instance: int = setting(4096, "KvPages one instance may hold")
     max_embeds_per_instance: int = setting(4096, "embeds one instance may hold")
+    max_snapshots_per_client: int = setting(64, "named KV snapshots one client keeps at once")
+    max_snapshot_pages_per_client: int = setting(4096, "KvPages one client's named KV snapshots hold together")
     http_allow: str = setting("", "hosts inferlets may fetch from: comma-separated host:port (a bare host: 80 for "
                                   "http, 443 for https; [v6addr]:port); \"\" = none")
     http_timeout_s: float = setting(30.0, "one fetch, connect to last body byte (seconds)")
@@ -92,7 +94,8 @@ class ControlConfig:
         for name in ("dispatch_k", "max_instances", "max_instances_per_client", "max_launch_depth",
                      "max_children_per_instance", "inbox_messages", "inbox_mib",
                       "instance_memory_mib", "client_memory_mib", "max_runners", "slice_ms",
-                      "max_kv_pages_per_instance", "max_embeds_per_instance", "http_fetches_per_instance",
+                      "max_kv_pages_per_instance", "max_embeds_per_instance", "max_snapshots_per_client",
+                      "max_snapshot_pages_per_client", "http_fetches_per_instance",
                       "http_workers", "http_max_body_mib"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -1,7 +1,7 @@
 """The two SDKs behave alike: the same scenarios through ``inferlets/conformance`` (Python SDK) and
 ``inferlets/conformance-rust`` (Rust SDK) on the tiny model give the same messages — the same
 tokens (greedy and seeded), the same stops, the same page handles after forks, copy-on-write,
-export/import, truncation and prefetching, the same shaped generations (grammars, allowed sets,
+export/import, named snapshots, truncation and prefetching, the same shaped generations (grammars, allowed sets,
 biases, penalties, log-probabilities) — and each also gives the answer the case knows.
 
 Both instances run once, one after the other, in a module-scoped fixture; the tests read its reports.
@@ -27,6 +27,7 @@ FULL = ("One two three four five six seven eight nine ten eleven twelve thirteen
         "seventeen")  # 17 tokens: a flush fills one page
 LONG = FULL + " eighteen nineteen twenty twenty-one twenty-two"  # 22 tokens: two pages
 FOX = "The quick brown fox"
+MORE = " and then"  # the snapshot scenario's prompt: PARTIAL's tokens, then these
 ADAPTER = "tiny-lora"  # in the module loop's adapter store
 SAMPLERS = ["temperature:1.0:3", "temperature:1.0:4", "temperature:0.7:3", "top_k:20:0.8:5", "top_p:0.9:1.3:6",
             "min_p:0.05:1.0:7"]
@@ -73,6 +74,8 @@ def greedy(loop, inference):
     runs = {(prompt, n): direct_greedy(inference, loop, prompt, n) for prompt, n in [(FOX, 12), (PARTIAL, 24)]}
     (adapter,) = loop.adapters.entries()
     runs[PARTIAL, 12, ADAPTER] = direct_greedy(inference, loop, PARTIAL, 12, adapter_id=adapter.adapter_id)
+    tok = Tokenizer(loop.info.tokenizer)
+    runs["snapshot"] = direct_greedy(inference, loop, tok.encode(PARTIAL) + tok.encode(MORE), 8)
     return runs
 
 
@@ -85,6 +88,7 @@ def scenarios(greedy) -> dict[str, str]:
         "fork full": f"fork|{FULL}|2|10",
         "drop": f"drop|{LONG}|2|18",
         "share": f"share|{PARTIAL}|8",
+        "snapshot": f"snapshot|{PARTIAL}|{MORE}|8",
         "truncate": f"truncate|{PARTIAL}|12|10",
         **{mode: f"kv|{PARTIAL}|3|8|{mode}" for mode in ("offload", "evict", "ahead", "pause")},
         "ahead of a stop": f"ahead|{PARTIAL}|40|{greedy[PARTIAL, 24][0]}",
@@ -162,6 +166,18 @@ def both(reports, scenario: str) -> dict:
     python, rust = (reports[program][scenario] for program in SDKS)
     assert python == rust
     return python
+
+
+def test_snapshots_are_reused_by_prefix_and_a_fork_leaves_them_unchanged(reports, greedy, tokenizer):
+    # The snapshot holds what a flush forwarded (PARTIAL but its last token, in one partial page);
+    # from_prefix reuses all of it, and the context and its fork write past it (copying the page);
+    # a context opened afterwards continues like a fresh prefill.
+    report = both(reports, "snapshot")
+    held = len(tokenizer.encode(PARTIAL)) - 1
+    assert (report["count"], report["reused"], len(report["pages"])) == (held, held, 1)
+    assert report["tokens"] == [greedy["snapshot"], greedy["snapshot"], greedy[PARTIAL, 24][:8]]
+    assert report["taken"] == "export name 'conformance/snapshot/<id>' is taken"
+    assert report["missing"] == "no snapshot named 'conformance/snapshot/<id>'"
 
 
 def test_greedy_generation_stops_at_its_budget(reports, tokenizer, greedy):

@@ -3,7 +3,7 @@
 The inference layer addresses KvPages, Embeds and host-tier slots by physical
 id and decides nothing. Here live the pools of those ids (:class:`PhysicalPool`),
 each inferlet instance's virtual handles (:class:`ResourceTable`), shared KV
-between instances (:class:`ExportRegistry`), and the policy for an exhausted
+between instances (:class:`ExportRegistry`: exports and named snapshots), and the policy for an exhausted
 pool (:func:`choose_victims`).
 """
 
@@ -18,7 +18,7 @@ from .exhaustion import (
     choose_victims,
     held_by_client,
 )
-from .exports import MAX_NAME_BYTES, Export, ExportRegistry
+from .exports import MAX_NAME_BYTES, Export, ExportRegistry, SnapshotLimits
 from .pool import PhysicalPool, PoolExhausted
 from .slab import U32_MAX, HandleSlab, ResourceError
 from .table import BLANK, DEVICE, DISCARDED, HOST, KV_DISCARDED, PagePlacement, QuotaExceeded, ResourceTable
@@ -47,6 +47,7 @@ __all__ = [
     "QuotaExceeded",
     "ResourceError",
     "ResourceTable",
+    "SnapshotLimits",
     "choose_victims",
     "held_by_client",
 ]

@@ -19,6 +19,17 @@ once and exits, and later inferlets import it. Only the exporter may
   (:meth:`reclaim_orphans`): an orphan is a cache, a running instance's pages
   are its state;
 * whatever an operator names (``oven exports --drop NAME``).
+
+A *snapshot* is an export that also records the token ids its pages hold (``save_snapshot``). It
+belongs to its client, not to the instance that saved it: any inferlet of that client may open it
+(an import), match a new context's tokens against it (:meth:`ExportRegistry.match_snapshot`, a
+:class:`PrefixIndex` per client) or drop it; another client never sees it. Its pages are
+read-only for everyone (:meth:`ExportRegistry.check_writable`: the host refuses a forward, mask or
+copy that would write one), so what it holds never changes while it lives; readers fork by copying
+a page before writing (the SDKs do). The tokens are the saver's word: the server cannot check
+them against the K/V, so a lying inferlet misleads only its own client. Snapshots are capped per
+client (:class:`SnapshotLimits`, settings of the control process) and, with no exporter running,
+are dropped like orphans when the KvPage pool runs out (a cache gives way to running instances).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from collections.abc import Container, Hashable, Iterable
 from dataclasses import dataclass
 
 from .pool import PhysicalPool
+from .prefix_index import PrefixIndex
 from .slab import ResourceError
 from .table import ResourceTable
 
@@ -38,11 +50,21 @@ MAX_EXPORTS_PER_CLIENT = 4096
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotLimits:
+    """What one client's snapshots may hold together (``max_snapshots_per_client`` and
+    ``max_snapshot_pages_per_client``, control settings)."""
+
+    max_count: int = 64
+    max_pages: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
 class Export:
     name: str
-    owner_id: Hashable  # instance id of the exporter
+    owner_id: Hashable  # instance id of the exporter; None for a snapshot (its client's, not an instance's)
     page_ids: tuple[int, ...]  # physical KvPage ids, in the exporter's order
     namespace: str = ""  # the exporter's client: names are per client, and so is who may import them
+    tokens: tuple[int, ...] | None = None  # a snapshot's token ids (its pages hold their K/V); None otherwise
 
 
 class ExportRegistry:
@@ -52,10 +74,13 @@ class ExportRegistry:
     inferlets of its own client, so one client's KV (its prompts) never reaches another's.
     """
 
-    def __init__(self, kv_pool: PhysicalPool):
-        self.kv_pool = kv_pool
+    def __init__(self, kv_pool: PhysicalPool, page_size: int = 16, snapshot_limits: SnapshotLimits = SnapshotLimits()):
+        self.kv_pool, self.page_size, self.snapshot_limits = kv_pool, page_size, snapshot_limits
         self._export_by_name: dict[tuple[str, str], Export] = {}
         self._count_by_namespace: Counter[str] = Counter()
+        self._index_by_namespace: dict[str, PrefixIndex] = {}  # snapshots' tokens, per client
+        self._snapshot_pages: Counter[str] = Counter()  # pages each client's snapshots hold
+        self._read_only: Counter[int] = Counter()  # page id -> snapshots holding it
 
     def __len__(self) -> int:
         return len(self._export_by_name)
@@ -102,6 +127,8 @@ class ExportRegistry:
         Pages still held by the exporter or importers stay; the others are freed.
         """
         export = self._get(name, namespace)
+        if export.tokens is not None:
+            raise ResourceError(f"{name!r} is a snapshot: drop it with drop-snapshot")
         if export.owner_id != instance_id:
             raise ResourceError(f"export {name!r} belongs to another inferlet; only its exporter may release it")
         return self.drop(name, namespace)
@@ -113,7 +140,93 @@ class ExportRegistry:
         self._count_by_namespace[namespace] -= 1
         if not self._count_by_namespace[namespace]:
             del self._count_by_namespace[namespace]
+        if export.tokens is not None:
+            self._forget_snapshot(export)
         return self.kv_pool.release(export.page_ids)
+
+    # -- snapshots -------------------------------------------------------------------------------
+
+    def save_snapshot(self, owner: ResourceTable, name: str, handles: Iterable[int], tokens: Iterable[int],
+                      namespace: str = "", elsewhere: tuple[int, int] = (0, 0)) -> None:
+        """Keep the owner's device pages and the ``tokens`` they hold as snapshot ``name`` of client
+        ``namespace``; the owner keeps its handles, now read-only. ``elsewhere``: (snapshots, pages)
+        the client holds on other replicas, which count against its caps too.
+
+        Raises ResourceError for what ``export_kvpages`` refuses, for tokens that do not fill the pages
+        (one page per ``page_size`` tokens, the last one partly) and past the client's caps; nothing
+        changes then.
+        """
+        tokens = tuple(tokens)
+        handles = list(handles)
+        if not tokens:
+            raise ResourceError(f"snapshot {name!r} holds no token")
+        needed = -(-len(tokens) // self.page_size)
+        if len(handles) != needed:
+            raise ResourceError(f"snapshot {name!r}: {len(tokens)} tokens fill {needed} kvpages, not {len(handles)}")
+        count, pages = self.snapshot_usage(namespace)
+        count, pages = count + elsewhere[0], pages + elsewhere[1]
+        limits = self.snapshot_limits
+        if count >= limits.max_count:
+            raise ResourceError(f"this client has {count} snapshots, the most it may keep "
+                                f"(max_snapshots_per_client): drop some first")
+        if pages + needed > limits.max_pages:
+            raise ResourceError(f"this client's snapshots hold {pages} kvpages; {needed} more would pass "
+                                f"{limits.max_pages} (max_snapshot_pages_per_client): drop some first")
+        self.export_kvpages(owner, name, handles, namespace)
+        export = self._export_by_name[(namespace, name)]
+        snapshot = Export(name, None, export.page_ids, namespace, tokens)
+        self._export_by_name[(namespace, name)] = snapshot
+        self._index_by_namespace.setdefault(namespace, PrefixIndex(self.page_size)).add(name, tokens)
+        self._snapshot_pages[namespace] += len(snapshot.page_ids)
+        self._read_only.update(snapshot.page_ids)
+
+    def snapshot(self, name: str, namespace: str = "") -> Export:
+        """Client ``namespace``'s snapshot ``name``; ResourceError if it has none by that name."""
+        export = self._export_by_name.get((namespace, name)) if isinstance(name, str) else None
+        if export is None or export.tokens is None:
+            raise ResourceError(f"no snapshot named {name!r}")
+        return export
+
+    def drop_snapshot(self, name: str, namespace: str = "") -> list[int]:
+        """Drop client ``namespace``'s snapshot ``name`` (any of its inferlets may); the pages freed
+        (those no reader holds)."""
+        return self.drop(self.snapshot(name, namespace).name, namespace)
+
+    def match_snapshot(self, tokens: Iterable[int], namespace: str = "") -> tuple[str | None, int]:
+        """Client ``namespace``'s snapshot sharing the longest prefix with ``tokens`` and that prefix's
+        length (the oldest of those tied); ``(None, 0)`` if none shares the first token."""
+        index = self._index_by_namespace.get(namespace)
+        return (None, 0) if index is None else index.longest(list(tokens))
+
+    def snapshot_usage(self, namespace: str) -> tuple[int, int]:
+        """(snapshots, kvpages) client ``namespace`` keeps here."""
+        index = self._index_by_namespace.get(namespace)
+        return (0 if index is None else len(index)), self._snapshot_pages[namespace]
+
+    @property
+    def num_read_only_pages(self) -> int:
+        return len(self._read_only)
+
+    def check_writable(self, page_ids: Iterable[int]) -> None:
+        """ResourceError if a snapshot holds one of these pages: what it holds must never change."""
+        if self._read_only:
+            for page_id in page_ids:
+                if page_id in self._read_only:
+                    raise ResourceError("a kvpage of a snapshot is read-only: copy it into a page of your own "
+                                        "before writing (the SDKs' copy-on-write)")
+
+    def _forget_snapshot(self, export: Export) -> None:
+        index = self._index_by_namespace[export.namespace]
+        index.remove(export.name)
+        if not len(index):
+            del self._index_by_namespace[export.namespace]
+        self._snapshot_pages[export.namespace] -= len(export.page_ids)
+        if not self._snapshot_pages[export.namespace]:
+            del self._snapshot_pages[export.namespace]
+        self._read_only.subtract(export.page_ids)
+        for page_id in export.page_ids:
+            if not self._read_only[page_id]:
+                del self._read_only[page_id]
 
     def get(self, name: str, namespace: str = "") -> Export:
         return self._get(name, namespace)

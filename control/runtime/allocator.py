@@ -332,3 +332,9 @@ class Allocator:
                  else self._exports.drop(name, namespace))
         if freed:
             self.retry_parked()
+
+    def drop_snapshot(self, name: str, namespace: str) -> None:
+        """``drop-snapshot``: any inferlet of client ``namespace`` drops its snapshot ``name``; the pages
+        no reader holds go back to the pool. ResourceError if the client has no such snapshot."""
+        if self._exports.drop_snapshot(name, namespace):
+            self.retry_parked()

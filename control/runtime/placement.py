@@ -9,6 +9,9 @@ there, so an inferlet that starts from a shared prefix runs where the prefix is.
 Export names stay per client across replicas (one name, one export). An import from another replica
 by an instance already placed fails with :data:`ELSEWHERE` in its message: the pages live in another
 process's memory and are not copied; the SDKs then recompute the tokens (``Context.imported``).
+Snapshots (exports that record their tokens) are the same: one name per client across replicas, the
+client's caps counted over every replica, and a match looks where the instance's K/V is (every
+replica for one not placed yet, which an open then moves to the snapshot's).
 """
 
 from __future__ import annotations
@@ -62,6 +65,35 @@ class Placement:
         if isinstance(name, str) and self.holder(name, inst.owner) is not None:
             raise ResourceError(f"export name {name!r} is taken")
         inst.replica.exports.export_kvpages(inst.resources, name, handles, inst.owner)
+
+    def save_snapshot(self, inst: Instance, handles: list[int], tokens: list[int], name: str) -> None:
+        """``save-snapshot``: the name must be free on every replica; the caps count every replica's."""
+        if isinstance(name, str) and self.holder(name, inst.owner) is not None:
+            raise ResourceError(f"export name {name!r} is taken")
+        others = [r.exports.snapshot_usage(inst.owner) for r in self.replicas if r is not inst.replica]
+        elsewhere = (sum(count for count, _ in others), sum(pages for _, pages in others))
+        inst.replica.exports.save_snapshot(inst.resources, name, handles, tokens, inst.owner, elsewhere)
+
+    def snapshot_tokens(self, inst: Instance, name: str) -> list[int]:
+        """``snapshot-tokens``: the token ids client ``inst.owner``'s snapshot ``name`` holds."""
+        holder = self.holder(name, inst.owner) if isinstance(name, str) else None
+        return list((holder or inst.replica).exports.snapshot(name, inst.owner).tokens)
+
+    def open_snapshot(self, inst: Instance, name: str) -> list[int]:
+        """``open-snapshot``: an import that only a snapshot answers."""
+        self.snapshot_tokens(inst, name)  # ResourceError unless the client has a snapshot by that name
+        return self.import_(inst, name)
+
+    def match_snapshot(self, inst: Instance, tokens: list[int]) -> str:
+        """``match-snapshot``: the name of the client's snapshot sharing the longest prefix with ``tokens``
+        where the instance's K/V is (anywhere, for one not placed yet), or ""."""
+        replicas = [inst.replica] if inst.placed else self.replicas
+        best_name, best_len = "", 0
+        for replica in replicas:
+            name, length = replica.exports.match_snapshot(tokens, inst.owner)
+            if length > best_len:
+                best_name, best_len = name, length
+        return best_name
 
     def import_(self, inst: Instance, name: str) -> list[int]:
         """``import-kvpages``: from the instance's replica, moving an instance not placed yet to the

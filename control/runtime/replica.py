@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
-from oven.control.resources import ExportRegistry, PhysicalPool
+from oven.control.resources import ExportRegistry, PhysicalPool, SnapshotLimits
 from oven.control.scheduling import BatchScheduler
 from oven.control.scheduling.profiler import CostProfiler
 from oven.control.remote import RemoteInference
@@ -66,7 +66,8 @@ class Replica:
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
         self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
-        self.exports = ExportRegistry(self.kv_pool)
+        self.exports = ExportRegistry(self.kv_pool, self.info.page_size, SnapshotLimits(
+            config.max_snapshots_per_client, config.max_snapshot_pages_per_client))
         self.allocator = Allocator(config.exhaustion, kv_pool=self.kv_pool, host_pool=self.host_pool,
                                    exports=self.exports, page_size=self.info.page_size, submit=self.calls.submit,
                                    instances=self.instances, kill=kill,

@@ -11,6 +11,11 @@ Arguments: one scenario each, its fields separated by "|":
   handles, top-5 distributions while hidden and after
 * ``share|PROMPT|MAX``: the prompt's pages exported, imported by a second context; both generate
   greedily -> token count, page handles, tokens, the error importing after the release
+* ``snapshot|PROMPT|MORE|MAX``: the prompt's forwarded pages saved as a snapshot; a context
+  ``from_prefix`` of PROMPT + MORE reuses them and a fork of it writes past them, both generating
+  greedily; then a context ``from_snapshot`` gets the prompt's last token and generates -> token
+  count, tokens reused, page handles, tokens, the errors saving the name again and opening it
+  after the drop
 * ``truncate|PROMPT|MAX|KEEP``: generate, truncate to KEEP tokens, generate again -> tokens, pages
 * ``kv|PROMPT|STEPS|MAX|MODE``: prefill, STEPS decode steps (a page prefetched), then MODE
   (``offload`` and restore, ``evict``, ``ahead``: free the pages allocated ahead, or ``pause``:
@@ -154,6 +159,36 @@ async def share(prompt, max_tokens):
         except inferlet.OvenError as err:
             missing = str(err)
         return {"count": count, "imported": imported, "tokens": generated, "after": after, "missing": missing}
+
+
+async def snapshot(prompt, more, max_tokens):
+    name = "conformance/snapshot/" + inferlet.instance_id()
+    tokens, stop = inferlet.encode(prompt), inferlet.Stop(int(max_tokens))
+    with inferlet.Context() as maker:
+        maker.fill_tokens(tokens)
+        await maker.flush()
+        count = await maker.snapshot(name)
+        try:
+            await maker.snapshot(name)
+            taken = None
+        except inferlet.OvenError as err:
+            taken = str(err)
+    with inferlet.Context.from_prefix(tokens + inferlet.encode(more)) as reuser:
+        reused, pages = len(reuser.tokens), handles(reuser)
+        with await reuser.fork() as forked:
+            generated = await inferlet.gather(*(c.generate_tokens(GREEDY, stop) for c in (reuser, forked)))
+            after = [handles(reuser), handles(forked)]
+    with inferlet.Context.from_snapshot(name) as opened:
+        opened.fill_tokens(tokens[count:])
+        generated.append(await opened.generate_tokens(GREEDY, stop))
+    inferlet.Context.drop_snapshot(name)
+    try:
+        inferlet.Context.from_snapshot(name)
+        missing = None
+    except inferlet.OvenError as err:
+        missing = str(err)
+    return {"count": count, "reused": reused, "pages": pages, "tokens": generated, "after": after,
+            "taken": taken, "missing": missing}
 
 
 async def truncate(prompt, max_tokens, keep):
@@ -388,8 +423,8 @@ async def launch(program, prompt, max_tokens):
     return report
 
 
-SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, truncate, kv, ahead, pipelined, dists, adapter,
-                                      vectors, errors, launch, shaped, masked, shape_errors)}
+SCENARIOS = {f.__name__: f for f in (generate, steps, fork, drop, share, snapshot, truncate, kv, ahead, pipelined, dists,
+                                      adapter, vectors, errors, launch, shaped, masked, shape_errors)}
 
 
 async def main(args: list[str]) -> None:

@@ -1,6 +1,6 @@
 """prefix-cache: a shared prefix (a system prompt, say) forwarded once for every instance.
 
-Arguments: PREFIX SUFFIX [MAX_NEW_TOKENS=16] [--no-cache]
+Arguments: PREFIX SUFFIX [MAX_NEW_TOKENS=16] [--no-cache | --snapshot]
 
 An instance that finds no export of the prefix flushes it (forwards every token but the last)
 and exports those tokens' KV pages as "prefix-cache/" + sha256 of the prefix's token ids. One
@@ -11,6 +11,12 @@ the export stays intact. The export outlives the instance that made it until it 
 it; the later export is refused, which is fine. Greedy decoding of tokenize(PREFIX) +
 tokenize(SUFFIX). Sends one JSON message:
 {"tokens": [ids], "forwarded": tokens run through the model, "imported": bool}.
+
+``--snapshot`` uses named snapshots instead of an export: the instance asks the server's prefix
+index for the longest prefix of PREFIX + SUFFIX that one of its client's snapshots holds
+(``Context.from_prefix``) and reuses those pages; one that finds none flushes PREFIX and saves it
+as snapshot "prefix-cache/snapshot/" + the same hash. Its message adds "reused": the tokens taken
+from a snapshot.
 """
 
 import hashlib
@@ -18,13 +24,35 @@ import json
 
 import inferlet
 
-USAGE = "usage: prefix-cache PREFIX SUFFIX [MAX_NEW_TOKENS] [--no-cache]"
+USAGE = "usage: prefix-cache PREFIX SUFFIX [MAX_NEW_TOKENS] [--no-cache | --snapshot]"
+
+
+def digest(prefix: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, prefix)).encode()).hexdigest()
+
+
+async def snapshot_context(prefix: list[int], suffix: list[int]) -> tuple[inferlet.Context, int]:
+    """A context holding ``prefix`` + ``suffix``, the longest prefix a snapshot holds reused; how many
+    tokens that is (0: none matched, and PREFIX but its last token is saved as a snapshot)."""
+    ctx = inferlet.Context.from_prefix(prefix + suffix)
+    if ctx.tokens:
+        return ctx, len(ctx.tokens)
+    ctx.close()
+    ctx = inferlet.Context()
+    ctx.fill_tokens(prefix)
+    await ctx.flush()
+    try:
+        await ctx.snapshot("prefix-cache/snapshot/" + digest(prefix))
+    except inferlet.OvenError:  # another instance saved it meanwhile
+        pass
+    ctx.fill_tokens(suffix)
+    return ctx, 0
 
 
 async def prefix_context(prefix: list[int], cache: bool) -> tuple[inferlet.Context, bool]:
     """A context holding ``prefix`` as a flush leaves it (the last token pending, the others
     forwarded); whether their pages were imported."""
-    name = "prefix-cache/" + hashlib.sha256(",".join(map(str, prefix)).encode()).hexdigest()
+    name = "prefix-cache/" + digest(prefix)
     if cache:
         try:
             ctx = inferlet.Context.imported(name, prefix[:-1])
@@ -45,19 +73,26 @@ async def prefix_context(prefix: list[int], cache: bool) -> tuple[inferlet.Conte
 
 
 async def main(args: list[str]) -> None:
-    cache = "--no-cache" not in args
-    args = [a for a in args if a != "--no-cache"]
-    if len(args) not in (2, 3) or (len(args) == 3 and not (args[2].isdigit() and int(args[2]) > 0)):
+    cache, snapshot = "--no-cache" not in args, "--snapshot" in args
+    args = [a for a in args if a not in ("--no-cache", "--snapshot")]
+    if len(args) not in (2, 3) or (len(args) == 3 and not (args[2].isdigit() and int(args[2]) > 0)) or \
+            (snapshot and not cache):
         raise ValueError(USAGE)
     prefix, suffix = inferlet.encode(args[0]), inferlet.encode(args[1])
     if not prefix or not suffix:
         raise ValueError("PREFIX and SUFFIX must both be non-empty")
-    ctx, imported = await prefix_context(prefix, cache)
-    with ctx:
+    report = {}
+    if snapshot:
+        ctx, reused = await snapshot_context(prefix, suffix)
+        report["reused"] = reused
+    else:
+        ctx, imported = await prefix_context(prefix, cache)
         ctx.fill_tokens(suffix)
+        reused = len(prefix) - 1 if imported else 0
+    with ctx:
         await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=int(args[2]) if len(args) == 3 else 16))
-        forwarded = len(ctx.tokens) - (len(prefix) - 1 if imported else 0)
-        inferlet.send(json.dumps({"tokens": ctx.generated, "forwarded": forwarded, "imported": imported}))
+        report.update(tokens=ctx.generated, forwarded=len(ctx.tokens) - reused, imported=reused > 0)
+        inferlet.send(json.dumps(report))
 
 
 WitWorld = inferlet.run(main)

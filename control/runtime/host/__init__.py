@@ -42,6 +42,7 @@ _REPLIES = {
     # answered in the runner (control/runner/grammars.py), which reports them with the handle it gave
     **dict.fromkeys(("create-grammar", "drop-grammar", "create-decoder", "drop-decoder"), r.REPLY_NONE),
     **dict.fromkeys(("export-kvpages", "import-kvpages", "release-export", "set-recomputable", "restore-discarded",
+                     "save-snapshot", "open-snapshot", "snapshot-tokens", "match-snapshot", "drop-snapshot",
                      "open-adapter", "launch", "cancel-child"), r.REPLY_VALUE),
 }
 

@@ -11,7 +11,7 @@ from oven.control.scheduling import Embed, TokenSlot
 from oven.proto import inference as p
 
 from .. import futures as f
-from .issue import Call, issue
+from .issue import Call, check_kv_writes, issue
 
 
 def _kv_context(inst, page_ids: list[int], last_page_len: int, num_inputs: int) -> tuple:
@@ -31,6 +31,7 @@ def forward(inst, q, pages, last_page_len, inputs, output_indices, outputs, mask
     def build():
         adapter_id = _adapter_id(inst, adapter)
         page_ids = inst.resources.physical_pages(pages)
+        check_kv_writes(inst, page_ids, last_page_len, len(inputs))
         in_ids, out_ids = inst.resources.physical_embeds(inputs), inst.resources.physical_embeds(outputs)
         if inputs:  # the pages it writes hold K/V of embeds the control layer does not keep: never discarded
             first_written = ((len(pages) - 1) * inst.host.info.page_size + last_page_len - len(inputs)) \
@@ -55,6 +56,7 @@ def forward_text(inst, q, tokens, positions, pages, last_page_len, output_indice
     def build():
         adapter_id = _adapter_id(inst, adapter)
         page_ids = inst.resources.physical_pages(pages)
+        check_kv_writes(inst, page_ids, last_page_len, len(tokens))
         item = p.ForwardTextItem(list(tokens), list(positions), page_ids, last_page_len, list(output_indices), top_k,
                                  adapter_id=adapter_id)
         return Call(item, len(tokens), kv_context=_kv_context(inst, page_ids, last_page_len, len(tokens)))
@@ -84,6 +86,7 @@ def forward_sample(inst, q, tokens, input_futures, positions, pages, last_page_l
     try:
         adapter_id = _adapter_id(inst, adapter)
         page_ids = inst.resources.physical_pages(pages)
+        check_kv_writes(inst, page_ids, last_page_len, len(tokens))
         token_ids, token_futures = _inputs(inst, tokens, input_futures, held)
         shape = None
         if shaping is not None:

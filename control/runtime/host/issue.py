@@ -38,6 +38,16 @@ def issue(inst, q: int, call_type: str, kind: str, build: Callable[[], Call]) ->
     return fut.handle
 
 
+def check_kv_writes(inst, page_ids: list[int], last_page_len: int, num_inputs: int) -> None:
+    """ResourceError if a forward of ``num_inputs`` inputs over this paged context (they are its last
+    slots, written there) would write into a snapshot's page. Costs nothing while no snapshot lives."""
+    exports = inst.host.exports
+    if exports.num_read_only_pages and page_ids:
+        ps = inst.host.info.page_size
+        first = max((len(page_ids) - 1) * ps + last_page_len - num_inputs, 0) // ps
+        exports.check_writable(page_ids[first:])
+
+
 def resource_call(action: Callable):
     """Run a synchronous resource operation as a WIT ``result``: its value, or the error text."""
     try:

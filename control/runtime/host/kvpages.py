@@ -1,4 +1,5 @@
-"""``kvpages``: allocate, free, copy, mask, offload/restore, share KvPages, and declare them recomputable."""
+"""``kvpages``: allocate, free, copy, mask, offload/restore, share KvPages (exports and named snapshots),
+and declare them recomputable."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .issue import Call, allocate, deallocate, issue, move_pages, resource_call
 def copy_kvpage(inst, q: int, src: int, dst: int, src_offset: int, dst_offset: int, count: int) -> int:
     def build():
         src_id, dst_id = inst.resources.physical_pages([src, dst])
+        inst.host.exports.check_writable([dst_id])
         item = p.CopyKvPageItem(src_id, dst_id, src_offset, dst_offset, count)
         try:
             return Call(item, reads=frozenset({KvSlots(src_id, src_offset, src_offset + count)}),
@@ -32,6 +34,7 @@ def restore_discarded(inst, pages: list[int]) -> list[int]:
 def mask_kvpage(inst, q: int, page: int, masked: list[bool]) -> int:
     def build():
         (page_id,) = inst.resources.physical_pages([page])
+        inst.host.exports.check_writable([page_id])
         return Call(p.MaskKvPageItem(page_id, list(masked)), writes=frozenset({KvSlots.page(page_id)}))
     return issue(inst, q, "mask_kvpage", f.UNIT, build)
 
@@ -47,6 +50,13 @@ FUNCS = {
     "export-kvpages": lambda inst, pages, name: resource_call(lambda: inst.host.placement.export(inst, pages, name)),
     "import-kvpages": lambda inst, name: resource_call(lambda: inst.host.placement.import_(inst, name)),
     "release-export": lambda inst, name: resource_call(lambda: inst.host.allocator.drop_export(name, by=inst)),
+    # Named snapshots (resources/exports.py): per client, read-only, matched by their tokens' prefix.
+    "save-snapshot": lambda inst, pages, tokens, name: resource_call(
+        lambda: inst.host.placement.save_snapshot(inst, pages, tokens, name)),
+    "open-snapshot": lambda inst, name: resource_call(lambda: inst.host.placement.open_snapshot(inst, name)),
+    "snapshot-tokens": lambda inst, name: resource_call(lambda: inst.host.placement.snapshot_tokens(inst, name)),
+    "match-snapshot": lambda inst, tokens: inst.host.placement.match_snapshot(inst, tokens),
+    "drop-snapshot": lambda inst, name: resource_call(lambda: inst.host.allocator.drop_snapshot(name, inst.owner)),
     # InferCept's discard (runtime/interceptions.py): which pages the policy may discard, and taking them back.
     "set-recomputable": lambda inst, pages, recomputable: resource_call(
         lambda: inst.resources.set_recomputable(pages, recomputable)),

@@ -144,6 +144,52 @@ async fn share(prompt: &str, max_tokens: &str) -> Outcome {
     ]))
 }
 
+async fn snapshot(prompt: &str, more: &str, max_tokens: &str) -> Outcome {
+    let name = format!("conformance/snapshot/{}", oven::instance_id());
+    let tokens = oven::tokenize(prompt);
+    let stop = Stop::max_tokens(number(max_tokens)?);
+    let (count, taken) = {
+        let mut maker = Context::new();
+        maker.fill_tokens(&tokens);
+        maker.flush().await?;
+        let count = maker.snapshot(&name).await?;
+        let taken = match maker.snapshot(&name).await {
+            Ok(_) => "null".to_string(),
+            Err(message) => text(&message),
+        };
+        (count, taken)
+    };
+    let mut prompt_more = tokens.clone();
+    prompt_more.extend(oven::tokenize(more));
+    let (reused, pages, mut generated, after) = {
+        let mut reuser = Context::from_prefix(&prompt_more);
+        let (reused, pages) = (reuser.len() - reuser.num_pending(), handles(&reuser));
+        let mut forked = reuser.fork().await?;
+        let (a, b) = join(reuser.generate_tokens(&mut Greedy, &stop), forked.generate_tokens(&mut Greedy, &stop)).await;
+        let after = list([handles(&reuser), handles(&forked)].iter().cloned());
+        (reused, pages, vec![ints(&a?), ints(&b?)], after)
+    };
+    {
+        let mut opened = Context::from_snapshot(&name)?;
+        opened.fill_tokens(&tokens[count..]);
+        generated.push(ints(&opened.generate_tokens(&mut Greedy, &stop).await?));
+    }
+    Context::drop_snapshot(&name)?;
+    let missing = match Context::from_snapshot(&name) {
+        Ok(_) => "null".to_string(),
+        Err(message) => text(&message),
+    };
+    Ok(object(&[
+        ("count", count.to_string()),
+        ("reused", reused.to_string()),
+        ("pages", pages),
+        ("tokens", list(generated.iter().cloned())),
+        ("after", after),
+        ("taken", taken),
+        ("missing", missing),
+    ]))
+}
+
 async fn truncate(prompt: &str, max_tokens: &str, keep: &str) -> Outcome {
     let stop = Stop::max_tokens(number(max_tokens)?);
     let mut ctx = Context::new();
@@ -456,6 +502,7 @@ async fn scenario(arg: &str) -> Outcome {
         ("fork", [prompt, n, max]) => fork(prompt, n, max).await,
         ("drop", [prompt, start, end]) => drop_range(prompt, start, end).await,
         ("share", [prompt, max]) => share(prompt, max).await,
+        ("snapshot", [prompt, more, max]) => snapshot(prompt, more, max).await,
         ("truncate", [prompt, max, keep]) => truncate(prompt, max, keep).await,
         ("kv", [prompt, steps, max, mode]) => kv(prompt, steps, max, mode).await,
         ("ahead", [prompt, max, token]) => ahead(prompt, max, token).await,

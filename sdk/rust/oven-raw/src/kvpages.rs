@@ -22,6 +22,24 @@ extern "C" {
     fn raw_import_kvpages(name_ptr: *const u8, name_len: usize, ret: *mut u8);
     #[link_name = "release-export"]
     fn raw_release_export(name_ptr: *const u8, name_len: usize, ret: *mut u8);
+    #[link_name = "save-snapshot"]
+    fn raw_save_snapshot(
+        pages_ptr: *const u32,
+        pages_len: usize,
+        tokens_ptr: *const u32,
+        tokens_len: usize,
+        name_ptr: *const u8,
+        name_len: usize,
+        ret: *mut u8,
+    );
+    #[link_name = "open-snapshot"]
+    fn raw_open_snapshot(name_ptr: *const u8, name_len: usize, ret: *mut u8);
+    #[link_name = "snapshot-tokens"]
+    fn raw_snapshot_tokens(name_ptr: *const u8, name_len: usize, ret: *mut u8);
+    #[link_name = "match-snapshot"]
+    fn raw_match_snapshot(tokens_ptr: *const u32, tokens_len: usize, ret: *mut u8);
+    #[link_name = "drop-snapshot"]
+    fn raw_drop_snapshot(name_ptr: *const u8, name_len: usize, ret: *mut u8);
     #[link_name = "set-recomputable"]
     fn raw_set_recomputable(pages_ptr: *const u32, pages_len: usize, recomputable: i32, ret: *mut u8);
     #[link_name = "restore-discarded"]
@@ -81,6 +99,52 @@ pub fn release_export(name: &str) -> Result<(), String> {
     let mut ret = RetArea::new();
     unsafe {
         raw_release_export(name.as_ptr(), name.len(), ret.ptr());
+        ret.take_result(|_| ())
+    }
+}
+
+/// Keep `pages` holding `tokens` as this client's snapshot `name` (read-only from then on).
+pub fn save_snapshot(pages: &[u32], tokens: &[u32], name: &str) -> Result<(), String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        let (pages_ptr, tokens_ptr, name_ptr) = (pages.as_ptr(), tokens.as_ptr(), name.as_ptr());
+        raw_save_snapshot(pages_ptr, pages.len(), tokens_ptr, tokens.len(), name_ptr, name.len(), ret.ptr());
+        ret.take_result(|_| ())
+    }
+}
+
+/// Handles in this instance on the (read-only) pages of this client's snapshot `name`.
+pub fn open_snapshot(name: &str) -> Result<Vec<u32>, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_open_snapshot(name.as_ptr(), name.len(), ret.ptr());
+        ret.take_result(|r| r.take_list(4))
+    }
+}
+
+/// The token ids this client's snapshot `name` holds.
+pub fn snapshot_tokens(name: &str) -> Result<Vec<u32>, String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_snapshot_tokens(name.as_ptr(), name.len(), ret.ptr());
+        ret.take_result(|r| r.take_list(4))
+    }
+}
+
+/// The name of this client's snapshot sharing the longest prefix with `tokens`, or "" for none.
+pub fn match_snapshot(tokens: &[u32]) -> String {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_match_snapshot(tokens.as_ptr(), tokens.len(), ret.ptr());
+        ret.take_string(0)
+    }
+}
+
+/// Drop this client's snapshot `name`; its pages are freed once no instance holds them.
+pub fn drop_snapshot(name: &str) -> Result<(), String> {
+    let mut ret = RetArea::new();
+    unsafe {
+        raw_drop_snapshot(name.as_ptr(), name.len(), ret.ptr());
         ret.take_result(|_| ())
     }
 }
