@@ -287,7 +287,9 @@ class ControlServer(AdapterRequests, ProgramRequests):
     def _list_exports(self, caller: Caller, _req) -> c.ExportList:
         snapshot = self.loop.snapshot()
         running = {r.instance_id for r in snapshot.instances}
-        return c.ExportList([c.ExportEntry(e.name, len(e.page_ids), e.owner_id, e.owner_id in running, e.namespace)
+        # A named snapshot is its client's, not an instance's: no exporter (resources/exports.py).
+        return c.ExportList([c.ExportEntry(e.name, len(e.page_ids), e.owner_id or "", e.owner_id in running,
+                                           e.namespace)
                              for e in snapshot.exports if caller.operator or e.namespace == caller.name])
 
     def _drop_export(self, caller: Caller, req: c.DropExport) -> c.Ok:

@@ -155,7 +155,7 @@ class ListExports:
 class ExportEntry:
     name: str
     num_pages: int
-    exporter: str  # instance id
+    exporter: str  # instance id; "" for a named snapshot (its client's, kept until dropped)
     exporter_running: bool  # False: an orphan, dropped first when the KvPage pool runs out
     owner: str  # the exporter's client: its inferlets alone may import the export
 
