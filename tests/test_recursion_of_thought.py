@@ -54,7 +54,8 @@ def check_node(tok: Tokenizer, node: dict, depth_cap: int, max_subs: int) -> Non
              if line.strip().startswith("Sub:") and line.split("Sub:", 1)[1].strip()]
     if node["forced"] or not lines:
         assert node["subs"] == [] and node["fed"] is node["compose"] is None
-        assert node["answer"] == (reply if node["forced"] else reply.split("Answer:", 1)[-1]).strip().split("\n")[0].strip()
+        answered = reply if node["forced"] else reply.split("Answer:", 1)[-1]
+        assert node["answer"] == answered.strip().split("\n")[0].strip()
         return
     assert [s["problem"] for s in node["subs"]] == lines[:max_subs]
     assert all(s["depth"] == node["depth"] + 1 for s in node["subs"])

@@ -28,7 +28,8 @@ USAGE = ("usage: agent-swarm (writer | critic) TASK [--swarm NAME] [--rounds K] 
          "[--wait-ms W]")
 MAX_ROUNDS = 16
 HELLO_MS = 20
-WRITER = "You are a writer. Write what the task asks in two sentences at most. When given a critique, rewrite the text to address it."
+WRITER = ("You are a writer. Write what the task asks in two sentences at most. When given a critique, rewrite "
+          "the text to address it.")
 CRITIC = "You are a critic. Reply with one short sentence saying how the text could be improved."
 MARK = "\x1fREPLY\x1f"  # stands for a reply in a rendered chat, to find the text that follows one
 

@@ -91,8 +91,8 @@ class Solver:
         self.nodes += 1
         forced = depth >= self.opt["--depth"]
         user = {"role": "user", "content": f"Problem: {problem}"}
-        node = {"problem": problem, "depth": depth, "forced": forced, "prompt": inferlet.encode(self.turn([user])), "subs": [],
-                "fed": None, "compose": None}
+        node = {"problem": problem, "depth": depth, "forced": forced, "prompt": inferlet.encode(self.turn([user])),
+                "subs": [], "fed": None, "compose": None}
         if forced:
             node["prompt"] += inferlet.encode(ANSWER)
         with await self.context() as ctx:
