@@ -41,7 +41,7 @@ from .held import HeldCalls
 from .segments import Encoder
 from .tasks import function_name
 
-SOURCES = ("demo", "parallel", "live_parallel", "multi_step_parallel", "multi_turn")
+SOURCES = ("demo", "parallel", "live_parallel", "multi_step_parallel", "multi_turn", "irrelevance", "live_irrelevance")
 
 
 @dataclass
