@@ -67,6 +67,8 @@ CALLS = [  # the text after a call's [HEAD], and whether the grammar takes it
     (' reserve_table(restaurant=" Nopa", guests=4) [END]', True),  # an optional one left out
     (' reserve_table(restaurant="Nopa", guests=-2, seating="indoor") [END]', True),  # no opening space
     (' mix(ratio=0.5, names=[" a", "b"], loud=True) [END]', True),
+    (" reserve_table(restaurant=' Nopa', guests=4, seating='outdoor') [END]", True),  # single quotes, as BFCL's
+    (' reserve_table(restaurant=" Nopa\', guests=4) [END]', False),  # quotes that do not match
     (' mix(ratio=2, names=[]) [END]', True),  # an int is a number
     (' reserve_table(restaurant=" Nopa", guests=4, seating=" outdoor")', False),  # no [END]
     (' reserve_tables(restaurant=" Nopa", guests=4) [END]', False),  # an unknown function
@@ -172,7 +174,7 @@ def test_a_constrained_session_calls_only_the_tools_as_their_schemas_say(smollm2
     (tmp_path / "odd_tools.py").write_text(ODD_TOOLS)
     registry = ToolRegistry(load_tools_file(tmp_path / "odd_tools.py"))
     # the check of the check: a call outside the registry, a wrong type, a value outside the enum
-    wrong = ['get_weather(city=" Paris")', "tide_level(harbor=1)", 'reserve_table(restaurant=" A", guests=2, seating=" x")']
+    wrong = ['get_weather(city=" Paris")', "tide_level(harbor=1)", 'reserve_table(restaurant="A", guests=2, seating="x")']
     assert schema_violations([*wrong, 'tide_level(harbor=" Brest")'], registry) == wrong
     env = {"OVEN_CONTROL_ENDPOINT": smollm2_server.endpoint,
            "OVEN_TOKEN": f"@{smollm2_server.state / 'operator.token'}"}

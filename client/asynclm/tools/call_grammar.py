@@ -4,7 +4,8 @@ One builder for every path that holds the model's calls to the tools' schemas: t
 front end's ``tool_choice`` (``client/openai_api/tools.py``: whole call lines, then the wait) and
 ``oven asynclm --constrain`` with the in-process check (:func:`call_grammar`: the text after a
 call's ``[HEAD]``, up to its ``[END]``). A call is one of the tools' names, then its keyword
-arguments in the model's style (``f(city=" Paris", n=2)``): known names, each once, every
+arguments in the model's style (``f(city=" Paris", n=2)``; strings in either quotes, as its
+BFCL training calls write them single-quoted): known names, each once, every
 required one present, in the signature's order (required ones first, as the prompt shows them:
 :func:`~.schema.schema_signature`) or in the schema's own (BFCL's answers follow it), each value of
 its schema's type (:func:`value_rule`). A tool without a schema takes any literal arguments.
@@ -23,7 +24,7 @@ MAX_VALUE_DEPTH = 4  # nested arrays of a schema followed: deeper, any literal
 END = " [END]"  # what closes a call block, as the model writes it (prompt.py's call_text)
 
 TERMINALS = [
-    r'STRING: /" ?([^"\\\n\[]|\\[^\n\[])*"/',
+    r"""STRING: /" ?([^"\\\n\[]|\\[^\n\[])*"|' ?([^'\\\n\[]|\\[^\n\[])*'/""",
     r"INT: /-?[0-9]+/",
     r"NUMBER: /-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?/",
     'value: STRING | NUMBER | "True" | "False" | "None" | list | dict',
@@ -134,9 +135,10 @@ def value_rule(schema, depth: int = 0) -> str:
 
 
 def _constant(value) -> str:
-    """One JSON value as the model may write it: a string with or without its opening space."""
+    """One JSON value as the model may write it: a string in either quotes, with or without its opening space."""
     if isinstance(value, str):
-        return f"({json.dumps(literal(' ' + value))} | {json.dumps(literal(value))})"
+        forms = dict.fromkeys(quoted(v) for v in (" " + value, value) for quoted in (literal, repr))
+        return "(" + " | ".join(json.dumps(form) for form in forms) + ")"
     return json.dumps(literal(value))
 
 
