@@ -226,8 +226,8 @@ def test_the_users_functions_run_on_the_executor_and_return_their_text(tools_fil
         "c1": ('{"city": "Oslo", "highs": [21, 21], "unit": "celsius"}', True),  # JSON for a dict
         "c2": ("5", True),  # str() of anything else; an async def ran to completion
         "c3": ('["tag:x"]', True),
-        "c4": ("error: fail(reason='no way'): ValueError: no way", False),
-        "c5": ("error: quick(m=1): wrong arguments: missing a required argument: 'n'", False),
+        "c4": ("fail(reason='no way'): ValueError: no way", False),
+        "c5": ("quick(m=1): wrong arguments: missing a required argument: 'n'", False),
     }
 
 

@@ -231,9 +231,9 @@ def test_executor_failures_come_back_as_values():
         executor.submit("ok", "add(1)", broken_on_done)
         results = done.take(4)
     assert results == {
-        "e": ("error: boom(): RuntimeError: kaput", False),
-        "u": ("error: nope(): unknown function 'nope'", False),
-        "s": ("error: add(os.system('x')): argument \"os.system('x')\" is not a literal value",
+        "e": ("boom(): RuntimeError: kaput", False),
+        "u": ("nope(): unknown function 'nope'", False),
+        "s": ("add(os.system('x')): argument \"os.system('x')\" is not a literal value",
               False),
         "ok": ("2", True),
     }

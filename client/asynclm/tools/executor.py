@@ -98,7 +98,7 @@ class ToolExecutor:
         """Start ``call_text`` on a free worker (or queue it) and return at once.
 
         ``on_done(call_id, value, ok)`` is called exactly once: ``ok=True`` with the
-        result text, or ``ok=False`` with ``"error: ..."`` or ``"timeout after ..."``.
+        result text, or ``ok=False`` with what went wrong (the inferlet marks it ``error:``, once).
         Raises :class:`RuntimeError` after :meth:`close` (a bug in the caller).
         """
         call = _Call(call_id, call_text, on_done, submitted_s=self._clock())
@@ -144,9 +144,9 @@ class ToolExecutor:
                 return "", False  # timed out while emulating latency; already answered
             return self._registry.execute(call.call_text), True
         except ToolError as e:
-            return f"error: {e}", False
+            return str(e), False
         except Exception as e:  # a broken latency callable or registry: still answer
-            return f"error: {call.call_text.strip()}: {type(e).__name__}: {e}", False
+            return f"{call.call_text.strip()}: {type(e).__name__}: {e}", False
 
     def _finish(self, call: _Call, value: str, ok: bool) -> None:
         # The worker and the timeout timer race; the first to get here answers.
