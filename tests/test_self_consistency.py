@@ -1,0 +1,132 @@
+"""inferlets/self-consistency against seeded sampling alone and a majority vote counted here, on SmolLM2.
+
+Every path is a fork of one prompt context whose forwards batch with the other paths'; the reference
+samples path i alone, step by step from a fresh prefill straight from the inference process, with the
+SDK's own seeded sampler (top-K at temperature T, seed S + i) drawing from each returned distribution.
+The paths must be those tokens exactly. The answers are then extracted and counted here: the majority
+answer, its votes and the whole tally (ties in the order the answers first appear) must be the
+inferlet's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+from harness import NUM_PAGES, assert_pools_full, control_loop, messages, run, tiny_inference
+
+from oven.client.generate import PagedSequence
+from oven.control.tokenizer import Tokenizer
+from oven.inference.sampling import sdk
+from oven.proto import inference as p
+
+MODEL = "smollm2-135m-instruct"  # a real model: its paths reach answers, and some disagree
+PROMPT = "Question: Tom has 3 boxes of 4 apples and eats 2. How many apples are left?\nAnswer:"
+N, MAX_TOKENS, TOP_K, TEMPERATURE = 6, 12, 20, 1.2
+
+
+@pytest.fixture(scope="module")
+def inference():
+    with tiny_inference(model=MODEL) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def loop(inference):
+    with control_loop(inference, None, ["self-consistency"]) as control:
+        yield control
+
+
+def consistency(loop, *args: str) -> dict:
+    (inst,) = run(loop, "self-consistency", [[PROMPT, "--n", str(N), "--max-tokens", str(MAX_TOKENS), "--top-k",
+                                              str(TOP_K), "--temperature", str(TEMPERATURE), *args]])
+    assert inst.exit_code == 0, inst.error
+    (message,) = messages(loop, inst)
+    return json.loads(message)
+
+
+def sampled_alone(inference, loop, prompt: list[int], seed: int) -> list[int]:
+    """Path ``seed``'s tokens: a fresh prefill, then one step at a time, the SDK's sampler drawing each
+    token from the distribution the inference process returns (nothing else may run meanwhile)."""
+    sampler, stop = sdk.TopK(TOP_K, TEMPERATURE, seed), Tokenizer(loop.info.tokenizer).stop_token_ids
+    seq, inputs, out = PagedSequence(loop.info.page_size, list(range(NUM_PAGES))), prompt, []
+    with inference.client() as client:
+        while len(out) < MAX_TOKENS and not (out and out[-1] in stop):
+            pages, last_page_len = seq.extend(len(inputs))
+            positions = list(range(seq.num_tokens - len(inputs), seq.num_tokens))
+            reply = client.call(p.ForwardTextRequest([p.ForwardTextItem(
+                inputs, positions, pages, last_page_len, [len(inputs) - 1], sampler.top_k)]))
+            assert reply.errors == [None]
+            dist = reply.dists[0][0]
+            out.append(sampler.sample(list(memoryview(dist.token_ids).cast("i")), list(memoryview(dist.probs).cast("f"))))
+            inputs = [out[-1]]
+    return out
+
+
+def host_tally(answers: list[str | None]) -> list[list]:
+    """Most votes first; on equal votes, the answer some path gave first."""
+    counts = Counter(a for a in answers if a is not None)
+    first = {a: answers.index(a) for a in counts}
+    return [[a, counts[a]] for a in sorted(counts, key=lambda a: (-counts[a], first[a]))]
+
+
+def last_match(pattern: str, text: str) -> str | None:
+    matches = list(re.finditer(pattern, text))
+    if not matches:
+        return None
+    return matches[-1].group(1) if re.compile(pattern).groups else matches[-1].group(0)
+
+
+@pytest.fixture(scope="module")
+def report(loop):
+    return consistency(loop, "--seed", "3")
+
+
+def test_each_path_is_its_seeded_sampler_alone_and_the_vote_is_the_hosts(loop, inference, report):
+    tok = Tokenizer(loop.info.tokenizer)
+    prompt = tok.encode(PROMPT)
+    assert [q["index"] for q in report["paths"]] == list(range(N))
+    for path in report["paths"]:
+        assert path["tokens"] == sampled_alone(inference, loop, prompt, 3 + path["index"]), path
+        assert path["text"] == tok.decode([t for t in path["tokens"] if t not in tok.stop_token_ids])
+        assert path["answer"] == last_match(r"-?\d+(?:\.\d+)?", path["text"])
+    want = host_tally([q["answer"] for q in report["paths"]])
+    assert report["counts"] == want
+    assert (report["answer"], report["votes"]) == tuple(want[0])
+    assert len(want) > 1 and len({tuple(q["tokens"]) for q in report["paths"]}) == N  # a real vote
+    assert_pools_full(loop)
+
+
+def test_a_pattern_group_and_ties_go_to_the_first_answer_given(loop, report):
+    # the first word of each path as its answer: the paths' words, counted with ties in first-seen order
+    words = consistency(loop, "--seed", "3", "--pattern", r"^\s*(\w+)")
+    assert [q["tokens"] for q in words["paths"]] == [q["tokens"] for q in report["paths"]]  # seeded: the same paths
+    answers = [last_match(r"^\s*(\w+)", q["text"]) for q in words["paths"]]
+    assert [q["answer"] for q in words["paths"]] == answers
+    assert words["counts"] == host_tally(answers) and words["answer"] == host_tally(answers)[0][0]
+    assert [n for _, n in words["counts"]].count(1) >= 2  # answers tied on one vote: ordered by the tie rule
+    # a pattern no path matches: no answer, no votes
+    none = consistency(loop, "--seed", "3", "--pattern", "no path writes this")
+    assert (none["answer"], none["votes"], none["counts"]) == (None, 0, [])
+    assert all(q["answer"] is None for q in none["paths"])
+
+
+USAGE = ("usage: self-consistency PROMPT [--n N] [--max-tokens M] [--temperature T] [--top-k K] [--seed S] "
+         "[--pattern REGEX] [--chat]")
+
+
+@pytest.mark.parametrize("args, error", [
+    ([], "give one non-empty PROMPT"),
+    (["q", "--n", "0"], "N must be in [1, 64], M and K >= 1, S >= 0"),
+    (["q", "--n", "65"], "N must be in [1, 64], M and K >= 1, S >= 0"),
+    (["q", "--temperature", "-1"], "T must be >= 0"),
+    (["q", "--pattern", "("], "missing ), unterminated subpattern at position 0"),
+    (["q", "--pattern", "a" * 257], "REGEX is longer than 256 characters"),
+    (["q", "--seed"], "an option needs a value"),
+    (["q", "--votes", "1"], "unknown option --votes"),
+])
+def test_bad_arguments_are_refused(loop, args, error):
+    (inst,) = run(loop, "self-consistency", [args])
+    assert (inst.exit_code, inst.error) == (1, f"ValueError: {error}; {USAGE}")
