@@ -36,7 +36,8 @@ def loop_config(tmp_path_factory) -> dict:
 
 
 def contrast(loop, *args: str) -> dict:
-    (inst,) = run(loop, "contrastive-decoding", [[PROMPT, "--adapter", ADAPTER, "--max-tokens", str(MAX_TOKENS), *args]])
+    args = [PROMPT, "--adapter", ADAPTER, "--max-tokens", str(MAX_TOKENS), *args]
+    (inst,) = run(loop, "contrastive-decoding", [args])
     assert inst.exit_code == 0, inst.error
     (message,) = messages(loop, inst)
     return json.loads(message)
@@ -123,5 +124,6 @@ def test_bad_arguments_are_refused(loop, args, error):
 def test_an_unknown_adapter_is_named(loop):
     (inst,) = run(loop, "contrastive-decoding", [["q", "--adapter", "no-such-adapter"]])
     assert inst.exit_code == 1
-    assert inst.error == f"inferlet.tasks.OvenError: no adapter named 'no-such-adapter' on this server (it has: {ADAPTER})"
+    assert inst.error == ("inferlet.tasks.OvenError: no adapter named 'no-such-adapter' on this server "
+                          f"(it has: {ADAPTER})")
     assert_pools_full(loop)

@@ -60,7 +60,8 @@ def sampled_alone(inference, loop, prompt: list[int], seed: int) -> list[int]:
                 inputs, positions, pages, last_page_len, [len(inputs) - 1], sampler.top_k)]))
             assert reply.errors == [None]
             dist = reply.dists[0][0]
-            out.append(sampler.sample(list(memoryview(dist.token_ids).cast("i")), list(memoryview(dist.probs).cast("f"))))
+            ids, probs = list(memoryview(dist.token_ids).cast("i")), list(memoryview(dist.probs).cast("f"))
+            out.append(sampler.sample(ids, probs))
             inputs = [out[-1]]
     return out
 
