@@ -207,6 +207,24 @@ def test_irrelevance_tasks_make_no_call_and_say_so(encoder):
         assert not set(train_ids) & set(eval_ids) and len(train_ids) == (len(train_ids) + len(eval_ids)) // 4
 
 
+def test_mismatched_tasks_put_a_samples_tools_beside_a_request_they_do_not_serve():
+    import random
+
+    from oven.client.asynclm.training.bfcl_tasks import NO_CALL_REPLY, bfcl_tasks, mismatched_tasks
+
+    parallel = bfcl_tasks("parallel", "train", random.Random(0))
+    tools_of = {frozenset(t.name for t in task.registry()): task.question for task in parallel}
+    made = mismatched_tasks(random.Random(0), 8)
+    assert [t.question for t in made] == [t.question for t in mismatched_tasks(random.Random(0), 8)]
+    for task in made:
+        tools = frozenset(t.name for t in task.registry())
+        assert tools in tools_of and task.question != tools_of[tools]  # another sample's question...
+        asked = next(names for names, question in tools_of.items() if question == task.question)
+        assert not tools & asked  # ...that none of these tools serves
+        assert [s.steps for s in task.subtasks] == [()] and task.subtasks[0].sentence([]) == NO_CALL_REPLY
+    assert len({t.question for t in made}) > 1
+
+
 def test_off_topic_requests_need_no_call_and_the_held_out_ones_are_never_trained_on():
     from dataclasses import replace
 

@@ -6,7 +6,9 @@
 * ``multi_step_parallel``: three first turns of samples with disjoint tool classes in one request
   (as ``load_scenarios`` composes them), three chains. Training composes its own from training ids.
 * ``irrelevance`` / ``live_irrelevance``: a request beside tools that cannot serve it; the right
-  answer makes no call and says so (:data:`NO_CALL_REPLY`).
+  answer makes no call and says so (:data:`NO_CALL_REPLY`). :func:`mismatched_tasks` makes more of
+  them from ``parallel``'s training ids: one sample's tools with another's question, so that the same
+  tools are seen with a request they serve and with one they do not.
 
 Multi-turn tool classes describe 20-30 functions each (2,000-5,500 prompt tokens), too many for
 a 135M model's training budget on a CPU, so these tasks list the called functions plus up to
@@ -107,3 +109,18 @@ def _no_call_tasks(kind: str, split: str) -> list[Task]:
     return [Task(entry["id"], kind, question_text(entry["question"][0]), (reply,),
                  lambda functions=entry["function"]: stub_registry(functions))
             for entry in read_entries(f"BFCL_v4_{kind}.json") if entry["id"] in ids]
+
+
+def mismatched_tasks(rng: random.Random, count: int) -> list[Task]:
+    """``count`` training tasks, each a ``parallel`` training sample's tools beside another such
+    sample's question, the two sharing no function name; the answer makes no call."""
+    tasks = bfcl_tasks("parallel", "train", rng)
+    names = [{tool.name for tool in task.registry()} for task in tasks]
+    reply = Subtask((), lambda results: NO_CALL_REPLY)
+    made = []
+    for index in range(count):
+        tools = index % len(tasks)
+        question = rng.choice([i for i in range(len(tasks)) if not names[i] & names[tools]])
+        made.append(Task(f"mismatched_{index}", "mismatched", tasks[question].question, (reply,),
+                         tasks[tools].registry_factory))
+    return made

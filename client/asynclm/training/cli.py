@@ -98,6 +98,9 @@ def add_parsers(sub, default_model: str) -> None:
     data.add_argument("--irrelevance-train", type=int, default=defaults.irrelevance_train,
                       help="BFCL irrelevance and live-irrelevance training entries, each, first in file order "
                            "(default: all)")
+    data.add_argument("--mismatched-train", type=int, default=defaults.mismatched_train,
+                      help="training tasks that put a BFCL parallel training sample's tools beside another's "
+                           "question, answered without a call (default %(default)s)")
     data.add_argument("--variants", default=",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items()),
                       help="weights of the variant a training task gets (evaluation tasks get all three) "
                            "(default %(default)s)")
@@ -214,7 +217,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         config = DataConfig(seed=args.seed, demo_train=args.demo_train, demo_eval=args.demo_eval,
                             parallel_repeats=args.parallel_repeats, multi_turn_train=args.multi_turn_train,
                             multi_step_train=args.multi_step_train, multi_step_eval=args.multi_step_eval,
-                            irrelevance_train=args.irrelevance_train,
+                            irrelevance_train=args.irrelevance_train, mismatched_train=args.mismatched_train,
                             weights=parse_weights(args.variants), max_tokens=args.max_tokens, group=args.group,
                             sources=tuple(s for s in args.sources.split(",") if s),
                             mix=_mix(args))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..tools import ToolError
-from .bfcl_tasks import BFCL_KINDS, IRRELEVANCE_KINDS, bfcl_tasks
+from .bfcl_tasks import BFCL_KINDS, IRRELEVANCE_KINDS, bfcl_tasks, mismatched_tasks
 from .demo_tasks import FOLLOW_UP_PROBABILITY, TRAINING_MIX, DemoTaskMaker, TrainingMix
 from .names import Words, vocabulary_words
 from .plain import plain_sync
@@ -51,6 +51,7 @@ class DataConfig:
     multi_step_train: int = 6       # multi-step-parallel compositions of training ids
     multi_step_eval: int = 92       # the bench's compositions made of evaluation ids (all 92)
     irrelevance_train: int | None = None  # training entries of each irrelevance set, first in file order (None: all)
+    mismatched_train: int = 0       # parallel training samples' tools beside another's question (no call)
     weights: tuple[tuple[str, float], ...] = tuple(DEFAULT_WEIGHTS.items())
     max_tokens: int = 1536          # longer samples are left out (counted)
     group: int = 24                 # training demo tasks that share one table of estimated times
@@ -59,7 +60,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         for name in ("demo_train", "demo_eval", "parallel_repeats", "multi_turn_train", "multi_step_train",
-                     "multi_step_eval", "group", "irrelevance_train"):
+                     "multi_step_eval", "group", "irrelevance_train", "mismatched_train"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_tokens < 1:  # every sample would be left out
@@ -137,6 +138,8 @@ def tasks_for(split: str, config: DataConfig, words: Words | None = None) -> lis
     for kind in IRRELEVANCE_KINDS:
         if kind in config.sources:
             tasks += bfcl_tasks(kind, split, rng)[:config.irrelevance_train if split == "train" else None]
+    if split == "train" and config.mismatched_train:
+        tasks += mismatched_tasks(random.Random(f"{config.seed}:mismatched"), config.mismatched_train)
     return tasks
 
 
