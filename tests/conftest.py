@@ -75,11 +75,12 @@ def tiny_engine():
 
 
 @pytest.fixture(scope="module")
-def inference():
-    """A real inference process on the tiny model, one per test module."""
+def inference(request):
+    """A real inference process, one per test module: on the module's ``INFERENCE_MODEL`` (default
+    the tiny model)."""
     from harness import tiny_inference
 
-    with tiny_inference() as process:
+    with tiny_inference(model=getattr(request.module, "INFERENCE_MODEL", "tiny")) as process:
         yield process
 
 

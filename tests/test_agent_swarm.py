@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from harness import assert_pools_full, direct_greedy, events_of, messages, run
 
 from oven.control.tokenizer import Tokenizer
 
 PROGRAMS = ["agent-swarm"]
+INFERENCE_MODEL = "smollm2-135m-instruct"
+LOOP_CONFIG = dict(max_kv_pages_per_instance=32)
 TASK = "Describe a lighthouse at night."
 ROUNDS, MAX_TOKENS = 2, 16
-
-
-@pytest.fixture(scope="module")
-def inference():
-    from harness import tiny_inference
-    with tiny_inference(model="smollm2-135m-instruct") as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    from harness import control_loop
-    with control_loop(inference, None, PROGRAMS, max_kv_pages_per_instance=32) as control:
-        yield control
 
 
 def agent_args(role: str, swarm: str, *more: str) -> list[str]:

@@ -22,6 +22,8 @@ sandbox = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sandbox)
 
 PROGRAMS = ["codeact"]
+INFERENCE_MODEL = "smollm2-135m-instruct"
+LOOP_CONFIG = dict(max_kv_pages_per_instance=64)
 TASK = "What is 23 times 19, minus 4?"
 MAX_TOKENS = 40
 
@@ -136,20 +138,6 @@ def test_sizes_are_capped(source):
     with pytest.raises(sandbox.Failed) as failed:
         sandbox.evaluate(source)
     assert str(failed.value) == CAPPED[source]
-
-
-@pytest.fixture(scope="module")
-def inference():
-    from harness import tiny_inference
-    with tiny_inference(model="smollm2-135m-instruct") as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    from harness import control_loop
-    with control_loop(inference, None, PROGRAMS, max_kv_pages_per_instance=64) as control:
-        yield control
 
 
 def host_observation(code: str) -> str:

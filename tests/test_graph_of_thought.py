@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from conftest import hf_reference, make_engine
-from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, messages, run
 from oven.control.tokenizer import Tokenizer
 
 TASK = "Give the main point of each part in a few words."
@@ -23,18 +23,9 @@ PARTS = ["Practice speaking every day with native speakers.", "Use flashcards to
 K, MAX_TOKENS = len(PARTS), 8
 TOLERANCE = 1e-4  # on a mean log-probability (float32 logits in the server and here; SmolLM2 is off by ~2e-5)
 MODEL = "smollm2-135m-instruct"  # the tiny model's random weights write the same junk after every cue
-
-
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference(model=MODEL) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["graph-of-thought"], max_kv_pages_per_instance=96) as control:
-        yield control
+INFERENCE_MODEL = MODEL
+PROGRAMS = ["graph-of-thought"]
+LOOP_CONFIG = dict(max_kv_pages_per_instance=96)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import json
 import math
 
 import pytest
-from harness import NUM_PAGES, assert_pools_full, control_loop, messages, run, tiny_inference
+from harness import NUM_PAGES, assert_pools_full, messages, run
 
 from oven.client.generate import PagedSequence
 from oven.control.tokenizer import Tokenizer
@@ -24,20 +24,10 @@ from oven.inference.sampling import sdk
 from oven.proto import inference as p
 
 MODEL = "smollm2-135m-instruct"  # the tiny model's near-uniform distributions would keep one token every step
+INFERENCE_MODEL = MODEL
+PROGRAMS = ["mirostat"]
 PROMPT = "The lighthouse keeper opened the door and"
 MAX_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference(model=MODEL) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["mirostat"]) as control:
-        yield control
 
 
 def mirostat(loop, *args: str) -> dict:

@@ -7,30 +7,16 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from harness import assert_pools_full, direct_greedy, messages, run
 
 from oven.control.tokenizer import Tokenizer
 
 PROGRAMS = ["recursion-of-thought"]
+INFERENCE_MODEL = "smollm2-135m-instruct"
+LOOP_CONFIG = dict(max_kv_pages_per_instance=128)  # up to 7 forks of a ~150-token root, pages allocated ahead
 PROBLEM = "(3 + 4) * (10 - 8)"
 MAX_TOKENS = 12
 ASSISTANT = "<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def inference():
-    from harness import tiny_inference
-    with tiny_inference(model="smollm2-135m-instruct") as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    from harness import control_loop
-    # up to 7 contexts at once, each a fork of a ~150-token root with pages allocated ahead
-    with control_loop(inference, None, PROGRAMS, max_kv_pages_per_instance=128) as control:
-        yield control
 
 
 def reports(loop, args_list: list[list[str]]) -> list[dict]:

@@ -14,25 +14,16 @@ import json
 import re
 
 import pytest
-from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, messages, run
 from oven.control.tokenizer import Tokenizer
 
 QUESTION = "Name a fruit that is yellow."
 MAX_TOKENS, REFLECTION_TOKENS, TRIALS = 10, 10, 3
 NEVER = "no attempt writes this"
 MODEL = "smollm2-135m-instruct"  # the tiny model's random weights write the same junk whatever the memory holds
-
-
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference(model=MODEL) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["reflexion"], max_kv_pages_per_instance=64) as control:
-        yield control
+INFERENCE_MODEL = MODEL
+PROGRAMS = ["reflexion"]
+LOOP_CONFIG = dict(max_kv_pages_per_instance=64)
 
 
 def reflexion(loop, *checker: str, trials: int = TRIALS) -> dict:

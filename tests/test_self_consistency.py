@@ -15,7 +15,7 @@ import re
 from collections import Counter
 
 import pytest
-from harness import NUM_PAGES, assert_pools_full, control_loop, messages, run, tiny_inference
+from harness import NUM_PAGES, assert_pools_full, messages, run
 
 from oven.client.generate import PagedSequence
 from oven.control.tokenizer import Tokenizer
@@ -23,20 +23,10 @@ from oven.inference.sampling import sdk
 from oven.proto import inference as p
 
 MODEL = "smollm2-135m-instruct"  # a real model: its paths reach answers, and some disagree
+INFERENCE_MODEL = MODEL
+PROGRAMS = ["self-consistency"]
 PROMPT = "Question: Tom has 3 boxes of 4 apples and eats 2. How many apples are left?\nAnswer:"
 N, MAX_TOKENS, TOP_K, TEMPERATURE = 6, 12, 20, 1.2
-
-
-@pytest.fixture(scope="module")
-def inference():
-    with tiny_inference(model=MODEL) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def loop(inference):
-    with control_loop(inference, None, ["self-consistency"]) as control:
-        yield control
 
 
 def consistency(loop, *args: str) -> dict:
