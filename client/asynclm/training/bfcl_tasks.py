@@ -25,7 +25,7 @@ from ..tools.bfcl_data import ground_truth_by_id, question_text, read_entries
 from ..tools.latency import paper_latency
 from ..tools.registry import result_text
 from .split import bfcl_ids
-from .tasks import Subtask, Task, fixed_call, function_name
+from .tasks import Subtask, Task, fixed_call, function_name, no_call
 
 IRRELEVANCE_KINDS = ("irrelevance", "live_irrelevance")
 BFCL_KINDS = ("parallel", "live_parallel", "multi_turn", "multi_step_parallel") + IRRELEVANCE_KINDS
@@ -105,7 +105,7 @@ def bfcl_tasks(kind: str, split: str, rng: random.Random, count: int | None = No
 def _no_call_tasks(kind: str, split: str) -> list[Task]:
     """The split's entries of an irrelevance set, each one subtask that needs no call."""
     ids = set(bfcl_ids(kind, split))
-    reply = Subtask((), lambda results: NO_CALL_REPLY)
+    reply = no_call(NO_CALL_REPLY)
     return [Task(entry["id"], kind, question_text(entry["question"][0]), (reply,),
                  lambda functions=entry["function"]: stub_registry(functions))
             for entry in read_entries(f"BFCL_v4_{kind}.json") if entry["id"] in ids]
@@ -116,7 +116,7 @@ def mismatched_tasks(rng: random.Random, count: int) -> list[Task]:
     sample's question, the two sharing no function name; the answer makes no call."""
     tasks = bfcl_tasks("parallel", "train", rng)
     names = [{tool.name for tool in task.registry()} for task in tasks]
-    reply = Subtask((), lambda results: NO_CALL_REPLY)
+    reply = no_call(NO_CALL_REPLY)
     made = []
     for index in range(count):
         tools = index % len(tasks)

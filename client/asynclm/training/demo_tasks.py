@@ -23,7 +23,7 @@ from ..tools import demo_registry
 from ..tools.demo import CURRENCIES, TIME_ZONES
 from .names import NameMaker, Words
 from .split import Pools, demo_pools
-from .tasks import FollowUp, Subtask, Task, fixed_call
+from .tasks import FollowUp, Subtask, Task, fixed_call, no_call
 
 NUM_SUBTASKS_WEIGHTS = {1: 0.3, 2: 0.35, 3: 0.25, 4: 0.1}
 FOLLOW_UP_PROBABILITY = 0.15  # training tasks of 2+ chains whose last one the user adds mid-way (§6.6)
@@ -151,13 +151,15 @@ class DemoTaskMaker:
                                                                     + held.held_out_currencies))
 
     def make(self, task_id: str, follow_up: bool = False) -> Task:
+        no_call_pool = None
         if self.training and self.rng.random() < self.mix.small_talk:
-            question, reply = self.rng.choice(_SMALL_TALK)
-            return Task(task_id, "demo", question, (Subtask((), lambda r: reply),), demo_registry)
+            no_call_pool = _SMALL_TALK
         # drawn only when asked for, so that data made before the option has the same bytes
-        if self.training and self.mix.off_topic and self.rng.random() < self.mix.off_topic:
-            question, reply = self.rng.choice(OFF_TOPIC_TRAIN)
-            return Task(task_id, "demo", question, (Subtask((), lambda r: reply),), demo_registry)
+        elif self.training and self.mix.off_topic and self.rng.random() < self.mix.off_topic:
+            no_call_pool = OFF_TOPIC_TRAIN
+        if no_call_pool:
+            question, reply = self.rng.choice(no_call_pool)
+            return Task(task_id, "demo", question, (no_call(reply),), demo_registry)
         count = self.rng.choices(list(self._count_weights), weights=list(self._count_weights.values()))[0]
         parts: list[_Part] = []
         contrast = self.training and self.mix.contrast > 0 and self.rng.random() < self.mix.contrast

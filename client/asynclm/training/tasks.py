@@ -59,6 +59,11 @@ class Task:
         return ToolRegistry([replace(tool, latency_ms=estimate_ms_by_name[tool.name]) for tool in registry])
 
 
+def no_call(reply: str) -> Subtask:
+    """A request the model answers with ``reply`` and no call (small talk, a request no tool serves)."""
+    return Subtask((), lambda results: reply)
+
+
 def random_estimates(rng, registry: ToolRegistry) -> dict[str, int]:
     """One estimated execution time per function, uniform in 1 ms .. 1 s (whole ms, as the prompt shows)."""
     return {tool.name: rng.randint(MIN_ESTIMATE_MS, MAX_ESTIMATE_MS) for tool in registry}
