@@ -107,15 +107,21 @@ class Agent:
             self.stats["context"] = self.ctx.tokens + self.ctx.pending
         return self.stats
 
-    async def _step(self) -> int | None:
-        """One decode step: forward the pending tokens, then take the forced token or choose one."""
+    async def _timed(self, generation):
+        """What ``generation`` (the model at work) gives; its time counts as generation, and as overlap
+        where calls were in flight when it began."""
         in_flight = bool(self.calls.in_flight)
         before = inferlet.now_ms()
-        dist = await self.ctx.next_dist(TOP_K)
+        result = await generation
         took = inferlet.now_ms() - before
         self.stats["generation_ms"] += took
         if in_flight:
             self.stats["overlap_ms"] += took
+        return result
+
+    async def _step(self) -> int | None:
+        """One decode step: forward the pending tokens, then take the forced token or choose one."""
+        dist = await self._timed(self.ctx.next_dist(TOP_K))
         if self.forced:
             token = self.forced.pop(0)
             self.stats["forced"] += 1
@@ -129,15 +135,9 @@ class Agent:
 
     async def _held_call(self) -> list[int]:
         """A call's text after its ``[HEAD]``, up to its ``[END]``, drawn under the call grammar."""
-        in_flight = bool(self.calls.in_flight)
-        before = inferlet.now_ms()
         budget = self.max_tokens - (self.stats["tokens"] - self.stats["forced"])
-        tokens = await self.ctx.generate_tokens(inferlet.Greedy(), inferlet.Stop(max_tokens=budget, strings=("[END]",)),
-                                                self.call_shape)
-        took = inferlet.now_ms() - before
-        self.stats["generation_ms"] += took
-        if in_flight:
-            self.stats["overlap_ms"] += took
+        stop = inferlet.Stop(max_tokens=budget, strings=("[END]",))
+        tokens = await self._timed(self.ctx.generate_tokens(inferlet.Greedy(), stop, self.call_shape))
         self.stats["tokens"] += len(tokens)
         return tokens
 
