@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import markdown_table, write_results  # noqa: E402
+from benchlib import markdown_table, publish  # noqa: E402
 
 from oven.client.asynclm.session import Workload, run_session, session_spec  # noqa: E402
 from oven.client.asynclm.tools.bfcl import stub_registry  # noqa: E402
@@ -91,8 +91,7 @@ def main() -> int:
                 f"held-out entries of each set; {time.monotonic() - start:.0f} s.",
                 "## Sessions with no call\n\n" + table,
                 "## Goal (issue 43)\n\n" + "\n".join(goals)]
-    path = write_results("asynclm_abstain", "AsyncLM: abstaining where no tool applies", sections)
-    print(path.read_text())
+    publish("asynclm_abstain", "AsyncLM: abstaining where no tool applies", sections)
     return 0
 
 

@@ -74,14 +74,18 @@ class Placement:
         elsewhere = (sum(count for count, _ in others), sum(pages for _, pages in others))
         inst.replica.exports.save_snapshot(inst.resources, name, handles, tokens, inst.owner, elsewhere)
 
+    def _snapshot(self, inst: Instance, name: str):
+        """Client ``inst.owner``'s snapshot ``name``, on whichever replica holds it (else ResourceError)."""
+        holder = self.holder(name, inst.owner) if isinstance(name, str) else None
+        return (holder or inst.replica).exports.snapshot(name, inst.owner)
+
     def snapshot_tokens(self, inst: Instance, name: str) -> list[int]:
         """``snapshot-tokens``: the token ids client ``inst.owner``'s snapshot ``name`` holds."""
-        holder = self.holder(name, inst.owner) if isinstance(name, str) else None
-        return list((holder or inst.replica).exports.snapshot(name, inst.owner).tokens)
+        return list(self._snapshot(inst, name).tokens)
 
     def open_snapshot(self, inst: Instance, name: str) -> list[int]:
         """``open-snapshot``: an import that only a snapshot answers."""
-        self.snapshot_tokens(inst, name)  # ResourceError unless the client has a snapshot by that name
+        self._snapshot(inst, name)  # ResourceError unless the client has a snapshot by that name
         return self.import_(inst, name)
 
     def match_snapshot(self, inst: Instance, tokens: list[int]) -> str:
