@@ -375,11 +375,13 @@ def test_a_squatter_on_the_inference_endpoint_hears_nothing(tmp_path):
 # -- process faults ---------------------------------------------------------------------------------------
 
 def start_decoding(client: OvenClient) -> str:
-    """An instance a second into a long greedy completion: batches are in flight."""
+    """An instance into a long greedy completion, holding KV pages in the inference process (an instance
+    that holds nothing there yet, its runner still starting, would rightly live on in the next process)."""
+    total = client.info().num_kv_pages
     instance_id = client.launch(client.upload(built("text-completion")), ["Once upon a time", "100000"])
-    deadline = time.monotonic() + 30
-    while not any(i.instance_id == instance_id and i.age_s > 1.0 for i in client.instances()):
-        assert time.monotonic() < deadline
+    deadline = time.monotonic() + 60
+    while client.stats().free_kv_pages == total:
+        assert time.monotonic() < deadline, "the instance never held a KV page"
         time.sleep(0.1)
     return instance_id
 
@@ -398,13 +400,16 @@ def test_a_dead_or_hung_inference_process_is_replaced(tmp_path, inference, fault
             instance_id = start_decoding(client)
             (child,) = srv.children()
             os.kill(child, fault)
-            event = wait_exit(client, instance_id, timeout_s=30)
+            event = wait_exit(client, instance_id, timeout_s=60)
             assert (event.exit_code, event.text) == (1, f"inference process died: {reason}")
         done = oven("run", "--server", srv.endpoint, "--token", srv.operator_token, "hello-python", "--",
                     "Once upon a time", "8")
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == " ".join(map(str, greedy(inference, "Once upon a time", 8)))
         assert srv.children() != [child]
+    except AssertionError as e:  # what the server logged says why
+        srv.stop()
+        raise AssertionError(f"{e}\nthe server's log:\n{srv.proc.stderr.read()}") from None
     finally:
         srv.stop()
     log = srv.proc.stderr.read()
