@@ -5,7 +5,8 @@ BFCL's ``irrelevance`` and ``live_irrelevance`` sets give a request beside tools
 (``OFF_TOPIC_HELD_OUT``: a joke, a haiku). The first ``--samples`` held-out entries of each set (BFCL:
 the split's evaluation ids, in file order) run as ``oven asynclm`` sessions (async mode, the tools'
 schemas as BFCL gives them, stub results) on one embedded server, with the shipped adapter (``FT``)
-and with the base model and its worked example (``base``); a session abstains when it writes no call.
+and with the base model and its worked example (``base``); a session abstains when it makes no call
+and writes none as prose (a tool's ``name(`` in its text: a call that missed the CML markup).
 Writes ``results/asynclm_abstain.md``.
 
     .venv/bin/python bench/asynclm_abstain.py [--samples 20] [--models FT,base]
@@ -72,9 +73,12 @@ def main() -> int:
                     if session.exit_code != 0:
                         raise SystemExit(f"{workload.name} ({model}): {session.error or session.exit_code}")
                     calls = [e["call"] for e in session.trace if e.get("type") == "call"]
-                    abstained.setdefault((model, set_name), []).append(not calls)
-                    print(f"{workload.name:>24} {model:<5} {'abstained' if not calls else 'called ' + '; '.join(calls)}"[:200],
-                          flush=True)
+                    text = "".join(e["text"] for e in session.trace if e.get("type") == "text")
+                    prose = workload.registry.calls_written_in(text)
+                    abstained.setdefault((model, set_name), []).append(not calls and not prose)
+                    verdict = ("called " + "; ".join(calls) if calls else
+                               "wrote a call as prose: " + text.strip() if prose else "abstained")
+                    print(f"{workload.name:>24} {model:<5} {verdict}"[:200], flush=True)
 
     def cell(model: str, set_name: str) -> str:
         ok = abstained[model, set_name]

@@ -11,7 +11,7 @@ import torch
 
 from oven.client.asynclm.tools import demo_registry
 from oven.client.asynclm.training import protocol
-from oven.client.asynclm.training.check import bfcl_calls_right, run_task, same_calls, system_text
+from oven.client.asynclm.training.check import bfcl_calls_right, judged, run_task, same_calls, system_text
 from oven.client.asynclm.training.data import DataConfig, build
 from oven.client.asynclm.training.segments import Encoder
 from oven.control.tokenizer import Tokenizer
@@ -76,6 +76,15 @@ def test_bfcl_calls_are_judged_by_the_possible_answers():
     nested = [{"f": {"where": [{"city": ["Paris", "paris, france"], "zip": ["", "75001"]}]}}]
     assert bfcl_calls_right(['f(where={"city": "Paris, France"})'], nested)
     assert not bfcl_calls_right(['f(where={"city": "Lyon"})'], nested)
+
+
+def test_a_task_that_needs_no_call_passes_only_without_one_in_calls_or_prose():
+    registry, record = demo_registry(), {"source": "demo", "calls": [], "facts": []}
+    assert judged(record, [], "None of my functions can help with this request.", registry) == (True, True)
+    assert judged(record, ['get_weather(city=" the sea")'], "", registry)[0] is False
+    for prose in ('get_weather(city=" the sea")', "I would call get_time (timezone='UTC') [END"):
+        assert judged(record, [], prose, registry)[0] is False
+    assert registry.calls_written_in("my_get_time(x) and the time get_time( and get_weather") == ["get_time"]
 
 
 def test_the_few_shot_prompt_adds_the_worked_example_to_the_sample_prompt():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -111,6 +112,14 @@ class ToolRegistry:
     def describe(self) -> str:
         """Function definitions for a system prompt, one line per tool, in registration order."""
         return "\n".join(tool.describe() for tool in self._tool_by_name.values())
+
+    def calls_written_in(self, text: str) -> list[str]:
+        """The tools ``text`` calls in plain words (``get_weather(city="Oslo")`` outside CML), in order:
+        a model that writes a call as prose has not abstained, though it made no call."""
+        if not self._tool_by_name:
+            return []
+        names = "|".join(re.escape(name) for name in sorted(self._tool_by_name, key=len, reverse=True))
+        return re.findall(rf"(?<![\w.])({names})\s*\(", text)
 
     def latency_s(self, call_text: str) -> float:
         """The called tool's estimated execution time in seconds; 0 when the call does

@@ -17,7 +17,8 @@ and the text outside CML contains every returned value the task's facts list. A 
 when its calls are right: for parallel and live-parallel ones, each call matches one of the
 ground truth's calls with an acceptable value for every argument (BFCL's possible answers, strings
 compared as BFCL's checker does: case, spaces and ``,./-_*^`` aside); for multi-step-parallel
-ones, the calls are the ground truth's. ``--example`` gives the model the prompt's worked example
+ones, the calls are the ground truth's. A task that needs no call (BFCL irrelevance, an off-topic
+request) passes when the model makes none and writes none as prose. ``--example`` gives the model the prompt's worked example
 (the few-shot base model of the paper's Table 1). This is a check, not the evaluation bench.
 
     python -m oven.client.asynclm.training.check --adapter client/asynclm/adapter --sources demo --tasks 50
@@ -244,9 +245,15 @@ def _scored(outcome: Outcome, record: dict, registry: ToolRegistry) -> Outcome:
 def judged(record: dict, calls: list[str], text: str, registry: ToolRegistry) -> tuple[bool, bool]:
     """Whether ``calls`` are right, and whether ``text`` states every returned value, on ``record``'s
     task: calls judged by BFCL's possible answers where BFCL has them (parallel, live_parallel),
-    else against the sample's own calls."""
+    else against the sample's own calls; a task that needs none is right when the model neither makes
+    a call nor writes one as prose (``get_weather(city=" the sea")`` in its text)."""
     truth = ground_truth(record)
-    right = bfcl_calls_right(calls, truth) if truth is not None else same_calls(calls, record["calls"], registry)
+    if not record["calls"]:
+        right = not calls and not registry.calls_written_in(text)
+    elif truth is not None:
+        right = bfcl_calls_right(calls, truth)
+    else:
+        right = same_calls(calls, record["calls"], registry)
     return right, all(fact in text for fact in record["facts"])
 
 
