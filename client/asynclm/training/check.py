@@ -18,8 +18,9 @@ when its calls are right: for parallel and live-parallel ones, each call matches
 ground truth's calls with an acceptable value for every argument (BFCL's possible answers, strings
 compared as BFCL's checker does: case, spaces and ``,./-_*^`` aside); for multi-step-parallel
 ones, the calls are the ground truth's. A task that needs no call (BFCL irrelevance, an off-topic
-request) passes when the model makes none and writes none as prose. ``--example`` gives the model the prompt's worked example
-(the few-shot base model of the paper's Table 1). This is a check, not the evaluation bench.
+request) passes when the model makes none and writes none as prose. ``--example`` gives the model
+the prompt's worked example (the few-shot base model of the paper's Table 1). This is a check, not
+the evaluation bench.
 
     python -m oven.client.asynclm.training.check --adapter client/asynclm/adapter --sources demo --tasks 50
 """
