@@ -72,12 +72,10 @@ def main() -> int:
                     session = run_session(client, program, workload, spec)
                     if session.exit_code != 0:
                         raise SystemExit(f"{workload.name} ({model}): {session.error or session.exit_code}")
-                    calls = [e["call"] for e in session.trace if e.get("type") == "call"]
-                    text = "".join(e["text"] for e in session.trace if e.get("type") == "text")
-                    prose = workload.registry.calls_written_in(text)
+                    calls, prose = session.calls, workload.registry.calls_written_in(session.text)
                     abstained.setdefault((model, set_name), []).append(not calls and not prose)
                     verdict = ("called " + "; ".join(calls) if calls else
-                               "wrote a call as prose: " + text.strip() if prose else "abstained")
+                               "wrote a call as prose: " + session.text.strip() if prose else "abstained")
                     print(f"{workload.name:>24} {model:<5} {verdict}"[:200], flush=True)
 
     def cell(model: str, set_name: str) -> str:

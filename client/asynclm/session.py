@@ -97,6 +97,16 @@ class Session:
     def summary(self) -> dict:
         return next((e for e in reversed(self.trace) if e.get("type") == "done"), {})
 
+    @property
+    def calls(self) -> list[str]:
+        """The calls the model made, as written."""
+        return [e["call"] for e in self.trace if e.get("type") == "call"]
+
+    @property
+    def text(self) -> str:
+        """What the model wrote outside CML."""
+        return "".join(e["text"] for e in self.trace if e.get("type") == "text")
+
 
 def run_session(client: OvenClient, program: str, workload: Workload, spec: dict,
                 on_event: Callable[[dict], None] = lambda e: None, timeout_s: float = 60.0,

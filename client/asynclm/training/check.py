@@ -248,10 +248,9 @@ def judged(record: dict, calls: list[str], text: str, registry: ToolRegistry) ->
     task: calls judged by BFCL's possible answers where BFCL has them (parallel, live_parallel),
     else against the sample's own calls; a task that needs none is right when the model neither makes
     a call nor writes one as prose (``get_weather(city=" the sea")`` in its text)."""
-    truth = ground_truth(record)
     if not record["calls"]:
         right = not calls and not registry.calls_written_in(text)
-    elif truth is not None:
+    elif (truth := ground_truth(record)) is not None:
         right = bfcl_calls_right(calls, truth)
     else:
         right = same_calls(calls, record["calls"], registry)
