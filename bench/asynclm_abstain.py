@@ -2,7 +2,9 @@
 
 BFCL's ``irrelevance`` and ``live_irrelevance`` sets give a request beside tools that cannot serve it
 (the right answer is no call); ``demo`` is the held-out off-topic requests beside the demo tools
-(``OFF_TOPIC_HELD_OUT``: a joke, a haiku). The first ``--samples`` held-out entries of each set (BFCL:
+(``OFF_TOPIC_HELD_OUT``: a joke, a haiku). BFCL's ``parallel`` is the counter-check: its tools do serve
+the request, so a session there with no call refuses wrongly; an adapter that abstains everywhere would
+otherwise pass. The first ``--samples`` held-out entries of each set (BFCL:
 the split's evaluation ids, in file order) run as ``oven asynclm`` sessions (async mode, the tools'
 schemas as BFCL gives them, stub results) on one embedded server, with the shipped adapter (``FT``)
 and with the base model and its worked example (``base``); a session abstains when it makes no call
@@ -33,7 +35,8 @@ from oven.client.programs import library_program  # noqa: E402
 from oven.inference.config import DEFAULT_MODEL  # noqa: E402
 from oven.proto.auth import default_state_dir  # noqa: E402
 
-SETS = ("irrelevance", "live_irrelevance", "demo")
+SETS = ("irrelevance", "live_irrelevance", "demo", "parallel")
+NEEDS_CALLS = {"parallel"}  # the sets whose right answer is a call: abstaining there is a wrong refusal
 MODELS = {"FT": {"adapter": "asynclm"}, "base": {"example": True}}
 GOAL = 0.90  # issue 43: abstains on at least 90 % of the held-out irrelevance samples
 
@@ -75,19 +78,22 @@ def main() -> int:
                     calls, prose = session.calls, workload.registry.calls_written_in(session.text)
                     abstained.setdefault((model, set_name), []).append(not calls and not prose)
                     verdict = ("called " + "; ".join(calls) if calls else
-                               "wrote a call as prose: " + session.text.strip() if prose else "abstained")
+                               "wrote a call as prose: " + session.text.strip() if prose else "no call")
                     print(f"{workload.name:>24} {model:<5} {verdict}"[:200], flush=True)
 
     def cell(model: str, set_name: str) -> str:
         ok = abstained[model, set_name]
         return f"{100 * sum(ok) / len(ok):.0f} % ({sum(ok)}/{len(ok)})"
 
-    rows = [[s, len(abstained[models[0], s]), *[cell(m, s) for m in models]] for s in SETS]
-    table = markdown_table(["set", "samples", *[f"{m} abstains" for m in models]], rows)
+    rows = [[s, "calls" if s in NEEDS_CALLS else "no call", len(abstained[models[0], s]), *[cell(m, s) for m in models]]
+            for s in SETS]
+    table = markdown_table(["set", "right answer", "samples", *[f"{m}: no call" for m in models]], rows)
 
     def goal_line(model: str) -> str:  # the goal counts BFCL's two sets, the held-out ids of each
         ok = abstained[model, "irrelevance"] + abstained[model, "live_irrelevance"]
-        return f"- {model}: {100 * sum(ok) / len(ok):.0f} % abstained over both BFCL sets (goal ≥ {GOAL:.0%})"
+        refused = abstained[model, "parallel"]
+        return (f"- {model}: {100 * sum(ok) / len(ok):.0f} % abstained over both BFCL sets (goal ≥ {GOAL:.0%}), "
+                f"while refusing {sum(refused)} of {len(refused)} `parallel` requests its tools serve")
     goals = [goal_line(m) for m in models]
     sections = [f"Model `{args.model}`; async mode, greedy, {args.max_tokens} tokens at most; the first {args.samples} "
                 f"held-out entries of each set; {time.monotonic() - start:.0f} s.",
