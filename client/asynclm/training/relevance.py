@@ -105,27 +105,28 @@ def main(argv: list[str] | None = None) -> int:
     from .data import read_records
     from .model import load_base, with_adapter
 
+    scores: dict[str, list[float]] = {}
     try:
+        if args.tasks < 1:
+            raise ValueError("--tasks must be at least 1")
         records = [r for r in read_records(Path(args.data)) if r["variant"] == "async"]
+        prompts = {name: [r["ids"][:r["loss_spans"][0][0]] for r in records if r["source"] == name][:args.tasks]
+                   for name in (*NO_CALL_SOURCES, CALL_SOURCE)}
+        if not any(prompts[name] for name in NO_CALL_SOURCES) or not prompts[CALL_SOURCE]:
+            raise ValueError(f"{args.data} has no irrelevance or no {CALL_SOURCE} samples")
         base, source = load_base(args.model, 0)
         model = (with_adapter(base, Path(args.adapter)) if args.adapter else base).eval()
+        torch.set_num_threads(args.threads or os.cpu_count() or 1)
+        turn_start, no_call_token = markers(Tokenizer(source.tokenizer))
+        for name, mine in prompts.items():
+            scores[name] = [first_margin(model, ids, no_call_token) if args.score == "margin"
+                            else request_pmi(model, ids, turn_start) for ids in mine]
+            print(f"{name}: {len(mine)} requests, mean {args.score} "
+                  f"{sum(scores[name]) / max(1, len(mine)):+.3f}", flush=True)
     except (FileNotFoundError, ValueError) as exc:
         print(f"relevance: error: {exc}", file=sys.stderr)
         return 1
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    turn_start, no_call_token = markers(Tokenizer(source.tokenizer))
-    scores: dict[str, list[float]] = {}
-    for name in (*NO_CALL_SOURCES, CALL_SOURCE):
-        mine = [r for r in records if r["source"] == name][:args.tasks]
-        prompts = [r["ids"][:r["loss_spans"][0][0]] for r in mine]
-        scores[name] = [first_margin(model, ids, no_call_token) if args.score == "margin"
-                        else request_pmi(model, ids, turn_start) for ids in prompts]
-        print(f"{name}: {len(prompts)} requests, mean {args.score} "
-              f"{sum(scores[name]) / max(1, len(prompts)):+.3f}", flush=True)
     no_call = [s for name in NO_CALL_SOURCES for s in scores[name]]
-    if not no_call or not scores[CALL_SOURCE]:
-        print("relevance: error: the data has no irrelevance or no parallel samples", file=sys.stderr)
-        return 1
     # a high margin means "abstain"; a low pmi means "the tools do not explain it"
     sign = 1 if args.score == "margin" else -1
     signed = [sign * s for s in no_call], [sign * s for s in scores[CALL_SOURCE]]
