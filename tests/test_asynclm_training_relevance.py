@@ -15,17 +15,17 @@ def test_the_span_is_the_user_request_and_the_marker_is_the_reply_first_token():
     tokenizer = Tokenizer(resolve_model("tiny").tokenizer)
     config = DataConfig(sources=IRRELEVANCE_KINDS, irrelevance_train=2, weights=parse_weights("async=1"))
     records = build("train", config, Encoder(tokenizer))[0]
-    turn_start, no_call_token = markers(tokenizer)
+    marks = markers(tokenizer)
     assert len(records) == 4
     for record in records:
         reply = record["loss_spans"][0][0]
         prompt = record["ids"][:reply]
-        user, text, assistant = request_span(prompt, turn_start)
+        user, text, assistant = request_span(prompt, marks)
         assert tokenizer.decode(prompt[user:text]) == "<|im_start|>user\n"
         assert tokenizer.decode(prompt[assistant:]) == "<|im_start|>assistant\n"
         assert tokenizer.decode(prompt[text:assistant]).endswith("<|im_end|>\n")
         assert "<|im_start|>" not in tokenizer.decode(prompt[text:assistant])
-        assert record["ids"][reply] == no_call_token
+        assert record["ids"][reply] == marks.no_call
 
 
 def test_auc_counts_pairs_and_ties_half_and_thresholds_count_at_or_above():

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from . import plain, protocol
 from ..tools import ToolError, ToolRegistry, parse_call
-from .data import VARIANTS, DataConfig, read_meta, read_records, tasks_for
+from .data import VARIANTS, DataConfig, prompt_of, read_meta, read_records, tasks_for
 from .decoder import DECODERS
 from .held import HeldCalls
 from .segments import Encoder
@@ -132,7 +132,7 @@ class Loop:
         cml = protocol.cml()
         self.session, self.encoder, self.record = session, encoder, record
         self.max_new_tokens = max_new_tokens
-        self.prompt_ids = prompt_ids or record["ids"][:record["loss_spans"][0][0]]
+        self.prompt_ids = prompt_ids or prompt_of(record)
         self.held = held  # --constrain: each call's text held to the tools' schemas (held.py)
         self.monitor = cml.TokenMonitor(lambda token: encoder.decode([token]), named_calls=held is not None)
         self.registry = registry

@@ -231,6 +231,12 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
+
+def prompt_of(record: dict) -> list[int]:
+    """A sample's prompt: its ids before the first the model writes."""
+    return record["ids"][:record["loss_spans"][0][0]]
+
+
 def _checked_sample(value) -> dict:
     """``value`` if it is an object with :data:`SAMPLE_FIELDS`; else TypeError or KeyError saying what is wrong."""
     if not isinstance(value, dict):

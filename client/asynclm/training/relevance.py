@@ -21,28 +21,36 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
-NO_CALL_SOURCES = ("irrelevance", "live_irrelevance")
+from oven.inference.config import DEFAULT_MODEL
+
+from .bfcl_tasks import IRRELEVANCE_KINDS, NO_CALL_REPLY
+
 CALL_SOURCE = "parallel"
 SCORES = ("margin", "pmi")
+USER_HEADER = "<|im_start|>user\n"  # ChatML, the template of SmolLM2 and of the tests' tiny model
 
 
-def markers(tokenizer) -> tuple[int, int]:
-    """The token that opens a chat turn, and the no-call reply's first token as the model writes it."""
-    from .bfcl_tasks import NO_CALL_REPLY
-
-    (turn_start,) = tokenizer.encode("<|im_start|>")
-    return turn_start, tokenizer.encode(NO_CALL_REPLY)[0]
+class Markers(NamedTuple):
+    turn_start: int  # the token that opens a chat turn
+    user_header: int  # the tokens of USER_HEADER
+    no_call: int  # the no-call reply's first token, as the model writes it
 
 
-def request_span(ids: list[int], turn_start: int) -> tuple[int, int, int]:
+def markers(tokenizer) -> Markers:
+    header = tokenizer.encode(USER_HEADER)
+    return Markers(header[0], len(header), tokenizer.encode(NO_CALL_REPLY)[0])
+
+
+def request_span(ids: list[int], marks: Markers) -> tuple[int, int, int]:
     """In a prompt that ends with the assistant's turn opening: where the last user turn starts, where
-    its text starts (after ``<|im_start|>user\\n``) and where the assistant's turn starts."""
-    starts = [i for i, token in enumerate(ids) if token == turn_start]
+    its text starts (after ``USER_HEADER``) and where the assistant's turn starts."""
+    starts = [i for i, token in enumerate(ids) if token == marks.turn_start]
     if len(starts) < 2:
         raise ValueError("the prompt has no user turn before the assistant's")
     user, assistant = starts[-2], starts[-1]
-    return user, user + 3, assistant
+    return user, user + marks.user_header, assistant
 
 
 def first_margin(model, ids: list[int], token: int) -> float:
@@ -65,8 +73,8 @@ def _mean_logprob(model, ids: list[int], first: int, end: int) -> float:
     return logprobs[first - 1:end - 1].gather(1, targets[:, None]).mean().item()
 
 
-def request_pmi(model, ids: list[int], turn_start: int) -> float:
-    user, text, assistant = request_span(ids, turn_start)
+def request_pmi(model, ids: list[int], marks: Markers) -> float:
+    user, text, assistant = request_span(ids, marks)
     return _mean_logprob(model, ids, text, assistant) - _mean_logprob(model, ids[user:], text - user, assistant - user)
 
 
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="asynclm-data/eval.jsonl", help="evaluation samples (default %(default)s)")
     parser.add_argument("--adapter", help="a PEFT adapter folder (default: the base model alone)")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="default %(default)s")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="default %(default)s")
     parser.add_argument("--score", choices=SCORES, default="margin", help="default %(default)s")
     parser.add_argument("--tasks", type=int, default=120, help="requests per source, first in file order "
                         "(default %(default)s)")
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from oven.control.tokenizer import Tokenizer
 
-    from .data import read_records
+    from .data import prompt_of, read_records
     from .model import load_base, with_adapter
 
     scores: dict[str, list[float]] = {}
@@ -110,23 +118,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.tasks < 1:
             raise ValueError("--tasks must be at least 1")
         records = [r for r in read_records(Path(args.data)) if r["variant"] == "async"]
-        prompts = {name: [r["ids"][:r["loss_spans"][0][0]] for r in records if r["source"] == name][:args.tasks]
-                   for name in (*NO_CALL_SOURCES, CALL_SOURCE)}
-        if not any(prompts[name] for name in NO_CALL_SOURCES) or not prompts[CALL_SOURCE]:
+        prompts = {name: [prompt_of(r) for r in records if r["source"] == name][:args.tasks]
+                   for name in (*IRRELEVANCE_KINDS, CALL_SOURCE)}
+        if not any(prompts[name] for name in IRRELEVANCE_KINDS) or not prompts[CALL_SOURCE]:
             raise ValueError(f"{args.data} has no irrelevance or no {CALL_SOURCE} samples")
         base, source = load_base(args.model, 0)
         model = (with_adapter(base, Path(args.adapter)) if args.adapter else base).eval()
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
-        turn_start, no_call_token = markers(Tokenizer(source.tokenizer))
+        marks = markers(Tokenizer(source.tokenizer))
         for name, mine in prompts.items():
-            scores[name] = [first_margin(model, ids, no_call_token) if args.score == "margin"
-                            else request_pmi(model, ids, turn_start) for ids in mine]
+            scores[name] = [first_margin(model, ids, marks.no_call) if args.score == "margin"
+                            else request_pmi(model, ids, marks) for ids in mine]
             print(f"{name}: {len(mine)} requests, mean {args.score} "
                   f"{sum(scores[name]) / max(1, len(mine)):+.3f}", flush=True)
     except (FileNotFoundError, ValueError) as exc:
         print(f"relevance: error: {exc}", file=sys.stderr)
         return 1
-    no_call = [s for name in NO_CALL_SOURCES for s in scores[name]]
+    no_call = [s for name in IRRELEVANCE_KINDS for s in scores[name]]
     # a high margin means "abstain"; a low pmi means "the tools do not explain it"
     sign = 1 if args.score == "margin" else -1
     signed = [sign * s for s in no_call], [sign * s for s in scores[CALL_SOURCE]]
