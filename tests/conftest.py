@@ -74,6 +74,15 @@ def tiny_engine():
     return make_engine("tiny")
 
 
+@pytest.fixture(scope="session")
+def tokenizer_donor(tmp_path_factory) -> str:
+    """A folder for ``$OVEN_TOKENIZER_DONOR`` (the embedded model's tokenizer, no weights): a test that
+    points ``OVEN_CACHE_DIR`` at a fresh folder sets it, so the tiny model there converts no 517 MB model."""
+    from oven.inference.models import export_tokenizer_donor
+
+    return str(export_tokenizer_donor(tmp_path_factory.mktemp("donor")))
+
+
 @pytest.fixture(scope="module")
 def inference(request):
     """A real inference process, one per test module: on the module's ``INFERENCE_MODEL`` (default

@@ -86,8 +86,10 @@ def test_oven_adapters_adds_lists_and_removes_for_the_operator_only(tmp_path, ti
         srv.stop()
 
 
-def test_without_a_server_the_cli_edits_the_store_that_serve_loads(tmp_path, tiny_config, monkeypatch):
+def test_without_a_server_the_cli_edits_the_store_that_serve_loads(tmp_path, tiny_config, monkeypatch,
+                                                                   tokenizer_donor):
     monkeypatch.setenv("OVEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OVEN_TOKENIZER_DONOR", tokenizer_donor)
     write_adapter(tmp_path / "good", tiny_config)
     added = oven("adapters", "add", "tiny-lora", str(tmp_path / "good"))
     assert added.returncode == 0, added.stderr

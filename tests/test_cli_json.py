@@ -26,12 +26,12 @@ def keys(message: type) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory) -> dict:
+def env(tmp_path_factory, tokenizer_donor) -> dict:
     """A user of a fresh server whose program store starts empty (library names of its own)."""
     home = tmp_path_factory.mktemp("cli-json")
     return {**os.environ, "OVEN_CONTROL_ENDPOINT": f"ipc://{home}/state/control.sock",
             "OVEN_STATE_DIR": str(home / "state"), "OVEN_PROGRAM_DIR": str(home / "programs"),
-            "OVEN_CACHE_DIR": str(home / "cache")}
+            "OVEN_CACHE_DIR": str(home / "cache"), "OVEN_TOKENIZER_DONOR": tokenizer_donor}
 
 
 def oven(*args: str, env: dict, status: int | None = 0) -> subprocess.CompletedProcess:
@@ -147,10 +147,11 @@ def test_ps_names_which_program_of_a_shared_name_ran(env, server):
 
 
 
-def test_info_of_a_stand_alone_inference_process(tmp_path, monkeypatch):
+def test_info_of_a_stand_alone_inference_process(tmp_path, monkeypatch, tokenizer_donor):
     """With no control server to ask, `oven info` asks this user's `oven inference`; --endpoint names one."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OVEN_")},
-           "OVEN_STATE_DIR": str(tmp_path / "state"), "OVEN_CACHE_DIR": str(tmp_path / "cache")}
+           "OVEN_STATE_DIR": str(tmp_path / "state"), "OVEN_CACHE_DIR": str(tmp_path / "cache"),
+           "OVEN_TOKENIZER_DONOR": tokenizer_donor}
     proc = subprocess.Popen([sys.executable, "-m", "oven.client.cli", "inference", "--model", "tiny", "--quiet",
                              "--num-kv-pages", "64", "--torch-threads", "1"], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
