@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from harness import OVEN, Server, built, control_loop, direct_greedy, messages, run, tiny_inference
+from harness import OVEN, PROGRAM_DIR, Server, built, control_loop, direct_greedy, messages, run, tiny_inference
 from oven.control.config import ControlConfig
 from oven.control.runtime.instance import State
 from oven.control.runtime.loop import ControlLoop
@@ -84,11 +84,11 @@ def test_an_import_moves_an_instance_not_placed_yet_and_one_placed_recomputes(in
     assert (moved, recomputed) == ({"tokens": want, "forwarded": moved["forwarded"], "imported": True},) * 2
 
 
-def test_a_killed_replica_ends_only_its_instances_and_comes_back(tmp_path):
+def test_a_killed_replica_ends_only_its_instances_and_comes_back():
     config = InferenceConfig(model="tiny", num_kv_pages=256, num_embeds=64, torch_threads=1)
     supervisors = [InferenceSupervisor(config, name=f"replica {k}") for k in range(2)]
     events = []
-    loop = ControlLoop([s.client() for s in supervisors], ControlConfig(program_dir=str(tmp_path), slice_ms=1000),
+    loop = ControlLoop([s.client() for s in supervisors], ControlConfig(program_dir=PROGRAM_DIR, slice_ms=1000),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)), supervisors)
     loop.events = events
     try:

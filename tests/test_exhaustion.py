@@ -7,7 +7,7 @@ the pool has 5, so a second concurrent run cannot get its pages.
 from __future__ import annotations
 
 import pytest
-from harness import direct_greedy, tiny_inference
+from harness import PROGRAM_DIR, direct_greedy, tiny_inference
 
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
@@ -33,9 +33,9 @@ def expected(inference):
             for prompt in (PROMPT_A, PROMPT_B)}
 
 
-def make_loop(inference, tmp_path, policy: str, programs=("hello-python", "prefix-cache"), **config):
+def make_loop(inference, policy: str, programs=("hello-python", "prefix-cache"), **config):
     events = []
-    loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), exhaustion_policy=policy,
+    loop = ControlLoop(inference.client(), ControlConfig(program_dir=PROGRAM_DIR, exhaustion_policy=policy,
                                                          **config),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
     for name in programs:
@@ -63,8 +63,8 @@ def settle(loop, *instances) -> None:
     assert loop.run_until(lambda: not any(i.alive for i in instances), 120)
 
 
-def test_terminate_newest_kills_the_newcomer(inference, expected, tmp_path):
-    loop = make_loop(inference, tmp_path, "terminate-newest")
+def test_terminate_newest_kills_the_newcomer(inference, expected):
+    loop = make_loop(inference, "terminate-newest")
     old = loop.launch("hello-python", [PROMPT_A, str(NEW)])
     loop.run_until(lambda: old.resources.num_kvpages > 0, 30)
     new = loop.launch("hello-python", [PROMPT_B, str(NEW)])
@@ -75,8 +75,8 @@ def test_terminate_newest_kills_the_newcomer(inference, expected, tmp_path):
     loop.close()
 
 
-def test_wait_parks_the_allocation_until_pages_return(inference, expected, tmp_path):
-    loop = make_loop(inference, tmp_path, "wait")
+def test_wait_parks_the_allocation_until_pages_return(inference, expected):
+    loop = make_loop(inference, "wait")
     first = loop.launch("hello-python", [PROMPT_A, str(NEW)])
     loop.run_until(lambda: first.resources.num_kvpages > 0, 30)
     second = loop.launch("hello-python", [PROMPT_B, str(NEW)])
@@ -86,9 +86,9 @@ def test_wait_parks_the_allocation_until_pages_return(inference, expected, tmp_p
     loop.close()
 
 
-def test_offload_swaps_out_an_instance_waiting_on_io(inference, expected, tmp_path):
+def test_offload_swaps_out_an_instance_waiting_on_io(inference, expected):
     """A paused instance's pages go to the host tier, the newcomer runs, then the paused one resumes intact."""
-    loop = make_loop(inference, tmp_path, "offload")
+    loop = make_loop(inference, "offload")
     paused = loop.launch("hello-python", [PROMPT_A, str(NEW), "--pause"])
     assert loop.run_until(lambda: paused.io_idle, 30)
     newcomer = loop.launch("hello-python", [PROMPT_B, str(NEW)])
@@ -102,9 +102,9 @@ def test_offload_swaps_out_an_instance_waiting_on_io(inference, expected, tmp_pa
     loop.close()
 
 
-def test_an_ended_exporters_export_is_dropped_before_anyone_is_terminated(inference, expected, tmp_path):
+def test_an_ended_exporters_export_is_dropped_before_anyone_is_terminated(inference, expected):
     """prefix-cache leaves 3 of the 5 pages in an export; a newcomer needing 3 gets them from it."""
-    loop = make_loop(inference, tmp_path, "terminate-newest")
+    loop = make_loop(inference, "terminate-newest")
     prefix = f"{PROMPT_A} {PROMPT_B}"
     # The export holds what a flush forwards: every prefix token but the last, on 3 pages.
     assert 32 < len(Tokenizer(inference.info.tokenizer).encode(prefix)) - 1 <= 48
@@ -120,9 +120,9 @@ def test_an_ended_exporters_export_is_dropped_before_anyone_is_terminated(infere
     loop.close()
 
 
-def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expected, tmp_path):
+def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expected):
     """Under `wait`, dropping an export (what `oven exports --drop` does) hands its pages to the parked call."""
-    loop = make_loop(inference, tmp_path, "wait")
+    loop = make_loop(inference, "wait")
     holder = loop.launch("hello-python", [PROMPT_A, str(NEW), "--pause"])
     assert loop.run_until(lambda: holder.io_idle, 30)
     handles = holder.resources.exclusive_device_handles()
@@ -138,10 +138,10 @@ def test_pages_an_operator_frees_go_to_the_waiting_allocation(inference, expecte
     loop.close()
 
 
-def test_preempt_runs_more_instances_than_the_pool_holds_with_the_outputs_of_a_big_pool(inference, expected, tmp_path):
+def test_preempt_runs_more_instances_than_the_pool_holds_with_the_outputs_of_a_big_pool(inference, expected):
     """Six completions on 5 pages (each needs 3, the SDK allocates as it goes): none is killed, each
     output is the one a pool big enough for all gives, and every page and host slot comes back."""
-    loop = make_loop(inference, tmp_path, "preempt", ("text-completion",))
+    loop = make_loop(inference, "preempt", ("text-completion",))
     prompts = [PROMPT_A, PROMPT_B] * 3
     runs = [loop.launch("text-completion", [prompt, str(NEW)]) for prompt in prompts]
     settle(loop, *runs)
@@ -150,10 +150,10 @@ def test_preempt_runs_more_instances_than_the_pool_holds_with_the_outputs_of_a_b
     loop.close()
 
 
-def test_preempt_swaps_out_the_newer_instance_and_resumes_it_intact(inference, expected, tmp_path):
+def test_preempt_swaps_out_the_newer_instance_and_resumes_it_intact(inference, expected):
     """The newer instance holds pages, stopped mid-generation; the older one needs them: the newer is
     swapped to the host tier (not killed), and finishes with the same tokens once it runs again."""
-    loop = make_loop(inference, tmp_path, "preempt", ("text-completion",))
+    loop = make_loop(inference, "preempt", ("text-completion",))
     old = loop.launch("text-completion", [PROMPT_A, str(NEW)])
     new = loop.launch("text-completion", [PROMPT_B, str(NEW)])
     loop.hold_output(old.instance_id, True)
@@ -170,14 +170,14 @@ def test_preempt_swaps_out_the_newer_instance_and_resumes_it_intact(inference, e
     loop.close()
 
 
-def test_a_client_holding_the_pool_and_host_tier_gives_way_to_another_client(inference, expected, tmp_path):
+def test_a_client_holding_the_pool_and_host_tier_gives_way_to_another_client(inference, expected):
     """Client a's three instances take all 5 KvPages and all 8 host slots, then wait (on a client message
     here; a timer is the same to the policy). Client b's newcomer still starts and gets the 3 pages of its
     share (half the pool, rounded up), with the output a pool of its own gives: a's most wasteful idle
     holder ends with a clear error (the host tier has no room for its pages), which makes room to swap
     out the next; that one resumes intact later, and so does the third, untouched. Every page and host
     slot comes back."""
-    loop = make_loop(inference, tmp_path, "preempt", (), interception_policy="preserve")  # no swap of its own
+    loop = make_loop(inference, "preempt", (), interception_policy="preserve")  # no swap of its own
     for name in ("hostile", "hello-python"):
         for client in ("a", "b"):
             loop.programs.add((inferlets_dir() / name / f"{name}.wasm").read_bytes(), name, uploader=client)

@@ -6,6 +6,7 @@ at issue or in the inference process, and a killed instance with steps in flight
 from __future__ import annotations
 
 import pytest
+from harness import PROGRAM_DIR
 from test_host_calls import call, take
 
 from oven.client.paths import inferlets_dir
@@ -16,9 +17,8 @@ PROMPT = [5, 17, 101, 44, 9]
 
 
 @pytest.fixture(scope="module")
-def loop(inference, tmp_path_factory):
-    control = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path_factory.mktemp("p"))),
-                          lambda *a: None)
+def loop(inference):
+    control = ControlLoop(inference.client(), ControlConfig(program_dir=PROGRAM_DIR), lambda *a: None)
     control.programs.add((inferlets_dir() / "echo" / "echo.wasm").read_bytes(), "echo")
     yield control
     control.close()

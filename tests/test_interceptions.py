@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from harness import direct_greedy, tiny_inference
+from harness import PROGRAM_DIR, direct_greedy, tiny_inference
 
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
@@ -52,9 +52,9 @@ def expected(inference):
             for prompt, new in RUNS.items()}
 
 
-def run_paused_pair(inference, tmp_path, policy: str):
+def run_paused_pair(inference, policy: str):
     events = []
-    loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(tmp_path), interception_policy=policy),
+    loop = ControlLoop(inference.client(), ControlConfig(program_dir=PROGRAM_DIR, interception_policy=policy),
                        lambda inst, kind, payload: events.append((inst.instance_id, kind, payload)))
     loop.programs.add((inferlets_dir() / "hello-python" / "hello-python.wasm").read_bytes(), "hello-python")
     runs = [loop.launch("hello-python", [prompt, str(new), "--pause"]) for prompt, new in RUNS.items()]
@@ -72,9 +72,8 @@ def finish(loop, runs, events, expected) -> None:
     loop.close()
 
 
-def test_infercept_swaps_paused_instances_out_of_a_full_pool_and_back_with_the_same_tokens(inference, expected,
-                                                                                         tmp_path):
-    loop, runs, events = run_paused_pair(inference, tmp_path, "infercept")
+def test_infercept_swaps_paused_instances_out_of_a_full_pool_and_back_with_the_same_tokens(inference, expected):
+    loop, runs, events = run_paused_pair(inference, "infercept")
     assert loop.run_until(lambda: all(r.record().shown_state == "swapped" for r in runs), 30)
     assert (loop.replicas[0].kv_pool.num_free, loop.replicas[0].host_pool.num_free) == (NUM_PAGES, NUM_HOST_PAGES - NUM_PAGES)
     assert loop.replicas[0].interceptions.num_swapped_out == 2
@@ -84,8 +83,8 @@ def test_infercept_swaps_paused_instances_out_of_a_full_pool_and_back_with_the_s
     finish(loop, runs, events, expected)
 
 
-def test_preserve_keeps_paused_instances_on_the_device(inference, expected, tmp_path):
-    loop, runs, events = run_paused_pair(inference, tmp_path, "preserve")
+def test_preserve_keeps_paused_instances_on_the_device(inference, expected):
+    loop, runs, events = run_paused_pair(inference, "preserve")
     for _ in range(20):  # the policy is asked every turn; under `preserve` nothing moves
         loop.step(0.005)
     assert [r.record().shown_state for r in runs] == ["preserved", "preserved"]
@@ -95,8 +94,8 @@ def test_preserve_keeps_paused_instances_on_the_device(inference, expected, tmp_
     finish(loop, runs, events, expected)
 
 
-def test_a_killed_swapped_out_instance_gives_its_host_slots_back(inference, tmp_path):
-    loop, runs, _ = run_paused_pair(inference, tmp_path, "swap")
+def test_a_killed_swapped_out_instance_gives_its_host_slots_back(inference):
+    loop, runs, _ = run_paused_pair(inference, "swap")
     assert loop.run_until(lambda: all(r.record().shown_state == "swapped" for r in runs), 30)
     loop.kill(runs[0], "the test is over")
     assert (loop.replicas[0].host_pool.num_free, runs[0].state) == (NUM_HOST_PAGES - 2, State.KILLED)
