@@ -28,6 +28,7 @@ from oven.client.asynclm.session import Workload, run_session, session_spec  # n
 from oven.client.asynclm.tools.bfcl import stub_registry  # noqa: E402
 from oven.client.asynclm.tools.bfcl_data import question_text, read_entries  # noqa: E402
 from oven.client.asynclm.tools.demo import demo_registry  # noqa: E402
+from oven.client.asynclm.training.bfcl_tasks import IRRELEVANCE_KINDS  # noqa: E402
 from oven.client.asynclm.training.demo_tasks import OFF_TOPIC_HELD_OUT  # noqa: E402
 from oven.client.asynclm.training.split import bfcl_ids  # noqa: E402
 from oven.client.connect import embedded_server  # noqa: E402
@@ -35,7 +36,7 @@ from oven.client.programs import library_program  # noqa: E402
 from oven.inference.config import DEFAULT_MODEL  # noqa: E402
 from oven.proto.auth import default_state_dir  # noqa: E402
 
-SETS = ("irrelevance", "live_irrelevance", "demo", "parallel")
+SETS = (*IRRELEVANCE_KINDS, "demo", "parallel")
 NEEDS_CALLS = {"parallel"}  # the sets whose right answer is a call: abstaining there is a wrong refusal
 MODELS = {"FT": {"adapter": "asynclm"}, "base": {"example": True}}
 GOAL = 0.90  # issue 43: abstains on at least 90 % of the held-out irrelevance samples
@@ -90,7 +91,7 @@ def main() -> int:
     table = markdown_table(["set", "right answer", "samples", *[f"{m}: no call" for m in models]], rows)
 
     def goal_line(model: str) -> str:  # the goal counts BFCL's two sets, the held-out ids of each
-        ok = no_call[model, "irrelevance"] + no_call[model, "live_irrelevance"]
+        ok = [x for s in IRRELEVANCE_KINDS for x in no_call[model, s]]
         refused = [r for s in NEEDS_CALLS for r in no_call[model, s]]
         return (f"- {model}: {100 * sum(ok) / len(ok):.0f} % abstained over both BFCL sets (goal ≥ {GOAL:.0%}), "
                 f"while refusing {sum(refused)} of {len(refused)} requests its tools serve "

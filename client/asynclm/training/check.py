@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=50, help="samples per source (default %(default)s)")
     parser.add_argument("--parallel", type=int, default=32,
                         help="tasks decoded at once on the engine (default %(default)s; memory grows with it)")
-    parser.add_argument("--start", type=int, default=0, help="skip this many of each source first (default %(default)s)")
+    parser.add_argument("--start", type=int, default=0,
+                        help="skip this many of each source first (default %(default)s)")
     parser.add_argument("--example", action="store_true", help="put the worked example in the prompt (few-shot)")
     parser.add_argument("--constrain", action="store_true",
                         help="hold the CML calls to the tools' schemas, as `oven asynclm --constrain` does")
