@@ -52,6 +52,10 @@ def bob(server):
 
 
 # -- the program store: names are never paths; only code the store compiled is loaded ------------------
+# Two programs for the store's rules: Rust ones, compiled in well under a second (a Python one takes
+# about 10 s and 55 MB).
+MINE, OTHER = "hello-rust", "text-completion-rust"
+
 
 @pytest.fixture
 def store(tmp_path):
@@ -68,9 +72,8 @@ def test_a_program_name_is_never_a_path(store, ref):
 def test_only_code_the_store_compiled_is_loaded(store, tmp_path, caplog):
     """A .cwasm planted in the store (another program's code, or junk filled with int3) is never
     deserialized: its HMAC does not check, so the program is compiled again from its .wasm."""
-    echo, hostile = built("echo"), built("hostile")
-    digest = store.add(echo, "echo")
-    other = store.add(hostile, "hostile")
+    digest = store.add(built(MINE), "mine")
+    other = store.add(built(OTHER), "other")
     # The files as an attacker finds them in the store.
     (compiled,), (others,) = (list(store.root.glob(f"{d}.*.cwasm")) for d in (digest, other))
     for planted in (others.read_bytes(), b"\xcc" * 65536):
@@ -97,62 +100,62 @@ def test_a_rejected_upload_leaves_nothing(store):
 
 
 def test_names_belong_to_their_client(store):
-    echo = store.add(built("echo"), "echo", uploader="alice")
-    hostile = store.add(built("hostile"), "echo", uploader="mallory")  # mallory's own "echo"
-    assert store.resolve("echo", "alice") == echo and store.resolve("echo", "mallory") == hostile
+    mine = store.add(built(MINE), "echo", uploader="alice")
+    other = store.add(built(OTHER), "echo", uploader="mallory")  # mallory's own "echo"
+    assert store.resolve("echo", "alice") == mine and store.resolve("echo", "mallory") == other
     with pytest.raises(ProgramError, match="no program named or hashed 'echo'"):
         store.resolve("echo", "bob")
     with pytest.raises(ProgramError, match="no program named or hashed"):
-        store.resolve(echo, "bob")  # a digest bob never uploaded
-    store.add(built("echo"), "echo", namespace="")  # the operator publishes it in the library
-    assert store.resolve("echo", "bob") == echo and store.resolve("echo", "mallory") == hostile
+        store.resolve(mine, "bob")  # a digest bob never uploaded
+    store.add(built(MINE), "echo", namespace="")  # the operator publishes it in the library
+    assert store.resolve("echo", "bob") == mine and store.resolve("echo", "mallory") == other
     restarted = ProgramStore(store.root, store.engine)  # names persist per client
-    assert restarted.resolve("echo", "alice") == echo and restarted.resolve("echo", "mallory") == hostile
+    assert restarted.resolve("echo", "alice") == mine and restarted.resolve("echo", "mallory") == other
 
 
 def test_a_client_has_at_most_max_names_and_a_removed_one_none(store, monkeypatch):
     """Each name rewrites names.json, so a client's are bounded; the bound is checked before the bytes
     are compiled or stored. A removed client's names and uploads are forgotten, its programs kept."""
     monkeypatch.setattr(programs_module, "MAX_NAMES_PER_CLIENT", 2)
-    echo = store.add(built("echo"), "one", uploader="mallory")
-    store.add(built("echo"), "two", uploader="mallory")
-    store.add(built("echo"), "two", uploader="mallory")  # a name it has already: no new one
+    mine = store.add(built(MINE), "one", uploader="mallory")
+    store.add(built(MINE), "two", uploader="mallory")
+    store.add(built(MINE), "two", uploader="mallory")  # a name it has already: no new one
     with pytest.raises(ProgramError, match="2 program names are taken in 'mallory' already"):
         store.check_name_room("mallory", "three")
     with pytest.raises(ProgramError, match="2 program names are taken in 'mallory' already"):
-        store.add(built("hostile"), "three", uploader="mallory")
+        store.add(built(OTHER), "three", uploader="mallory")
     assert len(store.entries()) == 1  # refused before it was compiled and stored
-    store.add(built("echo"), "three", uploader="alice")  # another client's names are its own
+    store.add(built(MINE), "three", uploader="alice")  # another client's names are its own
     store.forget_client("mallory")
     with pytest.raises(ProgramError, match="no program named or hashed"):
-        store.resolve(echo, "mallory")
-    assert store.resolve("three", "alice") == echo and store.has(echo)
+        store.resolve(mine, "mallory")
+    assert store.resolve("three", "alice") == mine and store.has(mine)
 
 
 def test_a_client_removes_what_it_stored_and_no_more(store):
     """Removing forgets the caller's names and upload; the files go with the last client that has the
     program. The operator's removal takes it from everyone, the library included."""
-    echo = store.add(built("echo"), "mine", uploader="alice")
-    store.add(built("echo"), "also-mine", uploader="bob")
-    assert store.remove(echo, "alice") is False  # bob still has it
+    mine = store.add(built(MINE), "mine", uploader="alice")
+    store.add(built(MINE), "also-mine", uploader="bob")
+    assert store.remove(mine, "alice") is False  # bob still has it
     with pytest.raises(ProgramError, match="no program named or hashed 'mine'"):
         store.resolve("mine", "alice")
-    assert store.resolve("also-mine", "bob") == echo and not store.holds(echo, "alice")
-    assert store.remove(echo, "bob") is True and not store.has(echo)
-    assert list(store.root.glob(f"{echo}*")) == []  # the .wasm and the compiled code
-    hostile = store.add(built("hostile"), "tool", uploader="carol")
-    store.add(built("hostile"), "tool", namespace="")  # the operator publishes it
-    assert store.remove(hostile, "operator") is True and not store.has(hostile)
+    assert store.resolve("also-mine", "bob") == mine and not store.holds(mine, "alice")
+    assert store.remove(mine, "bob") is True and not store.has(mine)
+    assert list(store.root.glob(f"{mine}*")) == []  # the .wasm and the compiled code
+    other = store.add(built(OTHER), "tool", uploader="carol")
+    store.add(built(OTHER), "tool", namespace="")  # the operator publishes it
+    assert store.remove(other, "operator") is True and not store.has(other)
 
 
 def test_a_client_stores_at_most_its_quota(store, monkeypatch):
     monkeypatch.setattr(programs_module, "MAX_PROGRAMS_PER_CLIENT", 1)
-    echo = store.add(built("echo"), uploader="mallory")
+    mine = store.add(built(MINE), uploader="mallory")
     with pytest.raises(ProgramError, match=r"this client stores 1 programs \(.* MiB; at most 1 and"):
         store.check_room_for("mallory", 100)
     store.check_room_for("alice", 100)
     store.check_room_for("operator", 100)  # exempt
-    store.remove(echo, "mallory")
+    store.remove(mine, "mallory")
     store.check_room_for("mallory", 100)
     monkeypatch.setattr(programs_module, "MAX_STORED_BYTES_PER_CLIENT", 99)
     with pytest.raises(ProgramError, match="remove some first"):
