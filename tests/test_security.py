@@ -381,7 +381,7 @@ def start_decoding(client: OvenClient) -> str:
     """An instance into a long greedy completion, holding KV pages in the inference process (an instance
     that holds nothing there yet, its runner still starting, would rightly live on in the next process)."""
     total = client.info().num_kv_pages
-    instance_id = client.launch(client.upload(built("text-completion")), ["Once upon a time", "100000"])
+    instance_id = client.launch(client.upload(built("text-completion-rust")), ["Once upon a time", "100000"])
     deadline = time.monotonic() + 60
     while client.stats().free_kv_pages == total:
         assert time.monotonic() < deadline, "the instance never held a KV page"
@@ -405,7 +405,7 @@ def test_a_dead_or_hung_inference_process_is_replaced(tmp_path, inference, fault
             os.kill(child, fault)
             event = wait_exit(client, instance_id, timeout_s=60)
             assert (event.exit_code, event.text) == (1, f"inference process died: {reason}")
-        done = oven("run", "--server", srv.endpoint, "--token", srv.operator_token, "hello-python", "--",
+        done = oven("run", "--server", srv.endpoint, "--token", srv.operator_token, "hello-rust", "--",
                     "Once upon a time", "8")
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == " ".join(map(str, greedy(inference, "Once upon a time", 8)))
@@ -442,7 +442,7 @@ def test_the_inference_child_dies_with_its_control_process(tmp_path):
 def test_a_client_of_a_server_that_restarted_is_told(tmp_path):
     first = Server(tmp_path)
     with first.client() as client:
-        instance_id = client.launch(client.upload(built("echo")), [])
+        instance_id = client.launch(client.upload(built("text-completion-rust")), ["Once upon a time", "100000"])
         first.proc.kill()
         first.proc.wait()
         second = Server(tmp_path, endpoint=first.endpoint)  # same endpoint, same keys: the client reconnects
