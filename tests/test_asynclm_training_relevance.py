@@ -4,7 +4,7 @@ the no-call reply's first token as samples write it, the AUC and the threshold t
 from __future__ import annotations
 
 from oven.client.asynclm.training.bfcl_tasks import IRRELEVANCE_KINDS
-from oven.client.asynclm.training.data import DataConfig, build, parse_weights
+from oven.client.asynclm.training.data import DataConfig, build, parse_weights, prompt_of
 from oven.client.asynclm.training.relevance import auc, markers, request_span, thresholds
 from oven.client.asynclm.training.segments import Encoder
 from oven.control.tokenizer import Tokenizer
@@ -19,7 +19,7 @@ def test_the_span_is_the_user_request_and_the_marker_is_the_reply_first_token():
     assert len(records) == 4
     for record in records:
         reply = record["loss_spans"][0][0]
-        prompt = record["ids"][:reply]
+        prompt = prompt_of(record)
         user, text, assistant = request_span(prompt, marks)
         assert tokenizer.decode(prompt[user:text]) == "<|im_start|>user\n"
         assert tokenizer.decode(prompt[assistant:]) == "<|im_start|>assistant\n"

@@ -231,7 +231,6 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
-
 def prompt_of(record: dict) -> list[int]:
     """A sample's prompt: its ids before the first the model writes."""
     return record["ids"][:record["loss_spans"][0][0]]

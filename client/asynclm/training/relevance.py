@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -104,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: one per core)")
     parser.add_argument("--json", help="write every score here")
     args = parser.parse_args(argv)
-    import os
-
     import torch
 
     from oven.control.tokenizer import Tokenizer
