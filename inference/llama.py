@@ -14,11 +14,13 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .adapters import DOWN, GATE_UP, O, QKV
 from .attention.base import AttentionBackend
 from .config import ModelConfig
 from .lora import LoraExecutor
+from .rope import rope_frequencies
 from .sharding import Shard
 
 log = logging.getLogger(__name__)
@@ -302,6 +304,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
+class _NoRandomInit(TorchFunctionMode):
+    """Modules built without their random initialisation: :func:`build_model` sets every weight after, and
+    on the meta device the first random op imports torch's Python meta kernels (2 s of a process's start)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]  # the tensor, as it was
+        return func(*args, **(kwargs or {}))
+
+
 def build_model(source, device: torch.device, dtype: torch.dtype, seed: int = 0, progress: bool = True,
                 cpu_packed_weights: bool = True, shard: Shard | None = None) -> PagedLlama:
     """Instantiate a :class:`PagedLlama` for a :class:`~oven.inference.models.ModelSource`, or a
@@ -310,13 +322,10 @@ def build_model(source, device: torch.device, dtype: torch.dtype, seed: int = 0,
     On the CPU (and when oneDNN is available) linear layers get packed weights,
     a tied LM head included; see :class:`PackedLinear`. A shard is cut before packing.
     """
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    rope = LlamaRotaryEmbedding(source.hf_config)
-    with torch.device("meta"):
-        model = PagedLlama(source.config if shard is None else shard.config)
-    model = model.to_empty(device=device).to(dtype)
-    model.rope_params = (rope.inv_freq.float().to(device), float(rope.attention_scaling))
+    inv_freq, scaling = rope_frequencies(source.settings)
+    with torch.device(device), _NoRandomInit():  # its memory as torch.empty leaves it: every weight is set below
+        model = PagedLlama(source.config if shard is None else shard.config).to(dtype)
+    model.rope_params = (inv_freq.to(device), scaling)
     if source.weights_dir is None:
         log.info("initialising %s with random weights (seed %d)", source.name, seed)
         model.init_random(seed, shard)
@@ -325,8 +334,9 @@ def build_model(source, device: torch.device, dtype: torch.dtype, seed: int = 0,
     model.eval().requires_grad_(False)
     if cpu_packed_weights and device.type == "cpu" and torch.backends.mkldnn.is_available():
         if model.lm_head is None:  # a tied head gets its own packed layer over the shared matrix
-            model.lm_head = nn.Linear(source.config.hidden_size, source.config.vocab_size, bias=False,
-                                      device="meta")
+            with _NoRandomInit():
+                model.lm_head = nn.Linear(source.config.hidden_size, source.config.vocab_size, bias=False,
+                                          device="meta")
             model.lm_head.weight = model.model.embed_tokens.weight
         pack_for_cpu(model)
     return model

@@ -1,9 +1,10 @@
 """Where a model comes from: the embedded GGUF, a Hugging Face folder, or random weights.
 
-Every source ends as the same :class:`ModelSource`: a transformers
-``LlamaConfig``, a tokenizer and a way to get the weights. GGUF files are
-converted once, through transformers' own GGUF support, into a Hugging Face
-folder under the cache directory, so later loads are plain safetensors reads.
+Every source ends as the same :class:`ModelSource`: its config.json settings, a
+tokenizer and a way to get the weights. GGUF files are converted once, through
+transformers' own GGUF support, into a Hugging Face folder under the cache
+directory, so later loads are plain safetensors reads, without transformers
+(:mod:`oven.inference.hf_files`).
 
 Model specs understood by :func:`resolve_model`:
 
@@ -38,6 +39,7 @@ from oven.proto.auth import check_path, default_cache_dir
 from oven.proto.inference import TokenizerSpec
 
 from .config import ModelConfig
+from .hf_files import complete_llama_config, llama_config, tokenizer_spec
 
 log = logging.getLogger(__name__)
 
@@ -58,26 +60,30 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "l
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
 
-# Tokens that end an assistant turn in common chat formats, beyond the declared eos.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<|eom_id|>")
-
 
 @dataclass
 class ModelSource:
     """A resolved model: its shape, tokenizer and where its weights are.
 
-    ``weights_dir`` is a Hugging Face folder of safetensors; None means random
-    weights drawn from ``seed``.
+    ``settings`` is config.json as transformers reads it (:func:`~oven.inference.hf_files.llama_config`);
+    ``weights_dir`` is a Hugging Face folder of safetensors; None means random weights drawn from ``seed``.
     """
 
     name: str
-    hf_config: object  # transformers.LlamaConfig
+    settings: dict
     tokenizer: TokenizerSpec
     weights_dir: Path | None
 
     @property
     def config(self) -> ModelConfig:
-        return model_config_from_hf(self.name, self.hf_config)
+        return model_config(self.name, self.settings)
+
+    @functools.cached_property
+    def hf_config(self):
+        """transformers' ``LlamaConfig`` of the same settings, for references and training (imports it)."""
+        from transformers import LlamaConfig
+
+        return LlamaConfig.from_dict(self.settings)
 
 
 def cache_dir() -> Path:
@@ -143,15 +149,15 @@ def convert_gguf(gguf_path: Path, progress: Callable[[str], None] = log.info) ->
     virtual environment holding the same file shares one conversion; it is written to a
     temporary name first, so an interrupted conversion never leaves a half folder.
     """
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target = cache_dir() / "models" / f"{gguf_path.stem}-{gguf_key(gguf_path)}"
     check_path(target, "OVEN_CACHE_DIR")  # before anything is read from, or written under, the cache
     if (target / "config.json").is_file():
         return check_path(target, "OVEN_CACHE_DIR", entries=True)
     progress(f"converting {gguf_path.name} to a Hugging Face folder in {target} (once)")
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
@@ -169,64 +175,40 @@ def convert_gguf(gguf_path: Path, progress: Callable[[str], None] = log.info) ->
     return check_path(target, "OVEN_CACHE_DIR", entries=True)
 
 
-def model_config_from_hf(name: str, hf) -> ModelConfig:
+def model_config(name: str, settings: dict) -> ModelConfig:
+    """The shape a config.json's settings (:func:`~oven.inference.hf_files.complete_llama_config`) describe."""
     return ModelConfig(
         name=name,
-        vocab_size=hf.vocab_size,
-        hidden_size=hf.hidden_size,
-        intermediate_size=hf.intermediate_size,
-        num_layers=hf.num_hidden_layers,
-        num_q_heads=hf.num_attention_heads,
-        num_kv_heads=hf.num_key_value_heads,
-        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
-        rms_norm_eps=float(hf.rms_norm_eps),
-        tie_word_embeddings=bool(hf.tie_word_embeddings),
-        max_position=hf.max_position_embeddings,
-    )
-
-
-def tokenizer_spec(tokenizer, generation_eos_ids=()) -> TokenizerSpec:
-    """Extract a :class:`TokenizerSpec` from a transformers fast tokenizer."""
-    vocab = tokenizer.get_vocab()
-    stop_ids = {tokenizer.eos_token_id, *generation_eos_ids} | {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
-    return TokenizerSpec(
-        tokenizer_json=tokenizer.backend_tokenizer.to_str(),
-        chat_template=tokenizer.chat_template or "",
-        bos_token=tokenizer.bos_token or "",
-        eos_token=tokenizer.eos_token or "",
-        stop_token_ids=sorted(i for i in stop_ids if i is not None),
+        vocab_size=settings["vocab_size"],
+        hidden_size=settings["hidden_size"],
+        intermediate_size=settings["intermediate_size"],
+        num_layers=settings["num_hidden_layers"],
+        num_q_heads=settings["num_attention_heads"],
+        num_kv_heads=settings["num_key_value_heads"],
+        head_dim=settings["head_dim"],
+        rms_norm_eps=float(settings["rms_norm_eps"]),
+        tie_word_embeddings=bool(settings["tie_word_embeddings"]),
+        max_position=settings["max_position_embeddings"],
     )
 
 
 def _from_hf_dir(name: str, folder: Path) -> ModelSource:
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
-
-    hf_config = LlamaConfig.from_pretrained(folder)
-    if hf_config.model_type != "llama":
-        raise ValueError(f"{folder}: model_type {hf_config.model_type!r} is not supported (llama only)")
-    try:
-        eos = GenerationConfig.from_pretrained(folder).eos_token_id
-    except OSError:
-        eos = None
-    eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
-    tokenizer = tokenizer_spec(AutoTokenizer.from_pretrained(folder), eos_ids)
-    return ModelSource(name, hf_config, tokenizer, folder)
+    return ModelSource(name, llama_config(folder), tokenizer_spec(folder), folder)
 
 
 def _random_source(name: str, shape: dict, rope: dict, vocab_size: int | None = None) -> ModelSource:
-    from transformers import LlamaConfig
-
     base = _tokenizer_donor()
-    hf_config = LlamaConfig(
-        vocab_size=vocab_size or base.hf_config.vocab_size,
+    settings = complete_llama_config(dict(
+        model_type="llama",
+        vocab_size=vocab_size or base.settings["vocab_size"],
         max_position_embeddings=8192 if name == "tiny" else 131072,
         rms_norm_eps=1e-5,
-        rope_parameters=rope,
-        bos_token_id=base.hf_config.bos_token_id,
-        eos_token_id=base.hf_config.eos_token_id,
+        rope_parameters=dict(rope),
+        bos_token_id=base.settings.get("bos_token_id"),
+        eos_token_id=base.settings.get("eos_token_id"),
         **shape,
-    )
-    return ModelSource(name, hf_config, base.tokenizer, None)
+    ))
+    return ModelSource(name, settings, base.tokenizer, None)
 
 
 DONOR_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
