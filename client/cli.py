@@ -159,10 +159,10 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="oven: %(message)s")
     try:
         cfg = resolve_model(args.model, progress=_say).config
-    except (ValueError, OSError) as exc:  # an unknown spec, a file that is no GGUF, a folder transformers refuses
+    except (ValueError, OSError) as exc:  # an unknown spec, a file that is no GGUF, a folder that is no model
         _say(_naming(args.model, str(exc)))
         return 1
-    except Exception as exc:  # transformers reads a malformed config.json into TypeError, ZeroDivisionError, ...
+    except Exception as exc:  # transformers (converting a GGUF) fails in TypeError, ZeroDivisionError, ...
         _say(_naming(args.model, f"not a usable model ({type(exc).__name__}: {exc})"))
         return 1
     print(f"oven: {cfg.name} ready: {cfg.num_layers} layers, hidden {cfg.hidden_size}, "

@@ -61,8 +61,8 @@ def complete_llama_config(config: dict, where: str = "config") -> dict:
     config = {**LLAMA_DEFAULTS, **config}
     for key in INT_SETTINGS:
         value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ValueError(f"{where}: {key} must be an integer, not {value!r}")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise ValueError(f"{where}: {key} must be a positive integer, not {value!r}")
     if config.get("num_key_value_heads") is None:
         config["num_key_value_heads"] = config["num_attention_heads"]
     if not config.get("head_dim"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -9,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import wasmtime
 
 from oven.client.build import Inferlet
 from oven.client.paths import inferlets_dir
@@ -20,6 +22,8 @@ from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
 from oven.control.inference_client import InferenceClient
 from oven.control.runtime.loop import ControlLoop
+from oven.control.runtime.programs import ProgramStore, engine_config
+from oven.proto.auth import private_dir, write_private_file
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
 
@@ -38,6 +42,22 @@ def built(name: str) -> bytes:
     if not inferlet.up_to_date():
         pytest.fail(f"{inferlet.output} is older than its sources: run setup.sh (or `oven build inferlets/{name}`)")
     return inferlet.output.read_bytes()
+
+
+def seed_store(folder: Path, *names: str) -> Path:
+    """``folder`` made a program store holding the library programs ``names`` as PROGRAM_DIR compiled them
+    (its code key, each program's .wasm and compiled files copied), as if it had compiled them itself: a
+    server over it compiles none of them again (10-15 s each for a Python inferlet), while its clients
+    still upload what they launch (the bytes are known: no compile)."""
+    shared = ProgramStore(Path(PROGRAM_DIR), wasmtime.Engine(engine_config()))
+    folder = private_dir(folder)
+    write_private_file(folder / "code.key", (shared.root / "code.key").read_text())
+    for name in names:
+        digest = shared.add(built(name), name)
+        shared.component(digest)  # compiled now, its file written, if it was not
+        for path in shared.root.glob(f"{digest}.*"):
+            shutil.copyfile(path, folder / path.name)
+    return folder
 
 
 @contextmanager
@@ -113,10 +133,13 @@ def assert_pools_full(loop) -> None:
 
 class Server:
     """An `oven serve` (the tiny model unless ``model``) with its own state directory (keys, tokens) and
-    program store."""
+    program store, seeded with the library ``programs`` its tests upload (:func:`seed_store`)."""
 
-    def __init__(self, root: Path, *flags: str, endpoint: str | None = None, model: str = "tiny"):
+    def __init__(self, root: Path, *flags: str, endpoint: str | None = None, model: str = "tiny",
+                 programs: tuple[str, ...] = ()):
         self.root = root
+        if programs:
+            seed_store(root / "programs", *programs)
         self.state = root / "state"
         self.endpoint = endpoint or f"ipc://{root / 'control.sock'}"
         self.proc = subprocess.Popen(

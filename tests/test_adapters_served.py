@@ -120,7 +120,7 @@ def test_adapters_survive_an_inference_restart_with_the_same_ids(tmp_path, tiny_
     batch: an inferlet gets the same id and the same tokens as before the crash."""
     for name in ("first", "second"):
         write_adapter(tmp_path / "store" / name, tiny_config, targets=("q_proj", "o_proj"))
-    srv = Server(tmp_path, "--adapter-dir", str(tmp_path / "store"))
+    srv = Server(tmp_path, "--adapter-dir", str(tmp_path / "store"), programs=("conformance",))
     try:
         with srv.client() as client:
             before = {name: decode_on_adapter(client, name) for name in ("first", "second")}
@@ -143,7 +143,7 @@ def test_adapters_survive_an_inference_restart_with_the_same_ids(tmp_path, tiny_
 
 def test_an_unknown_adapter_or_a_removed_one_is_a_clear_error(tmp_path, tiny_config):
     write_adapter(tmp_path / "store" / "tiny-lora", tiny_config)
-    srv = Server(tmp_path, "--adapter-dir", str(tmp_path / "store"))
+    srv = Server(tmp_path, "--adapter-dir", str(tmp_path / "store"), programs=("conformance",))
     try:
         with srv.client() as client:
             instance_id = client.launch(client.upload(built("conformance")), [f"adapter|typo|{PROMPT}|8"])

@@ -11,6 +11,8 @@ import msgpack
 import pytest
 import zmq
 
+from harness import seed_store
+
 from oven.client.programs import library_program
 from oven.client.rpc import ControlRequestError, OvenClient, find_token
 from oven.client.generate import greedy_generate
@@ -20,6 +22,8 @@ from oven.proto import control as c
 from oven.proto.auth import default_state_dir, secure_client
 
 LEASE_S = 2.0
+# The Python inferlets its tests upload, but hello-python: the first upload of that one is compiled and said.
+SEEDED = ("echo", "hostile", "prefix-cache")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +31,7 @@ def server(tmp_path_factory):
     control = private_endpoint()
     cmd = [sys.executable, "-m", "oven.client.cli", "serve", "--model", "tiny", "--quiet",
            "--control-endpoint", control, "--num-kv-pages", "128",
-           "--program-dir", str(tmp_path_factory.mktemp("programs")), "--lease-s", str(LEASE_S)]
+           "--program-dir", str(seed_store(tmp_path_factory.mktemp("programs"), *SEEDED)), "--lease-s", str(LEASE_S)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 120

@@ -123,7 +123,7 @@ def test_a_killed_replica_ends_only_its_instances_and_comes_back():
 
 
 def test_oven_serve_data_parallel_shows_each_replica(tmp_path):
-    srv = Server(tmp_path, "--data-parallel", "2")
+    srv = Server(tmp_path, "--data-parallel", "2", programs=("hello-python",))
     try:
         assert len(srv.children()) == 2
         env = {**os.environ, "OVEN_TOKEN": srv.operator_token}

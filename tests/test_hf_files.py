@@ -62,7 +62,10 @@ def test_shape_and_rope_equal_transformers(name, tmp_path):
 
 def test_a_bad_setting_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**SHAPE, "hidden_size": "256"}))
-    with pytest.raises(ValueError, match="config.json: hidden_size must be an integer, not '256'"):
+    with pytest.raises(ValueError, match="config.json: hidden_size must be a positive integer, not '256'"):
+        llama_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**SHAPE, "num_attention_heads": 0}))
+    with pytest.raises(ValueError, match="config.json: num_attention_heads must be a positive integer, not 0"):
         llama_config(tmp_path)
     (tmp_path / "config.json").write_text("{")
     with pytest.raises(ValueError, match="config.json: not valid JSON"):

@@ -148,7 +148,7 @@ def test_a_forged_or_foreign_child_handle_is_an_error(loop):
 
 def test_oven_ps_shows_a_childs_parent(tmp_path):
     """Through a real `oven serve`: `ps --json` gives each instance's parent, and `ps` a PARENT column."""
-    srv = Server(tmp_path)
+    srv = Server(tmp_path, programs=("launch-caller",))
     try:
         token = tmp_path / "operator.token"
         token.write_text(srv.operator_token)

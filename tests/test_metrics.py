@@ -53,7 +53,7 @@ def served(tmp_path_factory):
     """(server, OpenAI base URL, --metrics-port URL)."""
     api_port, metrics_port = free_port(), free_port()
     server = Server(tmp_path_factory.mktemp("metrics"), "--openai-port", str(api_port), "--metrics-port",
-                    str(metrics_port))
+                    str(metrics_port), programs=("chat-completion",))
     base = f"http://127.0.0.1:{api_port}"
     try:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=server.operator_token, max_retries=0)

@@ -34,7 +34,8 @@ from harness import OVEN, Server, built, oven, wait_exit
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("shared"), "--max-instances-per-client", "2", "--inbox-messages", "8")
+    srv = Server(tmp_path_factory.mktemp("shared"), "--max-instances-per-client", "2", "--inbox-messages", "8",
+                 programs=("echo", "hostile", "prefix-cache"))
     yield srv
     srv.stop()
 
@@ -164,7 +165,7 @@ def test_a_client_stores_at_most_its_quota(store, monkeypatch):
 
 def test_removing_a_program_over_the_wire(server, alice, bob):
     with server.client(alice) as a, server.client(bob) as b:
-        digest = a.upload(built("echo"), "to-remove")
+        digest = a.upload(built(MINE), "to-remove")  # not a seeded one: removing it deletes its files
         with pytest.raises(ControlRequestError, match="unknown_program: no program named or hashed 'to-remove'"):
             b.request(c.RemoveProgram("to-remove"))  # alice's name means nothing to bob
         a.request(c.RemoveProgram("to-remove"))
