@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from oven.inference.config import InferenceConfig
 from oven.proto.auth import AuthError
-from oven.proto.endpoints import EndpointError
+from oven.proto.endpoints import EndpointError, sweep_stale_private_folders
 from oven.proto.lifeline import die_with_parent, parent_alive
 
 from .config import ControlConfig
@@ -50,6 +50,7 @@ def serve(inference: InferenceConfig, control: ControlConfig, verbose: bool = Tr
     stopping = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.append(True))
+    sweep_stale_private_folders()  # what killed servers left in the temporary directory
     try:
         server = ControlServer(control.endpoint, Keyring(control.state_path))  # an endpoint in use fails here
     except (EndpointError, AuthError) as exc:

@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import zmq
@@ -21,6 +22,9 @@ import zmq
 from .auth import default_state_dir, private_dir
 
 PRIVATE_PREFIX = "oven-endpoint-"
+# A private folder this old is past its owner's bind (made just before it): an empty one, or one whose
+# sockets refuse connections, was left by a process that was killed (SIGKILL leaves no time to clean).
+STALE_AFTER_S = 600
 
 
 class EndpointError(RuntimeError):
@@ -31,6 +35,27 @@ def private_endpoint() -> str:
     """A fresh ipc endpoint in a new temporary folder only this user may enter."""
     folder = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
     return f"ipc://{Path(folder) / 'inference.sock'}"
+
+
+def sweep_stale_private_folders() -> int:
+    """Remove this user's private endpoint folders that killed processes left in the temporary directory
+    (see STALE_AFTER_S); how many. A socket that answers, or is too busy to, is never touched."""
+    removed, now = 0, time.time()
+    for folder in Path(tempfile.gettempdir()).glob(PRIVATE_PREFIX + "*"):
+        try:
+            info = folder.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or now - info.st_mtime < STALE_AFTER_S:
+                continue
+            entries = list(folder.iterdir())
+            if not all(entry.is_socket() and _refused(entry) for entry in entries):
+                continue
+            for entry in entries:
+                entry.unlink()
+            folder.rmdir()
+            removed += 1
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return removed
 
 
 def default_inference_endpoint() -> str:
@@ -85,6 +110,21 @@ def listening(endpoint: str, timeout_s: float = 1.0) -> bool:
         except (OSError, ValueError):
             return False
     return True  # another transport (inproc): let the request find out
+
+
+def _refused(path: Path) -> bool:
+    """Nothing listens on socket file ``path`` (a full backlog is someone listening)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+        return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def _ipc_listening(path: Path) -> bool:

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from oven.control.runtime.programs import ProgramError, ProgramStore, engine_con
 from oven.control.tokenizer import Tokenizer
 from oven.proto import control as c
 from oven.proto.auth import AuthError, Keypair, Token, private_dir
+from oven.proto import endpoints
 from oven.proto.endpoints import private_endpoint
 
 from harness import OVEN, Server, built, oven, wait_exit
@@ -649,3 +651,37 @@ def test_a_keyring_change_on_a_full_disk_changes_nothing(tmp_path, monkeypatch):
     keyring.add("bob")  # room again: not "a client named 'bob' exists"
     keyring.remove("alice")
     assert Keyring(tmp_path / "state").names() == ["bob", "operator"]
+
+
+def test_a_server_sweeps_the_private_folders_killed_processes_left(monkeypatch, tmp_path):
+    """A private endpoint folder older than STALE_AFTER_S goes when it is empty or its sockets refuse
+    connections (their process was killed); one whose socket listens, a young one, and anything that is not
+    such a folder stay."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = time.time() - endpoints.STALE_AFTER_S - 1
+
+    def folder(name: str, *, sockets: int = 0, listening: bool = False, age: float = old) -> Path:
+        path = tmp_path / (endpoints.PRIVATE_PREFIX + name)
+        path.mkdir()
+        for i in range(sockets):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(str(path / f"{i}.sock"))
+            if listening:
+                sock.listen()
+                kept.append(sock)
+            else:
+                sock.close()  # its file stays, as after a SIGKILL
+        os.utime(path, (age, age))
+        return path
+
+    kept = []
+    gone = [folder("empty"), folder("dead", sockets=2)]
+    stay = [folder("listening", sockets=1, listening=True), folder("young", sockets=1, age=time.time()),
+            folder("young-empty", age=time.time())]
+    (plain := tmp_path / (endpoints.PRIVATE_PREFIX + "file")).write_text("x")
+    (other := folder("with-a-file")).joinpath("notes").write_text("x")
+    os.utime(other, (old, old))
+    assert endpoints.sweep_stale_private_folders() == 2
+    assert not any(path.exists() for path in gone) and all(path.exists() for path in [*stay, plain, other])
+    for sock in kept:
+        sock.close()
