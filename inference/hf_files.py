@@ -63,6 +63,9 @@ def complete_llama_config(config: dict, where: str = "config") -> dict:
         value = config.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise ValueError(f"{where}: {key} must be a positive integer, not {value!r}")
+    eps = config["rms_norm_eps"]
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < 1:
+        raise ValueError(f"{where}: rms_norm_eps must be a number between 0 and 1, not {eps!r}")
     if config.get("num_key_value_heads") is None:
         config["num_key_value_heads"] = config["num_attention_heads"]
     if not config.get("head_dim"):

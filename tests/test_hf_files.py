@@ -67,6 +67,9 @@ def test_a_bad_setting_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**SHAPE, "num_attention_heads": 0}))
     with pytest.raises(ValueError, match="config.json: num_attention_heads must be a positive integer, not 0"):
         llama_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**SHAPE, "rms_norm_eps": [1e-5]}))
+    with pytest.raises(ValueError, match=r"config.json: rms_norm_eps must be a number between 0 and 1, not \[1e-05\]"):
+        llama_config(tmp_path)
     (tmp_path / "config.json").write_text("{")
     with pytest.raises(ValueError, match="config.json: not valid JSON"):
         llama_config(tmp_path)
