@@ -35,7 +35,7 @@ SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 def read_json(path: Path) -> dict:
     try:
-        settings = json.loads(path.read_text())
+        settings = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(settings, dict):
@@ -136,7 +136,7 @@ def _spec_from_files(folder: Path, eos_ids: list[int]) -> TokenizerSpec | None:
             or (folder / "chat_template.json").is_file():
         return None
     if template is None and template_file.is_file():
-        template = template_file.read_text()
+        template = template_file.read_text(encoding="utf-8")
     eos = special["eos_token"]
     return TokenizerSpec(
         tokenizer_json=tokenizer.to_str(),

@@ -47,7 +47,7 @@ def sweep_stale_private_folders() -> int:
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or now - info.st_mtime < STALE_AFTER_S:
                 continue
             entries = list(folder.iterdir())
-            if not all(entry.is_socket() and _refused(entry) for entry in entries):
+            if any(not entry.is_socket() or _ipc_listening(entry) for entry in entries):
                 continue
             for entry in entries:
                 entry.unlink()
@@ -112,25 +112,15 @@ def listening(endpoint: str, timeout_s: float = 1.0) -> bool:
     return True  # another transport (inproc): let the request find out
 
 
-def _refused(path: Path) -> bool:
-    """Nothing listens on socket file ``path`` (a full backlog is someone listening)."""
+def _ipc_listening(path: Path) -> bool:
+    """Someone listens on socket file ``path``: it accepts, or its backlog is full (a blocking probe
+    would wait on a busy server)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.setblocking(False)
     try:
         probe.connect(str(path))
-        return False
-    except ConnectionRefusedError:
         return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
-def _ipc_listening(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
+    except BlockingIOError:
         return True
     except OSError:
         return False
