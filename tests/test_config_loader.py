@@ -5,8 +5,8 @@ import argparse
 import pytest
 
 from oven.control.config import ControlConfig
-from oven.control.resources import ExhaustionPolicy
-from oven.control.scheduling import DispatchPolicy
+from oven.control.resources.exhaustion import ExhaustionPolicy
+from oven.control.scheduling.policy import DispatchPolicy
 from oven.control.scheduling.interception import InterceptionPolicy
 from oven.inference.config import InferenceConfig
 from oven.client.openai_api.frontend import OpenAIConfig

@@ -21,16 +21,10 @@ from harness import (
     tiny_inference,
     wait_exit,
 )
-from oven.control.resources import (
-    BLANK,
-    DEVICE,
-    DISCARDED,
-    KV_DISCARDED,
-    ExportRegistry,
-    PhysicalPool,
-    ResourceError,
-    ResourceTable,
-)
+from oven.control.resources.exports import ExportRegistry
+from oven.control.resources.pool import PhysicalPool
+from oven.control.resources.slab import ResourceError
+from oven.control.resources.table import BLANK, DEVICE, DISCARDED, KV_DISCARDED, ResourceTable
 from oven.control.runtime.futures import Future
 from oven.control.runtime.host import forward, kvpages
 from oven.control.runtime.instance import State

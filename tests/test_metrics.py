@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oven.control.metrics import ControlMetrics
 from oven.control.runtime.snapshot import LoopSnapshot
-from oven.control.scheduling import SchedulerStats
+from oven.control.scheduling.batcher import SchedulerStats
 
 MODEL = "tiny"
 

@@ -10,25 +10,12 @@ import sys
 import pytest
 
 from oven.control.resources import exports as exports_module
-from oven.control.resources import (
-    DEVICE,
-    HOST,
-    MAX_NAME_BYTES,
-    U32_MAX,
-    Decision,
-    ExhaustionPolicy,
-    ExportRegistry,
-    FairShares,
-    HandleSlab,
-    InstanceUsage,
-    PhysicalPool,
-    PoolExhausted,
-    QuotaExceeded,
-    ResourceError,
-    ResourceTable,
-    choose_victims,
-    held_by_client,
-)
+from oven.control.resources.exhaustion import (Decision, ExhaustionPolicy, FairShares, InstanceUsage, choose_victims,
+                                               held_by_client)
+from oven.control.resources.exports import MAX_NAME_BYTES, ExportRegistry
+from oven.control.resources.pool import PhysicalPool, PoolExhausted
+from oven.control.resources.slab import U32_MAX, HandleSlab, ResourceError
+from oven.control.resources.table import DEVICE, HOST, QuotaExceeded, ResourceTable
 
 NUM_KV_PAGES, NUM_EMBEDS, NUM_HOST_SLOTS = 8, 16, 4
 

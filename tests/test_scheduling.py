@@ -10,21 +10,10 @@ import itertools
 import msgpack
 import pytest
 
-from oven.control.scheduling import (
-    AdaptivePolicy,
-    Batch,
-    BatchScheduler,
-    Command,
-    DispatchPolicy,
-    EagerPolicy,
-    Embed,
-    HostSlot,
-    KPolicy,
-    KvSlots,
-    TokenSlot,
-    TPolicy,
-    forward_kv_footprint,
-)
+from oven.control.scheduling.batcher import Batch, BatchScheduler
+from oven.control.scheduling.commands import Command
+from oven.control.scheduling.footprint import Embed, HostSlot, KvSlots, TokenSlot, forward_kv_footprint
+from oven.control.scheduling.policy import AdaptivePolicy, DispatchPolicy, EagerPolicy, KPolicy, TPolicy
 from oven.control.scheduling.policy import NAMES
 from oven.proto import inference as p
 

@@ -30,8 +30,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from oven.control.resources import (ExhaustionPolicy, ExportRegistry, FairShares, InstanceUsage, PhysicalPool,
-                                    PoolExhausted, ResourceError, choose_victims, held_by_client)
+from oven.control.resources.exhaustion import (ExhaustionPolicy, FairShares, InstanceUsage, choose_victims,
+                                               held_by_client)
+from oven.control.resources.exports import ExportRegistry
+from oven.control.resources.pool import PhysicalPool, PoolExhausted
+from oven.control.resources.slab import ResourceError
 from oven.proto.auth import OPERATOR
 
 from .calls import Submit

@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from oven.control.scheduling import Batch, BatchScheduler, Command, Resource
+from oven.control.scheduling.batcher import Batch, BatchScheduler
+from oven.control.scheduling.commands import Command
+from oven.control.scheduling.footprint import Resource
 from oven.proto import inference as p
 
 from .decoders import DecoderIds

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .futures import FutureTable
 
 if TYPE_CHECKING:
-    from oven.control.resources import ResourceTable
+    from oven.control.resources.table import ResourceTable
 
     from .queues import QueueState
     from .services import HostServices

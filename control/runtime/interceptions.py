@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from oven.control.resources import PhysicalPool, PoolExhausted, ResourceError
+from oven.control.resources.pool import PhysicalPool, PoolExhausted
+from oven.control.resources.slab import ResourceError
 from oven.control.scheduling.interception import Action, InterceptedContext, InterceptionPolicy, Location, decide
 from oven.control.scheduling.profiler import COPY_CALL_TYPES, CostProfiler
 

@@ -48,8 +48,9 @@ from oven.control.adapter_store import AdapterStore
 from oven.control.config import ControlConfig
 from oven.control.metrics import ControlMetrics
 from oven.control.inference_client import InferenceClient
-from oven.control.resources import Export, ResourceError
-from oven.control.scheduling import SchedulerStats
+from oven.control.resources.exports import Export
+from oven.control.resources.slab import ResourceError
+from oven.control.scheduling.batcher import SchedulerStats
 from oven.proto import control as c
 from oven.control.runner.imports import WasmClock
 from oven.proto import inference as p

@@ -19,7 +19,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from oven.control.resources import ResourceError, ResourceTable
+from oven.control.resources.slab import ResourceError
+from oven.control.resources.table import ResourceTable
 
 from .calls import scheduler_key
 from .instance import Instance, InstanceLimits

@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 from oven.control.config import ControlConfig
 from oven.control.inference_client import InferenceClient
-from oven.control.resources import ExportRegistry, PhysicalPool, SnapshotLimits
-from oven.control.scheduling import BatchScheduler
+from oven.control.resources.exports import ExportRegistry, SnapshotLimits
+from oven.control.resources.pool import PhysicalPool
+from oven.control.scheduling.batcher import BatchScheduler
 from oven.control.scheduling.profiler import CostProfiler
 from oven.control.remote import RemoteInference
 from oven.control.supervisor import InferenceSupervisor

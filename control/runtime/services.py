@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from oven.control.resources import ExportRegistry
+from oven.control.resources.exports import ExportRegistry
 from oven.proto import inference as p
 
 from .adapters import Adapters

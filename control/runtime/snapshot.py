@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oven.control.resources import Export
-from oven.control.scheduling import SchedulerStats
+from oven.control.resources.exports import Export
+from oven.control.scheduling.batcher import SchedulerStats
 from oven.proto.control import InterceptionProfile
 
 from .instance import InstanceRecord

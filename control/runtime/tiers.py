@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from oven.control.resources import DISCARDED, HOST, PhysicalPool, ResourceError
-from oven.control.scheduling import HostSlot, KvSlots
+from oven.control.resources.pool import PhysicalPool
+from oven.control.resources.slab import ResourceError
+from oven.control.resources.table import DISCARDED, HOST
+from oven.control.scheduling.footprint import HostSlot, KvSlots
 from oven.proto import inference as p
 
 from .calls import Submit

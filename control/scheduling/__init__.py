@@ -3,28 +3,7 @@
 Pure and I/O-free: the runtime submits :class:`Command` objects, asks a
 :class:`DispatchPolicy` whether to dispatch (passing its clock as ``now``) and
 sends what :meth:`BatchScheduler.form_batch` returns to the inference layer.
+
+The package imports none of its modules: the CLI reads a policy's names from here without loading
+the rest, so code imports from the module that defines a name.
 """
-
-from .batcher import Batch, BatchScheduler, SchedulerStats
-from .commands import Command, CommandQueue
-from .footprint import Embed, HostSlot, KvSlots, Resource, TokenSlot, forward_kv_footprint
-from .policy import AdaptivePolicy, DispatchPolicy, EagerPolicy, KPolicy, TPolicy
-
-__all__ = [
-    "Batch",
-    "BatchScheduler",
-    "SchedulerStats",
-    "Command",
-    "CommandQueue",
-    "Embed",
-    "HostSlot",
-    "KvSlots",
-    "Resource",
-    "TokenSlot",
-    "forward_kv_footprint",
-    "AdaptivePolicy",
-    "DispatchPolicy",
-    "EagerPolicy",
-    "KPolicy",
-    "TPolicy",
-]

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from oven.control.tokenizer import Tokenizer
+if TYPE_CHECKING:  # a type only: the CLI builds its parser from this package without jinja2 and tokenizers
+    from oven.control.tokenizer import Tokenizer
 
 ROLES = ("prompt", "model", "interrupt", "user", "turn")  # "turn": chat-template text between turns
 LOSS_ROLES = frozenset({"model"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oven.control.scheduling import Embed
+from oven.control.scheduling.footprint import Embed
 from oven.proto import inference as p
 
 from .. import futures as f

@@ -6,8 +6,8 @@ from __future__ import annotations
 import array
 import sys
 
-from oven.control.resources import ResourceError
-from oven.control.scheduling import Embed, TokenSlot
+from oven.control.resources.slab import ResourceError
+from oven.control.scheduling.footprint import Embed, TokenSlot
 from oven.proto import inference as p
 
 from .. import futures as f

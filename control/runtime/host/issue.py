@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from oven.control.resources import ResourceError
-from oven.control.scheduling import Resource
+from oven.control.resources.slab import ResourceError
+from oven.control.scheduling.footprint import Resource
 
 from .. import futures as f
 

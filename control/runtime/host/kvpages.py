@@ -3,7 +3,7 @@ and declare them recomputable."""
 
 from __future__ import annotations
 
-from oven.control.scheduling import KvSlots
+from oven.control.scheduling.footprint import KvSlots
 from oven.proto import inference as p
 
 from .. import futures as f
