@@ -3,8 +3,8 @@
 Every oven socket that accepts peers (the control server, the inference server) is a
 CURVE server: traffic is encrypted, a client must prove the server's public key (so a
 process squatting an endpoint cannot pose as the server), and the server admits a
-client only if its public key is known, through a ZAP handler (RFC 27) that also names
-the client: that name arrives with every message as its ``User-Id``.
+client only if its public key is known, through a ZAP handler (RFC 27, ``zap.py``, which only
+serving processes load) that also names the client: that name arrives with every message as its ``User-Id``.
 
 A *token* is what a client holds: its own secret key and the public key of the server
 it may talk to, as one string (``oven-<server public hex>-<client secret hex>``), so
