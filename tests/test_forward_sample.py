@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from harness import PROGRAM_DIR
-from test_host_calls import call, take
+from test_host_calls import call, idle_echo, take
 
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
@@ -32,7 +32,7 @@ def step(inst, pages, start: int, tokens: list[int], inputs: list[int] = (), q: 
 
 
 def test_a_chain_of_steps_issued_before_any_completes(loop):
-    inst = loop.launch("echo", [])
+    inst = idle_echo(loop)
     pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 1), "take-handles")
     chained = [step(inst, pages, 0, PROMPT)]
     for i in range(5):
@@ -47,7 +47,7 @@ def test_a_chain_of_steps_issued_before_any_completes(loop):
 
 
 def test_bad_and_failed_input_futures_fail_their_step_alone(loop):
-    inst = loop.launch("echo", [])
+    inst = idle_echo(loop)
     pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 1), "take-handles")
     unit = call(inst, "runtime", "sleep", 0)
     assert take(loop, inst, step(inst, pages, 5, [0], [unit]), "take-token") == (
@@ -69,7 +69,7 @@ def test_bad_and_failed_input_futures_fail_their_step_alone(loop):
 
 
 def test_a_killed_instance_with_steps_in_flight_leaks_nothing(loop):
-    inst = loop.launch("echo", [])
+    inst = idle_echo(loop)
     pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 2), "take-handles")
     chained = [step(inst, pages, 0, PROMPT)]
     for i in range(8):
@@ -83,7 +83,7 @@ def test_a_killed_instance_with_steps_in_flight_leaks_nothing(loop):
 
 def test_a_step_on_another_queue_may_feed_on_a_pending_future(loop):
     """A fork's first step fed by its parent's token future, on a queue of its own that is served first."""
-    inst = loop.launch("echo", [])
+    inst = idle_echo(loop)
     pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 2), "take-handles")
     # Once (a CI run, 28 Nov) the pages were an error string here: say why the instance ended, if it did.
     assert isinstance(pages, list), (pages, inst.state, inst.error)

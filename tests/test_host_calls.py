@@ -6,6 +6,7 @@ import http.server
 import threading
 
 import pytest
+from harness import seed_store
 from wasmtime import component
 
 from oven.client.paths import inferlets_dir
@@ -14,6 +15,7 @@ from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
 from oven.control.runner import local
 from oven.control.runtime import host
+from oven.control.runtime.instance import State
 from oven.control.runtime.loop import ControlLoop
 from oven.control.runtime.programs import ProgramStore
 from oven.inference.config import InferenceConfig
@@ -58,7 +60,7 @@ def loop(tmp_path_factory, tool_server):
                              torch_threads=1)
     with start_inference_process(config, timeout_s=120) as process:
         control = ControlLoop(process.client(),
-                              ControlConfig(program_dir=str(tmp_path_factory.mktemp("p")),
+                              ControlConfig(program_dir=str(seed_store(tmp_path_factory.mktemp("p"), "echo")),
                                             http_allow=f"127.0.0.1:{tool_server.server_port}"), lambda *a: None)
         control.programs.add((inferlets_dir() / "echo" / "echo.wasm").read_bytes(), "echo")
         yield control
@@ -69,6 +71,16 @@ def call(inst, interface: str, name: str, *args):
     return host.INTERFACES[interface][name](inst, *args)
 
 
+def idle_echo(loop):
+    """An ``echo`` instance whose guest has made its one call (receive) and waits on it. Host calls made
+    here then take the handles after the guest's, as its runner numbers them; made before the guest's
+    first slice was applied (a loaded machine), they took its receive's handle and the instance failed
+    ("receive: the runner gave the guest 1, the host made 2")."""
+    inst = loop.launch("echo", [])
+    assert loop.run_until(lambda: inst.state is State.WAITING, 30), (inst.state, inst.error)
+    return inst
+
+
 def take(loop, inst, handle: int, getter: str):
     """What the runner's getter would give the guest (its take-* read a table like the control side's)."""
     assert loop.run_until(lambda: inst.futures.ready([handle]), 30)
@@ -76,7 +88,7 @@ def take(loop, inst, handle: int, getter: str):
 
 
 def test_export_import_shares_pages_with_refcounts(loop):
-    a, b = loop.launch("echo", []), loop.launch("echo", [])
+    a, b = idle_echo(loop), idle_echo(loop)
     pages = take(loop, a, call(a, "kvpages", "alloc-kvpages", 0, 2), "take-handles")
     physical = a.resources.physical_pages(pages)
     assert call(a, "kvpages", "export-kvpages", pages, "prefix") is None
@@ -95,7 +107,7 @@ def test_export_import_shares_pages_with_refcounts(loop):
 
 
 def test_broadcast_reaches_subscribers_only(loop):
-    a, b, c = (loop.launch("echo", []) for _ in range(3))
+    a, b, c = (idle_echo(loop) for _ in range(3))
     wait_a, wait_b = call(a, "messaging", "subscribe", "news"), call(b, "messaging", "subscribe", "sports")
     call(c, "messaging", "broadcast", "news", "hello")
     assert take(loop, a, wait_a, "take-text").payload == "hello"
@@ -105,7 +117,7 @@ def test_broadcast_reaches_subscribers_only(loop):
 
 
 def test_http_fetch_allow_list(loop, tool_server):
-    inst = loop.launch("echo", [])
+    inst = idle_echo(loop)
     url = f"http://127.0.0.1:{tool_server.server_port}/tool"
     response = take(loop, inst, call(inst, "http", "fetch", "POST", url, ["X-Tool: clock"], b"now"), "take-http")
     assert (response.status, bytes(response.body)) == (201, b"got now clock")
@@ -122,14 +134,14 @@ def test_http_fetch_allow_list(loop, tool_server):
 def test_a_killed_instance_fetches_no_more(loop, tool_server):
     """Its queued fetches are dropped: only the two in flight (the default share) ever reach the server."""
     _Handler.held.clear()
-    inst = loop.launch("echo", [])
+    inst = idle_echo(loop)
     url = f"http://127.0.0.1:{tool_server.server_port}/hold"
     handles = [call(inst, "http", "fetch", "GET", url, [], b"") for _ in range(5)]
     with _Handler.lock:
         assert _Handler.lock.wait_for(lambda: len(_Handler.held) == 2, 30)
     loop.kill(inst, "test over")
     _Handler.release.set()
-    survivor = loop.launch("echo", [])  # the killed instance's share of workers is back
+    survivor = idle_echo(loop)  # the killed instance's share of workers is back
     url = f"http://127.0.0.1:{tool_server.server_port}/"
     fetch = call(survivor, "http", "fetch", "POST", url, ["X-Tool: after"], b"kill")
     response = take(loop, survivor, fetch, "take-http")
