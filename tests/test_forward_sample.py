@@ -85,7 +85,8 @@ def test_a_step_on_another_queue_may_feed_on_a_pending_future(loop):
     """A fork's first step fed by its parent's token future, on a queue of its own that is served first."""
     inst = idle_echo(loop)
     pages = take(loop, inst, call(inst, "kvpages", "alloc-kvpages", 0, 2), "take-handles")
-    # Once (a CI run, 28 Nov) the pages were an error string here: say why the instance ended, if it did.
+    # A CI run (28 Nov) once got an error string here: the instance had failed, its guest's handles taken
+    # by the test's calls (idle_echo now waits for the guest). Should it end again, say why.
     assert isinstance(pages, list), (pages, inst.state, inst.error)
     fork_queue = call(inst, "queues", "create-queue", 9)
     expected = [take(loop, inst, step(inst, pages[:1], 0, PROMPT), "take-token")]
