@@ -12,6 +12,7 @@ from wasmtime import component
 from oven.client.paths import inferlets_dir
 from oven.control.config import ControlConfig
 from oven.control.inference_process import start_inference_process
+from oven.proto.auth import OPERATOR
 from oven.proto.endpoints import private_endpoint
 from oven.control.runner import local
 from oven.control.runtime import host
@@ -71,12 +72,12 @@ def call(inst, interface: str, name: str, *args):
     return host.INTERFACES[interface][name](inst, *args)
 
 
-def idle_echo(loop):
+def idle_echo(loop, owner: str = OPERATOR):
     """An ``echo`` instance whose guest has made its one call (receive) and waits on it. Host calls made
     here then take the handles after the guest's, as its runner numbers them; made before the guest's
     first slice was applied (a loaded machine), they took its receive's handle and the instance failed
     ("receive: the runner gave the guest 1, the host made 2")."""
-    inst = loop.launch("echo", [])
+    inst = loop.launch("echo", [], owner=owner)
     assert loop.run_until(lambda: inst.state is State.WAITING, 30), (inst.state, inst.error)
     return inst
 

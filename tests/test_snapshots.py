@@ -14,9 +14,7 @@ import json
 import numpy as np
 import pytest
 from harness import assert_pools_full, built, direct_greedy, messages, run
-from oven.control.runner import local
-from oven.control.runtime import host
-from oven.control.runtime.instance import State
+from test_host_calls import call, idle_echo, take
 from oven.control.runtime.programs import LIBRARY
 from oven.control.tokenizer import Tokenizer
 
@@ -36,20 +34,8 @@ def library(loop):
 
 
 def echo(loop, owner: str = "alice"):
-    """A live instance to make host calls on, once its guest waits for a message (its runner numbers
-    the guest's futures; a call made here before that would take the number its first one gets)."""
-    inst = loop.launch("echo", [], owner=owner)
-    assert loop.run_until(lambda: inst.state == State.WAITING, 30), (inst.state, inst.error)
-    return inst
-
-
-def call(inst, interface: str, name: str, *args):
-    return host.INTERFACES[interface][name](inst, *args)
-
-
-def take(loop, inst, handle: int, getter: str):
-    assert loop.run_until(lambda: inst.futures.ready([handle]), 30)
-    return local.FUTURES[getter](inst, handle)
+    """A live echo instance of ``owner`` (another client than the operator) to make host calls on."""
+    return idle_echo(loop, owner)
 
 
 def alloc(loop, inst, n: int) -> list[int]:
