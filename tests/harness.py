@@ -104,6 +104,14 @@ def messages(loop, inst) -> list[str]:
     return events_of(loop, inst, "message")
 
 
+def refused(loop, program: str, args_list: list[list[str]]) -> list[str]:
+    """Run ``program`` once per argument list; each must end as a usage error does (inferlet.ArgumentParser:
+    status 2, no message sent); return what each wrote on stderr."""
+    instances = run(loop, program, args_list)
+    assert [(i.exit_code, i.error, messages(loop, i)) for i in instances] == [(2, None, [])] * len(instances)
+    return ["".join(events_of(loop, i, "stderr")) for i in instances]
+
+
 def direct_greedy(inference, loop, prompt: str | list[int], max_new: int, adapter_id: int = 0,
                   num_pages: int = NUM_PAGES) -> list[int]:
     """Greedy tokens straight from the inference process (nothing else may run meanwhile), on a LoRA

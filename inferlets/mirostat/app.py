@@ -1,7 +1,5 @@
 """mirostat: Mirostat v2 sampling, which steers each token's surprise towards a target.
 
-Arguments: PROMPT [--max-tokens M=32] [--tau T=5.0] [--eta E=0.1] [--seed S=0] [--chat]
-
 Mirostat v2 (Basu et al. 2021), as llama.cpp runs it. mu starts at 2T. Each step keeps the most
 probable tokens whose surprise -log2 p is at most mu (at least the most probable one), draws one of
 them in proportion to p (the SDK's seeded draw: one ``Rng(S)`` draw per token, so a seed fixes the
@@ -23,34 +21,17 @@ import json
 import math
 
 import inferlet
+from inferlet.arguments import number, text, whole
 
-USAGE = "usage: mirostat PROMPT [--max-tokens M] [--tau T] [--eta E] [--seed S] [--chat]"
-
-
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--max-tokens": 32, "--tau": 5.0, "--eta": 0.1, "--seed": 0, "--chat": False}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--chat":
-                opt[arg] = True
-            elif arg in ("--max-tokens", "--seed"):
-                opt[arg] = int(next(it))
-            elif arg in ("--tau", "--eta"):
-                opt[arg] = float(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0]:
-        raise ValueError(f"give one non-empty PROMPT; {USAGE}")
-    if opt["--max-tokens"] < 1 or opt["--seed"] < 0:
-        raise ValueError(f"M must be >= 1 and S >= 0; {USAGE}")
-    if not (0 < opt["--tau"] <= 64 and 0 < opt["--eta"] <= 1):
-        raise ValueError(f"T must be in (0, 64] and E in (0, 1]; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("mirostat", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text)
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32, help="tokens at most (default %(default)s)")
+ARGS.add_argument("--tau", metavar="T", type=number(above=0, high=64), default=5.0,
+                  help="the target surprise, in bits (default %(default)s)")
+ARGS.add_argument("--eta", metavar="E", type=number(above=0, high=1), default=0.1,
+                  help="how fast mu follows the error (default %(default)s)")
+ARGS.add_argument("--seed", metavar="S", type=whole(0), default=0, help="the draws' seed (default %(default)s)")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
 
 
 def candidates(mu: float, vocab: int) -> int:
@@ -77,11 +58,11 @@ def left_to_right_sum(values: list[float]) -> float:
     return total
 
 
-async def mirostat(ctx: inferlet.Context, opt: dict) -> dict:
-    tau, eta, mu, rng = opt["--tau"], opt["--eta"], 2 * opt["--tau"], inferlet.Rng(opt["--seed"])
+async def mirostat(ctx: inferlet.Context, opt) -> dict:
+    tau, eta, mu, rng = opt.tau, opt.eta, 2 * opt.tau, inferlet.Rng(opt.seed)
     vocab, stops = inferlet.vocab_size(), inferlet.stop_tokens()
     out = {"tokens": [], "kept": [], "surprise": [], "mu": []}
-    while len(out["tokens"]) < opt["--max-tokens"] and not (out["tokens"] and out["tokens"][-1] in stops):
+    while len(out["tokens"]) < opt.max_tokens and not (out["tokens"] and out["tokens"][-1] in stops):
         k = candidates(mu, vocab)
         dist = await ctx.next_dist(k)
         n = kept(dist.probs, mu)
@@ -99,9 +80,10 @@ async def mirostat(ctx: inferlet.Context, opt: dict) -> dict:
 
 
 async def main(args: list[str]) -> None:
-    prompt, opt = parse(args)
+    opt = ARGS.parse(args)
+    prompt = opt.prompt
     with inferlet.Context() as ctx:
-        if opt["--chat"]:
+        if opt.chat:
             ctx.fill_chat([{"role": "user", "content": prompt}])
         else:
             ctx.fill(prompt)

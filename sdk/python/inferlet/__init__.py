@@ -18,6 +18,7 @@ from host_boundary import check_imports
 
 check_imports()  # first: a wrongly typed argument to a host function raises TypeError instead of trapping
 
+from .arguments import ArgumentParser
 from .children import Child, ChildExit, launch
 from .context import Context
 from .host import (args, available_traits, broadcast, decode, encode, fetch, instance_id, models, now_ms, open_adapter,
@@ -29,7 +30,7 @@ from .stop import Stop
 from .tasks import Future, HostFuture, OvenError, Task, gather, run, spawn
 
 __all__ = [
-    "Context", "Queue", "Stop", "Grammar", "Shape", "Logprobs", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP", "Rng", "draw",
+    "ArgumentParser", "Context", "Queue", "Stop", "Grammar", "Shape", "Logprobs", "Sampler", "Greedy", "Temperature", "TopK", "TopP", "MinP", "Rng", "draw",
     "Future", "HostFuture", "Task", "OvenError", "run", "spawn", "gather",
     "args", "instance_id", "send", "receive", "broadcast", "subscribe", "sleep", "fetch", "now_ms",
     "encode", "decode", "render_chat", "page_size", "stop_tokens", "vocab_size", "models", "available_traits",

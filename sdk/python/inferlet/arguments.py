@@ -1,0 +1,80 @@
+"""An inferlet's command line, parsed by argparse as a Python program's is.
+
+A usage error prints the usage and ``PROG: error: MESSAGE`` on stderr and ends the instance with status
+2; ``--help`` prints the help on stdout and ends it with status 0. argparse's ``sys.exit`` reaches the
+event loop as ``SystemExit``, which ends an instance as Python ends a program (``tasks._end_with``), so
+a user's mistake reads as a one-line error, not a traceback.
+
+What this adds to argparse: options are recognized wherever they stand among the positionals
+(``parse_intermixed_args``) and never by an abbreviation, output is flushed before the instance ends,
+and value types that say their bounds in the error (``whole``, ``number``, ``text``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``ArgumentParser("name", __doc__)``: the help's description is the first paragraph of the
+    inferlet's docstring, without a leading ``name:``."""
+
+    def __init__(self, prog: str, doc: str | None = None, **kwargs):
+        if sys.version_info >= (3, 14):  # the guest's CPython; its argparse colours by default
+            kwargs.setdefault("color", False)
+        description = " ".join(doc.strip().split("\n\n")[0].split()).removeprefix(f"{prog}: ") if doc else None
+        super().__init__(prog=prog, description=description, allow_abbrev=False, **kwargs)
+
+    def parse(self, args: list[str]) -> argparse.Namespace:
+        return self.parse_intermixed_args(args)
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            sys.stderr.write(message)
+        sys.stdout.flush()  # not a terminal inside wasm: block-buffered, and the instance ends next
+        sys.stderr.flush()
+        raise SystemExit(status)
+
+
+def whole(low: int = 1, high: int | None = None):
+    """The type of a whole-number argument in [low, high] (no upper bound when ``high`` is None)."""
+    bounds = f">= {low}" if high is None else f"from {low} to {high}"
+
+    def convert(value: str) -> int:
+        try:
+            number_ = int(value)
+        except ValueError:
+            number_ = None
+        if number_ is None or number_ < low or (high is not None and number_ > high):
+            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, not {value!r}")
+        return number_
+
+    return convert
+
+
+def number(low: float | None = None, high: float | None = None, *, above: float | None = None):
+    """The type of a real-number argument: finite, >= ``low`` or > ``above``, and <= ``high``."""
+    parts = [f">= {low:g}" if low is not None else "", f"> {above:g}" if above is not None else "",
+             f"<= {high:g}" if high is not None else ""]
+    bounds = " and ".join(p for p in parts if p)
+
+    def convert(value: str) -> float:
+        try:
+            real = float(value)
+        except ValueError:
+            real = math.nan
+        if not (math.isfinite(real) and (low is None or real >= low) and (above is None or real > above)
+                and (high is None or real <= high)):
+            raise argparse.ArgumentTypeError(f"expected a number{' ' + bounds if bounds else ''}, not {value!r}")
+        return real
+
+    return convert
+
+
+def text(value: str) -> str:
+    """The type of a text argument that must not be empty (nor only spaces)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
