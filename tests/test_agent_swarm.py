@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from harness import assert_pools_full, direct_greedy, events_of, messages, run
+import pytest
+from harness import assert_pools_full, direct_greedy, events_of, messages, refused, run
 
 from oven.control.tokenizer import Tokenizer
 
@@ -62,14 +63,16 @@ def test_an_agent_alone_gives_up_after_its_wait(loop):
     assert_pools_full(loop)
 
 
-def test_bad_arguments_are_refused(loop):
-    cases = [[], ["judge", "t"], ["writer", " "], ["writer", "t", "--rounds", "0"], ["critic", "t", "--rounds", "17"],
-             ["writer", "t", "--swarm"], ["writer", "t", "--x", "1"]]
-    instances = run(loop, "agent-swarm", cases)
-    assert [i.exit_code for i in instances] == [1] * len(cases)
-    for i in instances[:3]:
-        assert "give a ROLE (writer or critic) and one non-empty TASK" in i.error
-    assert "K must be 1 to 16" in instances[3].error and "K must be 1 to 16" in instances[4].error
-    assert "an option needs a value" in instances[5].error
-    assert "unknown option --x" in instances[6].error
-    assert all("usage: agent-swarm" in i.error for i in instances)
+@pytest.mark.parametrize("args, error", [
+    ([], "the following arguments are required: ROLE, TASK"),
+    (["judge", "t"], "argument ROLE: invalid choice: 'judge' (choose from writer, critic)"),
+    (["writer", " "], "argument TASK: must not be empty"),
+    (["writer", "t", "--rounds", "0"], "argument --rounds: expected a whole number from 1 to 16, not '0'"),
+    (["critic", "t", "--rounds", "17"], "argument --rounds: expected a whole number from 1 to 16, not '17'"),
+    (["writer", "t", "--swarm"], "argument --swarm: expected one argument"),
+    (["writer", "t", "--x", "1"], "unrecognized arguments: --x 1"),
+])
+def test_bad_arguments_are_refused(loop, args, error):
+    (stderr,) = refused(loop, "agent-swarm", [args])
+    assert stderr.startswith("usage: agent-swarm [-h] [--swarm NAME]")
+    assert stderr.endswith(f"agent-swarm: error: {error}\n")

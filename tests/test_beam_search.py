@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from harness import NUM_PAGES, assert_pools_full, messages
+from harness import NUM_PAGES, assert_pools_full, messages, refused
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
 
@@ -110,8 +110,13 @@ def test_wide_enough_beam_is_exhaustive_over_the_top_k_tree(loop, setting):
     assert_pools_full(loop)
 
 
-@pytest.mark.parametrize("args", [["p", "0", "3"], ["p", "2"], ["p", "2", "3", "--wide", "2"], ["p", "x", "3"]])
-def test_bad_arguments_fail_with_usage(loop, args):
-    inst = loop.launch("beam-search", args)
-    assert loop.run_until(lambda: not inst.alive, 30)
-    assert inst.exit_code != 0 and "usage: beam-search" in inst.error
+@pytest.mark.parametrize("args, error", [
+    (["p", "0", "3"], "argument WIDTH: expected a whole number >= 1, not '0'"),
+    (["p", "2"], "the following arguments are required: LENGTH"),
+    (["p", "2", "3", "--wide", "2"], "unrecognized arguments: --wide 2"),
+    (["p", "x", "3"], "argument WIDTH: expected a whole number >= 1, not 'x'"),
+])
+def test_bad_arguments_fail_with_usage(loop, args, error):
+    (stderr,) = refused(loop, "beam-search", [args])
+    assert stderr.startswith("usage: beam-search [-h] [--expand K] PROMPT WIDTH LENGTH")
+    assert stderr.endswith(f"beam-search: error: {error}\n")

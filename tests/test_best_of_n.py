@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from conftest import hf_reference, make_engine
-from harness import assert_pools_full, messages, run
+from harness import assert_pools_full, messages, refused, run
 from oven.control.tokenizer import Tokenizer
 
 PROMPT = "Once upon a time, in a land far away"
@@ -112,16 +112,16 @@ def test_identical_candidates_rank_in_index_order_with_full_overlap(loop, hf):
     assert [c["score"] for c in ranking] == pytest.approx([quality, quality - 0.5, quality - 0.5], abs=TOLERANCE)
 
 
-def test_bad_arguments_are_refused(loop):
-    cases = [[], ["p", "--n", "0"], ["p", "--top-p", "1.5"], ["p", "--temperature"], ["p", "--beam", "2"],
-             ["p", "--seed", "x"]]
-    instances = run(loop, "best-of-n", cases)
-    assert [i.exit_code for i in instances] == [1] * len(cases)
-    assert "give one non-empty PROMPT" in instances[0].error
-    assert "N, M and G must be >= 1" in instances[1].error
-    assert "P in (0, 1]" in instances[2].error
-    assert "an option needs a value" in instances[3].error
-    assert "unknown option --beam" in instances[4].error
-    assert "invalid literal for int() with base 10: 'x'" in instances[5].error
-    assert all("usage: best-of-n" in i.error for i in instances)
+@pytest.mark.parametrize("args, error", [
+    ([], "the following arguments are required: PROMPT"),
+    (["p", "--n", "0"], "argument --n: expected a whole number >= 1, not '0'"),
+    (["p", "--top-p", "1.5"], "argument --top-p: expected a number > 0 and <= 1, not '1.5'"),
+    (["p", "--temperature"], "argument --temperature: expected one argument"),
+    (["p", "--beam", "2"], "unrecognized arguments: --beam 2"),
+    (["p", "--seed", "x"], "argument --seed: expected a whole number >= 0, not 'x'"),
+])
+def test_bad_arguments_are_refused(loop, args, error):
+    (stderr,) = refused(loop, "best-of-n", [args])
+    assert stderr.startswith("usage: best-of-n [-h] [--n N] [--max-tokens M]")
+    assert stderr.endswith(f"best-of-n: error: {error}\n")
     assert_pools_full(loop)

@@ -115,15 +115,16 @@ def test_run_returns_at_exit_with_output_and_state(client, cli_completion):
     assert [e.kind for e in seen][-2:] == ["message", "exit"]
     assert "".join(e.text for e in seen if e.kind == "stdout") == done.stdout
 
-    failed = client.run("text-completion", [PROMPT, "--temperature", "hot"])
+    failed = client.run("text-completion", ["", NUM_TOKENS])  # nothing to decode: an exception ends it
     assert (failed.state, failed.exit_code, failed.ok) == ("failed", 1, False)
-    assert failed.error == "ValueError: could not convert string to float: 'hot'"
+    assert failed.error == "ValueError: the context is empty: fill it before decoding"
     assert failed.stdout == "" and failed.messages == []
-    assert failed.stderr.endswith("ValueError: could not convert string to float: 'hot'\n")
+    assert failed.stderr.endswith("ValueError: the context is empty: fill it before decoding\n")
 
-    usage = client.run("text-completion")  # sys.exit with a message: it ends by itself, with status 1
-    assert (usage.state, usage.exit_code, usage.error, usage.ok) == ("finished", 1, "", False)
-    assert usage.stderr.startswith("usage: text-completion PROMPT")
+    usage = client.run("text-completion", [PROMPT, "--temperature", "hot"])  # a usage error: it ends with status 2
+    assert (usage.state, usage.exit_code, usage.error, usage.ok) == ("finished", 2, "", False)
+    assert usage.stderr.startswith("usage: text-completion [-h]")
+    assert usage.stderr.endswith("text-completion: error: argument --temperature: expected a number >= 0, not 'hot'\n")
 
 
 def test_instance_events_end_at_exit_and_leave_others_events(client):

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, refused, run
 
 from oven.control.tokenizer import Tokenizer
 
@@ -182,11 +182,14 @@ def test_the_observation_is_the_host_evaluation_of_the_code_the_model_wrote(loop
     assert_pools_full(loop)
 
 
-def test_bad_arguments_are_refused(loop):
-    instances = run(loop, "codeact", [[], ["a", "b"], ["t", "--turns", "0"], ["t", "--max-tokens"], ["t", "--x", "1"]])
-    assert [i.exit_code for i in instances] == [1] * 5
-    assert "give one non-empty TASK" in instances[0].error and "give one non-empty TASK" in instances[1].error
-    assert "N and T must be >= 1" in instances[2].error
-    assert "an option needs a value" in instances[3].error
-    assert "unknown option --x" in instances[4].error
-    assert all("usage: codeact" in i.error for i in instances)
+@pytest.mark.parametrize("args, error", [
+    ([], "the following arguments are required: TASK"),
+    (["a", "b"], "unrecognized arguments: b"),
+    (["t", "--turns", "0"], "argument --turns: expected a whole number >= 1, not '0'"),
+    (["t", "--max-tokens"], "argument --max-tokens: expected one argument"),
+    (["t", "--x", "1"], "unrecognized arguments: --x 1"),
+])
+def test_bad_arguments_are_refused(loop, args, error):
+    (stderr,) = refused(loop, "codeact", [args])
+    assert stderr.startswith("usage: codeact [-h] [--turns N] [--max-tokens T] TASK")
+    assert stderr.endswith(f"codeact: error: {error}\n")

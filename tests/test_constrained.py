@@ -10,7 +10,7 @@ import re
 
 import jsonschema
 import pytest
-from harness import control_loop, events_of, messages, run, tiny_inference
+from harness import control_loop, events_of, messages, refused, run, tiny_inference
 
 PROGRAMS = ["constrained"]
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
@@ -62,7 +62,6 @@ def test_logprobs_come_with_each_token(loop):
     ("json-schema", "{not json", "json-schema is not JSON"),
     ("choice", "[]", "choice must be a non-empty JSON array"),
     ("json-schema", json.dumps({"enum": [f"value-{i}" for i in range(100_000)]}), "json-schema: "),
-    ("xml", "<a/>", "unknown grammar kind"),
     ("json-schema", '{"type": "object", "properties": {"a": ' * 200 + "{}" + "}}" * 200, "json-schema: "),
     ("json-schema", "[" * 100_000 + "]" * 100_000, "json-schema is nested too deeply"),
     ("lark", "start: " + " | ".join(f'"{i}"' for i in range(300_000)), "past the limit of 1 MiB"),
@@ -71,3 +70,12 @@ def test_a_bad_grammar_is_one_clear_error_at_creation(loop, kind, spec, error):
     (inst,) = run(loop, "constrained", [[kind, spec, "Hi", "4"]])
     assert inst.exit_code != 0
     assert error in inst.error and "\n" not in inst.error, inst.error
+
+
+@pytest.mark.parametrize("args, error", [
+    ([], "the following arguments are required: KIND, SPEC, PROMPT"),
+    (["xml", "<a/>", "Hi", "4"], "argument KIND: invalid choice: 'xml' (choose from json-schema, regex, lark, choice)"),
+])
+def test_bad_arguments_are_refused(loop, args, error):
+    (stderr,) = refused(loop, "constrained", [args])
+    assert stderr.startswith("usage: constrained [-h] [--chat]") and stderr.endswith(f"constrained: error: {error}\n")

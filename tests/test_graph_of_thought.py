@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from conftest import hf_reference, make_engine
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, refused, run
 from oven.control.tokenizer import Tokenizer
 
 TASK = "Give the main point of each part in a few words."
@@ -95,19 +95,16 @@ def test_the_kept_thought_is_the_argmax_of_the_host_scoring(hf, report):
     assert report["answer"] == ops[report["best"]]["text"]
 
 
-PARTS_ERROR = "give a TASK and 2 to 6 PARTs, none empty"
-
-
 @pytest.mark.parametrize("args, error", [
-    ([], PARTS_ERROR),
-    (["t", "a"], PARTS_ERROR),
-    (["t", *"abcdefg"], PARTS_ERROR),
-    (["t", "a", " "], PARTS_ERROR),
-    (["t", "a", "b", "--max-tokens", "0"], "M must be >= 1"),
-    (["t", "a", "b", "--max-tokens"], "an option needs a value"),
-    (["t", "a", "b", "--k", "2"], "unknown option --k"),
+    ([], "the following arguments are required: TASK, PART"),
+    (["t", "a"], "give 2 to 6 PARTs"),
+    (["t", *"abcdefg"], "give 2 to 6 PARTs"),
+    (["t", "a", " "], "argument PART: must not be empty"),
+    (["t", "a", "b", "--max-tokens", "0"], "argument --max-tokens: expected a whole number >= 1, not '0'"),
+    (["t", "a", "b", "--max-tokens"], "argument --max-tokens: expected one argument"),
+    (["t", "a", "b", "--k", "2"], "unrecognized arguments: --k"),  # "2" is taken as a PART
 ])
 def test_bad_arguments_are_refused(loop, args, error):
-    (inst,) = run(loop, "graph-of-thought", [args])
-    assert inst.exit_code == 1
-    assert inst.error == f"ValueError: {error}; usage: graph-of-thought TASK PART PART [PART ...] [--max-tokens M]"
+    (stderr,) = refused(loop, "graph-of-thought", [args])
+    assert stderr.startswith("usage: graph-of-thought [-h] [--max-tokens M] TASK PART [PART ...]\n")
+    assert stderr.endswith(f"graph-of-thought: error: {error}\n")

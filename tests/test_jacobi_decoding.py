@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import NUM_PAGES, assert_pools_full, direct_greedy, messages, run, tiny_inference
+from harness import NUM_PAGES, assert_pools_full, direct_greedy, messages, refused, run, tiny_inference
 
 from oven.client.generate import PagedSequence
 from oven.control.tokenizer import Tokenizer
@@ -86,12 +86,14 @@ def test_tokens_are_greedy_in_fewer_forwards(loop, inference):
 
 
 def test_bad_arguments_are_refused(loop):
-    instances = run(loop, "jacobi-decoding", [[], ["x", "ten"], ["x", "5", "--window"], ["x", "--window", "-1"],
-                                              ["", "5"]])
-    assert [i.exit_code for i in instances] == [1, 1, 1, 1, 1]
-    assert "usage: jacobi-decoding" in instances[0].error
-    assert "MAX_NEW_TOKENS must be a positive whole number, not 'ten'" in instances[1].error
-    assert "--window needs a whole number" in instances[2].error
-    assert "--window needs a whole number" in instances[3].error
-    assert "the prompt is empty" in instances[4].error
+    stderrs = refused(loop, "jacobi-decoding", [[], ["x", "ten"], ["x", "5", "--window"], ["x", "--window", "-1"],
+                                                ["", "5"]])
+    assert all(s.startswith("usage: jacobi-decoding [-h] [--window N] PROMPT [MAX_NEW_TOKENS]\n") for s in stderrs)
+    assert [s.splitlines()[-1] for s in stderrs] == [
+        "jacobi-decoding: error: the following arguments are required: PROMPT",
+        "jacobi-decoding: error: argument MAX_NEW_TOKENS: expected a whole number >= 1, not 'ten'",
+        "jacobi-decoding: error: argument --window: expected one argument",
+        "jacobi-decoding: error: argument --window: expected a whole number >= 0, not '-1'",
+        "jacobi-decoding: error: argument PROMPT: must not be empty",
+    ]
     assert_pools_full(loop)

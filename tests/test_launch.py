@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness import Server, assert_pools_full, built, messages, oven, run
+from harness import Server, assert_pools_full, built, messages, oven, refused, run
 
 from oven.control.runtime.instance import Instance, InstanceLimits, State
 from oven.control.runtime.programs import LIBRARY
@@ -24,7 +24,11 @@ CANCELLED, PARENT_ENDED = "cancelled by its parent", "its parent ended"
 @pytest.fixture(scope="module", autouse=True)
 def library(loop):
     for name in ("launch-caller", "launch-callee"):
-        loop.programs.add(built(name), name, namespace=LIBRARY)
+        wasm = built(name)
+        loop.programs.add(wasm, name, namespace=LIBRARY)
+        # and the operator's: the tests launch as the operator, whose own names come first, and the shared
+        # store may still hold an older build under this name in the operator's namespace
+        loop.programs.add(wasm, name)
 
 
 def direct(loop, prompt: str, max_tokens: int) -> list[str]:
@@ -144,6 +148,20 @@ def test_a_forged_or_foreign_child_handle_is_an_error(loop):
     loop.terminate(holder.instance_id, "done")
     assert loop.run_until(lambda: not loop.instances, 60)
     assert_pools_full(loop)
+
+
+@pytest.mark.parametrize("args, error", [
+    ([], "give N PROMPT K, or --recurse D, or --forge H"),
+    (["1", "Hi"], "give N PROMPT K, or --recurse D, or --forge H"),
+    (["--recurse", "0", "1", "Hi", "2"], "--recurse and --forge take no N PROMPT K"),
+    (["--recurse", "0", "--forge", "1"], "argument --forge: not allowed with argument --recurse"),
+    (["--leave", "stay", "1", "Hi", "2"], "argument --leave: invalid choice: 'stay' (choose from exit, raise)"),
+    (["1", "Hi", "x"], "argument K: expected a whole number >= 0, not 'x'"),
+])
+def test_bad_arguments_are_refused(loop, args, error):
+    (stderr,) = refused(loop, "launch-caller", [args])
+    assert stderr.startswith("usage: launch-caller [-h] [--recurse D | --forge H]")
+    assert stderr.endswith(f"launch-caller: error: {error}\n")
 
 
 def test_oven_ps_shows_a_childs_parent(tmp_path):

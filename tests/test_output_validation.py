@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from harness import control_loop, messages, run, tiny_inference
+from harness import control_loop, messages, refused, run, tiny_inference
 
 from oven.control.tokenizer import Tokenizer
 from oven.inference.models import resolve_model
@@ -68,7 +68,10 @@ def test_probabilities_are_hugging_faces(loop, hf, chat):
 
 
 def test_bad_arguments_are_one_clear_error(loop):
-    (inst,) = run(loop, "output-validation", [[PROMPT]])
-    assert inst.exit_code != 0 and "usage: output-validation" in inst.error
-    (inst,) = run(loop, "output-validation", [[PROMPT, ""]])
-    assert inst.exit_code != 0 and "at least one token" in inst.error
+    stderrs = refused(loop, "output-validation", [[PROMPT], [PROMPT, ""]])
+    assert all(s.startswith("usage: output-validation [-h] [--chat] PROMPT CANDIDATE [CANDIDATE ...]\n")
+               for s in stderrs)
+    assert [s.splitlines()[-1] for s in stderrs] == [
+        "output-validation: error: the following arguments are required: CANDIDATE",
+        "output-validation: error: every CANDIDATE must hold at least one token",
+    ]

@@ -8,6 +8,7 @@ from harness import (
     assert_pools_full,
     direct_greedy,
     messages,
+    refused,
     run,
 )
 from oven.control.tokenizer import Tokenizer
@@ -56,6 +57,8 @@ def test_branches_equal_solo_generation_and_batch_horizontally(loop, inference):
 
 
 def test_bad_arguments_fail_with_usage(loop):
-    (inst,) = run(loop, "parallel-generation", [["prompt", "many", "x"]])
-    assert inst.exit_code != 0 and "usage: parallel-generation" in inst.error
+    errors = ["argument MAX_NEW_TOKENS: expected a whole number >= 1, not 'many'", "the prompt is empty"]
+    for stderr, error in zip(refused(loop, "parallel-generation", [["prompt", "many", "x"], ["", "2", "x"]]), errors):
+        assert stderr.startswith("usage: parallel-generation [-h] PROMPT MAX_NEW_TOKENS SUFFIX [SUFFIX ...]")
+        assert stderr.endswith(f"parallel-generation: error: {error}\n")
     assert_pools_full(loop)

@@ -17,6 +17,7 @@ from harness import (
     assert_pools_full,
     direct_greedy,
     messages,
+    refused,
     run,
 )
 from oven.control.tokenizer import Tokenizer
@@ -94,6 +95,9 @@ def test_imports_give_the_same_tokens_and_skip_the_prefix(loop, inference):
 
 
 def test_bad_arguments_fail_with_usage(loop):
-    (inst,) = run(loop, "prefix-cache", [["only a prefix"]])
-    assert inst.exit_code != 0 and "usage: prefix-cache" in inst.error
+    cases = {("only a prefix",): "the following arguments are required: SUFFIX",
+             ("p", "s", "--no-cache", "--snapshot"): "argument --snapshot: not allowed with argument --no-cache"}
+    for stderr, error in zip(refused(loop, "prefix-cache", [list(args) for args in cases]), cases.values()):
+        assert stderr.startswith("usage: prefix-cache [-h] [--no-cache | --snapshot]")
+        assert stderr.endswith(f"prefix-cache: error: {error}\n")
     assert_pools_full(loop)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import assert_pools_full, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, messages, refused, run, tiny_inference
 
 from oven.control.tokenizer import Tokenizer
 
@@ -99,14 +99,14 @@ def test_bad_trees_are_refused_with_the_bad_part_named(loop):
     bad = [[], ["{"], [json.dumps(TREE), "0"], [json.dumps({"text": ""})],
            [json.dumps({"text": "a", "children": [{"text": "b"}, {"txt": "c"}]})],
            [json.dumps({"text": "a", "children": {"text": "b"}})], [json.dumps(["a"])]]
-    instances = run(loop, "prefix-tree", bad)
-    assert [i.exit_code for i in instances] == [1] * len(bad)
-    errors = [i.error for i in instances]
-    assert "usage: prefix-tree" in errors[0]
-    assert "TREE is not JSON" in errors[1]
-    assert "MAX_NEW_TOKENS must be a positive whole number, not '0'" in errors[2]
-    assert "tree.text: expected a non-empty string" in errors[3]
-    assert "tree.children[1]: unknown key 'txt'" in errors[4]
-    assert "tree.children: expected a list of nodes" in errors[5]
-    assert "tree: expected an object" in errors[6]
+    errors = ["the following arguments are required: TREE",
+              "TREE is not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+              "argument MAX_NEW_TOKENS: expected a whole number >= 1, not '0'",
+              "tree.text: expected a non-empty string",
+              "tree.children[1]: unknown key 'txt' (a node has \"text\" and \"children\")",
+              "tree.children: expected a list of nodes",
+              'tree: expected an object with "text" and "children"']
+    for stderr, error in zip(refused(loop, "prefix-tree", bad), errors, strict=True):
+        assert stderr.startswith("usage: prefix-tree [-h] [--independent] TREE [MAX_NEW_TOKENS]")
+        assert stderr.endswith(f"prefix-tree: error: {error}\n")
     assert_pools_full(loop)

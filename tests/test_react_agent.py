@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import assert_pools_full, events_of, messages, run
+from harness import assert_pools_full, events_of, messages, refused
 
 from oven.control.tokenizer import Tokenizer
 from oven.proto import inference as p
@@ -157,11 +157,11 @@ def trace_writer(trace: list, position: int) -> str:
 
 
 def test_bad_arguments_are_refused(loop):
-    instances = run(loop, "react-agent", [[], ["a", "b"], ["q", "--steps", "0"], ["q", "--pin"], ["q", "--depth", "2"]])
-    assert [i.exit_code for i in instances] == [1] * 5
-    assert "give one QUESTION" in instances[0].error and "give one QUESTION" in instances[1].error
-    assert "--steps takes a whole number >= 1, not '0'" in instances[2].error
-    assert "--pin needs a value" in instances[3].error
-    assert "unknown option --depth" in instances[4].error
-    assert all("usage: react-agent" in i.error for i in instances)
+    cases = [[], ["a", "b"], ["q", "--steps", "0"], ["q", "--pin"], ["q", "--depth", "2"]]
+    errors = ["the following arguments are required: QUESTION", "unrecognized arguments: b",
+              "argument --steps: expected a whole number >= 1, not '0'", "argument --pin: expected one argument",
+              "unrecognized arguments: --depth 2"]
+    for stderr, error in zip(refused(loop, "react-agent", cases), errors, strict=True):
+        assert stderr.startswith("usage: react-agent [-h] [--tools DESCRIPTION] [--steps N]")
+        assert stderr.endswith(f"react-agent: error: {error}\n")
     assert_pools_full(loop)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, refused, run
 
 from oven.control.tokenizer import Tokenizer
 
@@ -91,11 +91,10 @@ def test_the_depth_and_subproblem_caps_hold(loop):
 
 def test_bad_arguments_are_refused(loop):
     cases = [[], ["a", "b"], ["p", "--depth", "4"], ["p", "--subs", "0"], ["p", "--max-tokens"], ["p", "--x", "1"]]
-    instances = run(loop, "recursion-of-thought", cases)
-    assert [i.exit_code for i in instances] == [1] * len(cases)
-    assert "give one non-empty PROBLEM" in instances[0].error and "give one non-empty PROBLEM" in instances[1].error
-    assert "D must be 0 to 3, S 1 to 3, M >= 1" in instances[2].error
-    assert "D must be 0 to 3, S 1 to 3, M >= 1" in instances[3].error
-    assert "an option needs a value" in instances[4].error
-    assert "unknown option --x" in instances[5].error
-    assert all("usage: recursion-of-thought" in i.error for i in instances)
+    errors = ["the following arguments are required: PROBLEM", "unrecognized arguments: b",
+              "argument --depth: expected a whole number from 0 to 3, not '4'",
+              "argument --subs: expected a whole number from 1 to 3, not '0'",
+              "argument --max-tokens: expected one argument", "unrecognized arguments: --x 1"]
+    for stderr, error in zip(refused(loop, "recursion-of-thought", cases), errors, strict=True):
+        assert stderr.startswith("usage: recursion-of-thought [-h] [--depth D] [--subs S]")
+        assert stderr.endswith(f"recursion-of-thought: error: {error}\n")

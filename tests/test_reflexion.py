@@ -14,7 +14,7 @@ import json
 import re
 
 import pytest
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, refused, run
 from oven.control.tokenizer import Tokenizer
 
 QUESTION = "Name a fruit that is yellow."
@@ -100,20 +100,17 @@ def test_one_trial_is_never_reflected_on(loop, never):
     assert (report["passed"], report["answer"]) == (False, None)
 
 
-USAGE = ("usage: reflexion QUESTION (--expect TEXT | --pattern REGEX) [--trials N] [--max-tokens M] "
-         "[--reflection-tokens R]")
-
-
 @pytest.mark.parametrize("args, error", [
-    (["q"], "give one checker, a non-empty --expect or a --pattern"),
-    (["q", "--expect", "a", "--pattern", "b"], "give one checker, a non-empty --expect or a --pattern"),
-    (["q", "--expect", ""], "give one checker, a non-empty --expect or a --pattern"),
-    (["q", "--pattern", "("], "missing ), unterminated subpattern at position 0"),
-    (["q", "--expect", "a", "--trials", "0"], "N, M and R must be >= 1"),
-    (["--expect", "a"], "give one non-empty QUESTION"),
-    (["q", "--expect"], "an option needs a value"),
-    (["q", "--expect", "a", "--memory", "1"], "unknown option --memory"),
+    (["q"], "one of the arguments --expect --pattern is required"),
+    (["q", "--expect", "a", "--pattern", "b"], "argument --pattern: not allowed with argument --expect"),
+    (["q", "--expect", ""], "argument --expect: must not be empty"),
+    (["q", "--pattern", "("], "argument --pattern: not a regular expression: missing ), unterminated subpattern at position 0"),
+    (["q", "--expect", "a", "--trials", "0"], "argument --trials: expected a whole number >= 1, not '0'"),
+    (["--expect", "a"], "the following arguments are required: QUESTION"),
+    (["q", "--expect"], "argument --expect: expected one argument"),
+    (["q", "--expect", "a", "--memory", "1"], "unrecognized arguments: --memory 1"),
 ])
 def test_bad_arguments_are_refused(loop, args, error):
-    (inst,) = run(loop, "reflexion", [args])
-    assert (inst.exit_code, inst.error) == (1, f"ValueError: {error}; {USAGE}")
+    (stderr,) = refused(loop, "reflexion", [args])
+    assert stderr.startswith("usage: reflexion [-h] (--expect TEXT | --pattern REGEX) [--trials N]")
+    assert stderr.endswith(f"reflexion: error: {error}\n")

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from harness import assert_pools_full, direct_greedy, events_of, messages, run
+from harness import assert_pools_full, direct_greedy, events_of, messages, refused, run
 from oven.control.tokenizer import Tokenizer
 
 SDK = Path(__file__).resolve().parent.parent / "sdk" / "python" / "inferlet"
@@ -255,3 +255,14 @@ def test_decoding_an_empty_context_fails_clearly(loop, mode):
     (inst,) = run(loop, "text-completion", [["", "4", *mode]])
     assert inst.exit_code != 0 and "the context is empty: fill it before decoding" in inst.error
     assert_pools_full(loop)
+
+
+def test_text_completion_refuses_bad_arguments(loop):
+    cases = {("p", "many"): "argument MAX_NEW_TOKENS: expected a whole number >= 0, not 'many'",
+             ("p", "--temperature", "-1"): "argument --temperature: expected a number >= 0, not '-1'",
+             ("p", "--seed", "x"): "argument --seed: invalid int value: 'x'",
+             ("p", "--steps", "--pause", "10"): "argument --pause: not allowed with argument --steps",
+             ("p", "4", "5"): "unrecognized arguments: 5"}
+    for stderr, error in zip(refused(loop, "text-completion", [list(args) for args in cases]), cases.values()):
+        assert stderr.startswith("usage: text-completion [-h]")
+        assert stderr.endswith(f"text-completion: error: {error}\n")

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 import pytest
-from harness import assert_pools_full, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, direct_greedy, messages, refused, run, tiny_inference
 from oven.proto import inference as p
 
 PROMPT = "How many legs does a spider have? Answer with a number."
@@ -108,14 +108,13 @@ def test_the_models_own_judgement_rewinds_alike(loop, inference):
 
 
 def test_bad_arguments_are_refused(loop):
-    cases = [["p"], ["p", "--pattern", "x", "--judge"], ["p", "--pattern", "("], ["p", "--judge", "--attempts", "0"],
-             ["p", "--judge", "--attempts"], ["p", "--judge", "--hint", "x"], ["--judge"]]
-    instances = run(loop, "self-correct", cases)
-    assert [i.exit_code for i in instances] == [1] * len(cases)
-    assert "give one verifier" in instances[0].error and "give one verifier" in instances[1].error
-    assert "missing ), unterminated subpattern" in instances[2].error
-    assert "N and M must be >= 1" in instances[3].error
-    assert "an option needs a value" in instances[4].error
-    assert "unknown option --hint" in instances[5].error
-    assert "give one non-empty PROMPT" in instances[6].error
-    assert all("usage: self-correct" in i.error for i in instances)
+    cases = {("p",): "one of the arguments --pattern --judge is required",
+             ("p", "--pattern", "x", "--judge"): "argument --judge: not allowed with argument --pattern",
+             ("p", "--pattern", "("):
+                 "argument --pattern: not a regular expression: missing ), unterminated subpattern at position 0",
+             ("p", "--judge", "--attempts", "0"): "argument --attempts: expected a whole number >= 1, not '0'",
+             ("p", "--judge", "--attempts"): "argument --attempts: expected one argument",
+             ("p", "--judge", "--hint", "x"): "unrecognized arguments: --hint x",
+             ("--judge",): "the following arguments are required: PROMPT"}
+    for stderr, error in zip(refused(loop, "self-correct", [list(args) for args in cases]), cases.values()):
+        assert stderr.startswith("usage: self-correct [-h]") and stderr.endswith(f"self-correct: error: {error}\n")

@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from harness import assert_pools_full, control_loop, direct_greedy, messages, run, tiny_inference
+from harness import assert_pools_full, control_loop, direct_greedy, messages, refused, run, tiny_inference
 from oven.control.tokenizer import Tokenizer
 
 QUESTION = "How can I improve my sleep?"
@@ -73,13 +73,12 @@ def test_a_given_skeleton_is_expanded_as_given(loop):
 
 
 def test_bad_arguments_are_refused(loop):
-    cases = [[], ["q", "--points", "0"], ["q", "--skeleton", "|"], ["q", "--max-tokens"], ["q", "--depth", "2"],
-             ["q", "r"]]
-    instances = run(loop, "skeleton-of-thought", cases)
-    assert [i.exit_code for i in instances] == [1] * len(cases)
-    assert "give one non-empty QUESTION" in instances[0].error
-    assert "K, S and M must be >= 1" in instances[1].error and "--skeleton must name a point" in instances[2].error
-    assert "an option needs a value" in instances[3].error
-    assert "unknown option --depth" in instances[4].error
-    assert "give one non-empty QUESTION" in instances[5].error
-    assert all("usage: skeleton-of-thought" in i.error for i in instances)
+    cases = {(): "the following arguments are required: QUESTION",
+             ("q", "--points", "0"): "argument --points: expected a whole number >= 1, not '0'",
+             ("q", "--skeleton", "|"): "argument --skeleton: must name a point",
+             ("q", "--max-tokens"): "argument --max-tokens: expected one argument",
+             ("q", "--depth", "2"): "unrecognized arguments: --depth 2",
+             ("q", "r"): "unrecognized arguments: r"}
+    for stderr, error in zip(refused(loop, "skeleton-of-thought", [list(args) for args in cases]), cases.values()):
+        assert stderr.startswith("usage: skeleton-of-thought [-h]")
+        assert stderr.endswith(f"skeleton-of-thought: error: {error}\n")

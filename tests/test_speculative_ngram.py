@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from harness import assert_pools_full, direct_greedy, messages, run
+from harness import assert_pools_full, direct_greedy, messages, refused, run
 
 from oven.control.tokenizer import Tokenizer
 
@@ -72,10 +72,11 @@ def test_output_is_greedy_with_fewer_forwards(loop, inference):
 
 
 def test_bad_arguments_are_refused(loop):
-    instances = run(loop, "speculative-ngram", [[], ["x", "ten"], ["x", "5", "--draft"], ["x", "--ngram", "0"]])
-    assert [i.exit_code for i in instances] == [1, 1, 1, 1]
-    assert "usage: speculative-ngram" in instances[0].error
-    assert "MAX_NEW_TOKENS must be a whole number, not 'ten'" in instances[1].error
-    assert "--draft needs a whole number" in instances[2].error
-    assert "usage" in instances[3].error
+    cases = {(): "the following arguments are required: PROMPT",
+             ("x", "ten"): "argument MAX_NEW_TOKENS: expected a whole number >= 1, not 'ten'",
+             ("x", "5", "--draft"): "argument --draft: expected one argument",
+             ("x", "--ngram", "0"): "argument --ngram: expected a whole number >= 1, not '0'"}
+    for stderr, error in zip(refused(loop, "speculative-ngram", [list(args) for args in cases]), cases.values()):
+        assert stderr.startswith("usage: speculative-ngram [-h]")
+        assert stderr.endswith(f"speculative-ngram: error: {error}\n")
     assert_pools_full(loop)

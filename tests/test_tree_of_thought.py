@@ -14,7 +14,7 @@ import json
 import re
 from collections import Counter
 
-from harness import assert_pools_full, messages, run
+from harness import assert_pools_full, messages, refused, run
 
 HINT = "2+3=5,5*4=20,20+4=24"
 BASE = ["24", "2", "3", "4", "4"]
@@ -106,12 +106,11 @@ def test_budget_and_wrong_hints(loop):
 
 
 def test_bad_arguments_are_refused(loop):
-    instances = run(loop, "tree-of-thought", [["24", "x", "1"], ["24", "1"], ["24", "1", "2", "--width"],
-                                              ["24", "1", "2", "--beam", "0"], ["24", "1", "2", "--depth", "3"]])
-    assert [i.exit_code for i in instances] == [1] * 5
-    assert "invalid literal for int() with base 10: 'x'" in instances[0].error
-    assert "need TARGET and two or more numbers" in instances[1].error
-    assert "an option needs a value" in instances[2].error
-    assert "W, B, P >= 1" in instances[3].error
-    assert "unknown option --depth" in instances[4].error
-    assert all("usage: tree-of-thought" in i.error for i in instances)
+    cases = {("24", "x", "1"): "argument N: invalid int value: 'x'",
+             ("24", "1"): "give two or more numbers N after TARGET",
+             ("24", "1", "2", "--width"): "argument --width: expected one argument",
+             ("24", "1", "2", "--beam", "0"): "argument --beam: expected a whole number >= 1, not '0'",
+             ("24", "1", "2", "--depth", "3"): "unrecognized arguments: --depth"}
+    for stderr, error in zip(refused(loop, "tree-of-thought", [list(args) for args in cases]), cases.values()):
+        assert stderr.startswith("usage: tree-of-thought [-h]")
+        assert stderr.endswith(f"tree-of-thought: error: {error}\n")

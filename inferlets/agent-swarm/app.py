@@ -1,7 +1,5 @@
 """agent-swarm: two agents, a writer and a critic, two instances of this inferlet, over messaging.
 
-Arguments: (writer | critic) TASK [--swarm NAME=swarm] [--rounds K=2] [--max-tokens M=32] [--wait-ms W=60000]
-
 The client launches one instance per role, in either order, with the same TASK, NAME and K. The
 writer drafts the task's text; for each of K rounds the critic answers the latest draft with a
 critique and the writer revises by it. Each agent keeps one chat context of its own across the
@@ -23,42 +21,31 @@ order], "generations": [{"prompt": the context's ids before it, "tokens": ids ge
 import json
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = ("usage: agent-swarm (writer | critic) TASK [--swarm NAME] [--rounds K] [--max-tokens M] "
-         "[--wait-ms W]")
-MAX_ROUNDS = 16
 HELLO_MS = 20
 WRITER = ("You are a writer. Write what the task asks in two sentences at most. When given a critique, rewrite "
           "the text to address it.")
 CRITIC = "You are a critic. Reply with one short sentence saying how the text could be improved."
 MARK = "\x1fREPLY\x1f"  # stands for a reply in a rendered chat, to find the text that follows one
 
-
-def parse(args: list[str]) -> tuple[str, str, dict]:
-    opt, positional, it = {"--swarm": "swarm", "--rounds": 2, "--max-tokens": 32, "--wait-ms": 60000}, [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--swarm":
-                opt[arg] = next(it)
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 2 or positional[0] not in ("writer", "critic") or not positional[1].strip():
-        raise ValueError(f"give a ROLE (writer or critic) and one non-empty TASK; {USAGE}")
-    if not 1 <= opt["--rounds"] <= MAX_ROUNDS or min(opt["--max-tokens"], opt["--wait-ms"]) < 1 or not opt["--swarm"]:
-        raise ValueError(f"K must be 1 to {MAX_ROUNDS}, M and W >= 1, NAME non-empty; {USAGE}")
-    return positional[0], positional[1], opt
+ARGS = inferlet.ArgumentParser("agent-swarm", __doc__)
+ARGS.add_argument("role", metavar="ROLE", choices=("writer", "critic"), help="writer or critic")
+ARGS.add_argument("task", metavar="TASK", type=text, help="what the writer is to write")
+ARGS.add_argument("--swarm", metavar="NAME", type=text, default="swarm",
+                  help="the topics' prefix, the same for both agents (default %(default)s)")
+ARGS.add_argument("--rounds", metavar="K", type=whole(1, 16), default=2,
+                  help="critique-and-revise rounds (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32,
+                  help="tokens at most per reply (default %(default)s)")
+ARGS.add_argument("--wait-ms", metavar="W", type=whole(1), default=60000,
+                  help="ms to wait for a message before giving up (default %(default)s)")
 
 
 class Agent:
     """One role's chat context, and what it said and heard."""
 
-    def __init__(self, role: str, system: str, opt: dict):
+    def __init__(self, role: str, system: str, opt):
         self.role, self.system, self.opt, self.ctx = role, system, opt, inferlet.Context()
         self.sent, self.received, self.generations = [], [], []
 
@@ -74,7 +61,7 @@ class Agent:
         else:
             self.ctx.fill_chat([{"role": "system", "content": self.system}, {"role": "user", "content": user}])
         prompt = self.ctx.tokens + self.ctx.pending
-        text = (await self.ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=self.opt["--max-tokens"]))).strip()
+        text = (await self.ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=self.opt.max_tokens))).strip()
         self.generations.append({"prompt": prompt, "tokens": list(self.ctx.generated), "text": text})
         return text
 
@@ -83,7 +70,7 @@ class Agent:
         self.sent.append(text)
 
     async def hear(self, future: inferlet.Future, what: str) -> str:
-        text = await within(future, self.opt["--wait-ms"], what)
+        text = await within(future, self.opt.wait_ms, what)
         self.received.append(text)
         return text
 
@@ -99,18 +86,18 @@ async def within(future: inferlet.Future, ms: int, what: str) -> str:
     return future.result()
 
 
-def topic(opt: dict, kind: str, n: int = 0) -> str:
-    return f"{opt['--swarm']}/{kind}/{n}"
+def topic(opt, kind: str, n: int = 0) -> str:
+    return f"{opt.swarm}/{kind}/{n}"
 
 
-async def writer(task: str, opt: dict) -> Agent:
-    agent, rounds = Agent("writer", WRITER, opt), opt["--rounds"]
+async def writer(task: str, opt) -> Agent:
+    agent, rounds = Agent("writer", WRITER, opt), opt.rounds
     ready = inferlet.subscribe(topic(opt, "ready"))
     critiques = [inferlet.subscribe(topic(opt, "critique", r)) for r in range(rounds)]
     waited = 0
     while not ready.poll_now().done():  # the critic may not have subscribed yet: say hello until it answers
-        if waited >= opt["--wait-ms"]:
-            raise SystemExit(f"agent-swarm: no critic answered on swarm {opt['--swarm']!r} within {waited} ms")
+        if waited >= opt.wait_ms:
+            raise SystemExit(f"agent-swarm: no critic answered on swarm {opt.swarm!r} within {waited} ms")
         inferlet.broadcast(topic(opt, "hello"), "hello")
         await inferlet.sleep(HELLO_MS)
         waited += HELLO_MS
@@ -123,11 +110,11 @@ async def writer(task: str, opt: dict) -> Agent:
     return agent
 
 
-async def critic(task: str, opt: dict) -> Agent:
-    agent, rounds = Agent("critic", CRITIC, opt), opt["--rounds"]
+async def critic(task: str, opt) -> Agent:
+    agent, rounds = Agent("critic", CRITIC, opt), opt.rounds
     hello = inferlet.subscribe(topic(opt, "hello"))
     drafts = [inferlet.subscribe(topic(opt, "draft", r)) for r in range(rounds)]
-    await within(hello, opt["--wait-ms"], f"a writer's hello on swarm {opt['--swarm']!r}")
+    await within(hello, opt.wait_ms, f"a writer's hello on swarm {opt.swarm!r}")
     inferlet.broadcast(topic(opt, "ready"), "ready")
     for r in range(rounds):
         draft = await agent.hear(drafts[r], f"draft {r}")
@@ -137,10 +124,10 @@ async def critic(task: str, opt: dict) -> Agent:
 
 
 async def main(args: list[str]) -> None:
-    role, task, opt = parse(args)
-    agent = await (writer if role == "writer" else critic)(task, opt)
+    opt = ARGS.parse(args)
+    agent = await (writer if opt.role == "writer" else critic)(opt.task, opt)
     agent.ctx.close()
-    inferlet.send(json.dumps({"role": role, "sent": agent.sent, "received": agent.received,
+    inferlet.send(json.dumps({"role": opt.role, "sent": agent.sent, "received": agent.received,
                               "generations": agent.generations, "result": agent.result}))
 
 

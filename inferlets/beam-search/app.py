@@ -1,7 +1,5 @@
 """beam-search: the WIDTH best continuations of exactly LENGTH tokens, by beam search.
 
-Arguments: PROMPT WIDTH LENGTH [--expand K]
-
 A beam's score is the sum of its tokens' log-probabilities. Each step, every beam proposes its K
 most probable next tokens (K = WIDTH unless given) and the WIDTH best candidates survive; ties go
 to the earlier beam, then to the more probable token (beams are kept best first). End tokens are
@@ -18,25 +16,20 @@ import json
 import math
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = "usage: beam-search PROMPT WIDTH LENGTH [--expand K]"
-
-
-def parse(args: list[str]) -> tuple[str, int, int, int]:
-    if len(args) not in (3, 5) or (len(args) == 5 and args[3] != "--expand"):
-        raise ValueError(USAGE)
-    if not all(a.isdigit() and int(a) > 0 for a in args[1:3] + args[4:]):
-        raise ValueError(f"WIDTH, LENGTH and K must be positive integers; {USAGE}")
-    if not args[0]:
-        raise ValueError("the prompt is empty")
-    width, length = int(args[1]), int(args[2])
-    return args[0], width, length, int(args[4]) if len(args) == 5 else width
+ARGS = inferlet.ArgumentParser("beam-search", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the text to continue")
+ARGS.add_argument("width", metavar="WIDTH", type=whole(1), help="beams kept, and continuations sent")
+ARGS.add_argument("length", metavar="LENGTH", type=whole(1), help="tokens in each continuation")
+ARGS.add_argument("--expand", metavar="K", type=whole(1), help="next tokens each beam proposes (default WIDTH)")
 
 
 async def main(args: list[str]) -> None:
-    prompt, width, length, expand = parse(args)
+    opt = ARGS.parse(args)
+    width, length, expand = opt.width, opt.length, opt.expand or opt.width
     root = inferlet.Context()
-    root.fill(prompt)
+    root.fill(opt.prompt)
     beams = [(0.0, [], root)]  # (score, tokens, context whose pending token is the last of tokens)
     for step in range(length):
         dists = await inferlet.gather(*(ctx.next_dist(expand) for _, _, ctx in beams))

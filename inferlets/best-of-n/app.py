@@ -1,8 +1,5 @@
 """best-of-n: N sampled candidates ranked by the model's own likelihood, with a diversity penalty.
 
-Arguments: PROMPT [--n N=4] [--max-tokens M=32] [--temperature T=0.8] [--top-p P=1.0] [--seed S=0]
-           [--ngram G=2] [--diversity L=1.0] [--chat]
-
 The prompt (raw text, or one user turn with --chat) is forwarded once; N forks of it each sample a
 candidate of at most M tokens (top-p P at temperature T, candidate i seeded S + i, so a run is
 reproducible whatever runs beside it), and all N decode side by side. Each candidate's quality is
@@ -21,37 +18,24 @@ index. Sends one JSON message: {"best": the first ranked, "ranking": [{"index", 
 import json
 
 import inferlet
+from inferlet.arguments import number, text, whole
 
-USAGE = ("usage: best-of-n PROMPT [--n N] [--max-tokens M] [--temperature T] [--top-p P] [--seed S] "
-         "[--ngram G] [--diversity L] [--chat]")
-INT_OPTIONS, FLOAT_OPTIONS = ("--n", "--max-tokens", "--seed", "--ngram"), ("--temperature", "--top-p", "--diversity")
-
-
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--n": 4, "--max-tokens": 32, "--seed": 0, "--ngram": 2, "--temperature": 0.8, "--top-p": 1.0,
-           "--diversity": 1.0, "--chat": False}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--chat":
-                opt[arg] = True
-            elif arg in INT_OPTIONS:
-                opt[arg] = int(next(it))
-            elif arg in FLOAT_OPTIONS:
-                opt[arg] = float(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0]:
-        raise ValueError(f"give one non-empty PROMPT; {USAGE}")
-    if min(opt["--n"], opt["--max-tokens"], opt["--ngram"]) < 1 or opt["--seed"] < 0:
-        raise ValueError(f"N, M and G must be >= 1 and S >= 0; {USAGE}")
-    if not (opt["--temperature"] >= 0 and 0 < opt["--top-p"] <= 1 and opt["--diversity"] >= 0):
-        raise ValueError(f"T and L must be >= 0 and P in (0, 1]; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("best-of-n", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the text to continue")
+ARGS.add_argument("--n", metavar="N", type=whole(1), default=4, help="candidates sampled (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32,
+                  help="tokens at most per candidate (default %(default)s)")
+ARGS.add_argument("--temperature", metavar="T", type=number(0), default=0.8,
+                  help="the sampling temperature (default %(default)s)")
+ARGS.add_argument("--top-p", metavar="P", type=number(above=0, high=1), default=1.0,
+                  help="the nucleus's probability mass (default %(default)s)")
+ARGS.add_argument("--seed", metavar="S", type=whole(0), default=0,
+                  help="candidate i's seed is S + i (default %(default)s)")
+ARGS.add_argument("--ngram", metavar="G", type=whole(1), default=2,
+                  help="the overlap's n-gram size (default %(default)s)")
+ARGS.add_argument("--diversity", metavar="L", type=number(0), default=1.0,
+                  help="the overlap's weight in the score (default %(default)s)")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
 
 
 def ngrams(tokens: list[int], size: int) -> set[tuple[int, ...]]:
@@ -78,25 +62,25 @@ def rank(candidates: list[dict], size: int, weight: float) -> list[dict]:
     return ranked
 
 
-async def candidate(prompt: inferlet.Context, index: int, opt: dict) -> dict:
-    sampler = inferlet.TopP(opt["--top-p"], temperature=opt["--temperature"], seed=opt["--seed"] + index)
+async def candidate(prompt: inferlet.Context, index: int, opt) -> dict:
+    sampler = inferlet.TopP(opt.top_p, temperature=opt.temperature, seed=opt.seed + index)
     with await prompt.fork() as ctx:
-        text = await ctx.generate(sampler, inferlet.Stop(max_tokens=opt["--max-tokens"]), inferlet.Shape(logprobs=0))
+        text = await ctx.generate(sampler, inferlet.Stop(max_tokens=opt.max_tokens), inferlet.Shape(logprobs=0))
         logprobs = [lp.logprob for lp in ctx.logprobs]
         return {"index": index, "tokens": list(ctx.generated), "text": text,
                 "quality": sum(logprobs) / len(logprobs)}
 
 
 async def main(args: list[str]) -> None:
-    prompt_text, opt = parse(args)
+    opt = ARGS.parse(args)
     with inferlet.Context() as prompt:
-        if opt["--chat"]:
-            prompt.fill_chat([{"role": "user", "content": prompt_text}])
+        if opt.chat:
+            prompt.fill_chat([{"role": "user", "content": opt.prompt}])
         else:
-            prompt.fill(prompt_text)
+            prompt.fill(opt.prompt)
         await prompt.flush()  # all but the last token: each fork feeds that one itself
-        candidates = await inferlet.gather(*(candidate(prompt, i, opt) for i in range(opt["--n"])))
-    ranking = rank(candidates, opt["--ngram"], opt["--diversity"])
+        candidates = await inferlet.gather(*(candidate(prompt, i, opt) for i in range(opt.n)))
+    ranking = rank(candidates, opt.ngram, opt.diversity)
     inferlet.send(json.dumps({"best": ranking[0], "ranking": ranking}))
 
 

@@ -1,7 +1,5 @@
 """codeact: the model acts by writing code; a restricted evaluator inside the inferlet runs it.
 
-Arguments: TASK [--turns N=4] [--max-tokens T=48]
-
 CodeAct (Wang et al. 2024) with Python as the action language. The chat holds instructions, one worked
 example and the task. Each turn the model writes a reply (greedy, T tokens at most). A reply with a
 ```python block is an action: the block runs in ``sandbox.py`` (numbers, lists, arithmetic, names bound
@@ -22,8 +20,8 @@ import re
 
 import inferlet
 import sandbox
+from inferlet.arguments import text, whole
 
-USAGE = "usage: codeact TASK [--turns N] [--max-tokens T]"
 SYSTEM = ("You solve the task by writing Python code. Reply with one ```python block whose last line is an "
           "expression: its value comes back to you as an Observation. When you know the answer, reply with: "
           "Answer: the value.")
@@ -34,24 +32,11 @@ EXAMPLE = [{"role": "user", "content": "Task: What is 12 times 7, plus 5?"},
 BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 MARK = "\x1fREPLY\x1f"  # stands for a reply in a rendered chat, to find the text that follows one
 
-
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt, positional, it = {"--turns": 4, "--max-tokens": 48}, [], iter(args)
-    try:
-        for arg in it:
-            if arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0].strip():
-        raise ValueError(f"give one non-empty TASK; {USAGE}")
-    if min(opt.values()) < 1:
-        raise ValueError(f"N and T must be >= 1; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("codeact", __doc__)
+ARGS.add_argument("task", metavar="TASK", type=text, help="what the model is to solve")
+ARGS.add_argument("--turns", metavar="N", type=whole(1), default=4, help="model replies at most (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="T", type=whole(1), default=48,
+                  help="tokens at most per reply (default %(default)s)")
 
 
 def observe(code: str) -> str:
@@ -82,13 +67,14 @@ def next_turn(ctx: inferlet.Context, ended: bool, user: str) -> None:
 
 
 async def main(args: list[str]) -> None:
-    task, opt = parse(args)
+    opt = ARGS.parse(args)
     turns, answer = [], None
     with inferlet.Context() as ctx:
-        ctx.fill_chat([{"role": "system", "content": SYSTEM}, *EXAMPLE, {"role": "user", "content": f"Task: {task}"}])
-        for _ in range(opt["--turns"]):
+        ctx.fill_chat([{"role": "system", "content": SYSTEM}, *EXAMPLE,
+                       {"role": "user", "content": f"Task: {opt.task}"}])
+        for _ in range(opt.turns):
             start = len(ctx)
-            await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=opt["--max-tokens"]))
+            await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=opt.max_tokens))
             tokens, ended = list(ctx.generated), bool(ctx.generated) and ctx.generated[-1] in inferlet.stop_tokens()
             keep = kept(tokens)
             reply = inferlet.decode([t for t in tokens[:keep] if t not in inferlet.stop_tokens()])

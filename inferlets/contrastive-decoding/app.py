@@ -1,7 +1,5 @@
 """contrastive-decoding: greedy on log p_expert - log p_amateur over the expert's plausible tokens.
 
-Arguments: PROMPT --adapter NAME [--max-tokens M=16] [--alpha A=0.1] [--reverse] [--chat]
-
 Contrastive decoding (Li et al. 2023) pits a strong expert against a weak amateur. oven serves one
 model, so a LoRA adapter stands in for the second: the expert is the model through adapter NAME and
 the amateur the base model (--reverse swaps them). Each holds the prompt in a context of its own
@@ -21,36 +19,17 @@ import json
 import math
 
 import inferlet
+from inferlet.arguments import number, text, whole
 
-USAGE = "usage: contrastive-decoding PROMPT --adapter NAME [--max-tokens M] [--alpha A] [--reverse] [--chat]"
-
-
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--adapter": None, "--max-tokens": 16, "--alpha": 0.1, "--reverse": False, "--chat": False}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg in ("--reverse", "--chat"):
-                opt[arg] = True
-            elif arg == "--adapter":
-                opt[arg] = next(it)
-            elif arg == "--max-tokens":
-                opt[arg] = int(next(it))
-            elif arg == "--alpha":
-                opt[arg] = float(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0]:
-        raise ValueError(f"give one non-empty PROMPT; {USAGE}")
-    if not opt["--adapter"]:
-        raise ValueError(f"give the --adapter that plays the expert (the amateur with --reverse); {USAGE}")
-    if opt["--max-tokens"] < 1 or not 0 <= opt["--alpha"] <= 1:
-        raise ValueError(f"M must be >= 1 and A in [0, 1]; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("contrastive-decoding", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the text to continue")
+ARGS.add_argument("--adapter", metavar="NAME", type=text, required=True,
+                  help="the LoRA adapter that plays the expert (the amateur with --reverse)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=16, help="tokens at most (default %(default)s)")
+ARGS.add_argument("--alpha", metavar="A", type=number(0, 1), default=0.1,
+                  help="the plausibility floor, a share of the expert's top probability (default %(default)s)")
+ARGS.add_argument("--reverse", action="store_true", help="the base model is the expert, the adapter the amateur")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
 
 
 def choose(expert, amateur, alpha: float) -> tuple[int, int, float]:
@@ -70,21 +49,21 @@ def choose(expert, amateur, alpha: float) -> tuple[int, int, float]:
 
 
 async def main(args: list[str]) -> None:
-    prompt, opt = parse(args)
-    adapter = inferlet.open_adapter(opt["--adapter"])
-    expert_adapter, amateur_adapter = (0, adapter) if opt["--reverse"] else (adapter, 0)
+    opt = ARGS.parse(args)
+    adapter = inferlet.open_adapter(opt.adapter)
+    expert_adapter, amateur_adapter = (0, adapter) if opt.reverse else (adapter, 0)
     vocab, stops = inferlet.vocab_size(), inferlet.stop_tokens()
     out = {"tokens": [], "plausible": [], "scores": []}
     with inferlet.Context(adapter=expert_adapter) as expert, inferlet.Context(adapter=amateur_adapter) as amateur:
         for ctx in (expert, amateur):
-            if opt["--chat"]:
-                ctx.fill_chat([{"role": "user", "content": prompt}])
+            if opt.chat:
+                ctx.fill_chat([{"role": "user", "content": opt.prompt}])
             else:
-                ctx.fill(prompt)
+                ctx.fill(opt.prompt)
         await inferlet.gather(expert.flush(), amateur.flush())
-        while len(out["tokens"]) < opt["--max-tokens"] and not (out["tokens"] and out["tokens"][-1] in stops):
+        while len(out["tokens"]) < opt.max_tokens and not (out["tokens"] and out["tokens"][-1] in stops):
             e, a = await inferlet.gather(expert.next_dist(vocab), amateur.next_dist(vocab))
-            token, plausible, score = choose(e, a, opt["--alpha"])
+            token, plausible, score = choose(e, a, opt.alpha)
             for ctx in (expert, amateur):
                 ctx.fill_tokens([token])
             out["tokens"].append(token)

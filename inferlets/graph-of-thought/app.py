@@ -1,7 +1,5 @@
 """graph-of-thought: a thought per part on forks, merged pairwise, refined, scored; the best is kept.
 
-Arguments: TASK PART PART [PART ...] [--max-tokens M=16]
-
 Graph of Thoughts (Besta et al. 2023) on its split-and-merge pattern (the paper sorts sublists,
 counts keywords per paragraph, merges documents): the input comes in K parts (2 to 6), and the four
 operations, every one greedy and M tokens at most, are
@@ -29,8 +27,8 @@ aggregates in pair order, then the refines in the same order.
 import json
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = "usage: graph-of-thought TASK PART PART [PART ...] [--max-tokens M]"
 MAX_PARTS = 6  # 15 pairs: beyond this the pairwise merges dominate everything else
 TASK_HEAD = "Task: {task}\n"
 THOUGHT_CUE = "Part {i}: {part}\nThought {i}:"
@@ -38,24 +36,11 @@ OTHER_CUE = "\nPart {j}: {part}\nThought {j}:"
 MERGE_CUE = "\nCombined thought:"
 REFINE_CUE = "\nRefined thought:"
 
-
-def parse(args: list[str]) -> tuple[str, list[str], int]:
-    opt, positional, it = {"--max-tokens": 16}, [], iter(args)
-    try:
-        for arg in it:
-            if arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if not 3 <= len(positional) <= MAX_PARTS + 1 or not all(a.strip() for a in positional):
-        raise ValueError(f"give a TASK and 2 to {MAX_PARTS} PARTs, none empty; {USAGE}")
-    if opt["--max-tokens"] < 1:
-        raise ValueError(f"M must be >= 1; {USAGE}")
-    return positional[0], positional[1:], opt["--max-tokens"]
+ARGS = inferlet.ArgumentParser("graph-of-thought", __doc__)
+ARGS.add_argument("task", metavar="TASK", type=text, help="the task")
+ARGS.add_argument("parts", metavar="PART", nargs="+", type=text, help=f"a part of the input (2 to {MAX_PARTS})")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=16,
+                  help="tokens at most per operation (default %(default)s)")
 
 
 def body(tokens: list[int]) -> list[int]:
@@ -93,7 +78,10 @@ async def refine(merged: tuple[dict, inferlet.Context], source: int, max_tokens:
 
 
 async def main(args: list[str]) -> None:
-    task, parts, max_tokens = parse(args)
+    opt = ARGS.parse(args)
+    if not 2 <= len(opt.parts) <= MAX_PARTS:
+        ARGS.error(f"give 2 to {MAX_PARTS} PARTs")
+    task, parts, max_tokens = opt.task, opt.parts, opt.max_tokens
     k = len(parts)
     prefix = inferlet.encode(TASK_HEAD.format(task=task))
     with inferlet.Context() as root:

@@ -1,7 +1,5 @@
 """hierarchical-attention: sections that see only a shared header and themselves, then a query that sees all.
 
-Arguments: HEADER SECTION SECTION [SECTION ...] --query QUERY [--max-tokens M=8] [--top-k K=5] [--full]
-
 One context holds the header, the sections one after another and the query, each encoded on its own.
 Attention is block-diagonal over the sections: a section's tokens attend to the header and to the
 tokens of their own section before them, never to another section; the query (and every token decoded
@@ -22,40 +20,25 @@ Sends one JSON message: {"header": [ids], "sections": [[ids]], "query": [ids], "
 import json
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = ("usage: hierarchical-attention HEADER SECTION SECTION [SECTION ...] --query QUERY [--max-tokens M] "
-         "[--top-k K] [--full]")
-
-
-def parse(args: list[str]) -> tuple[list[str], dict]:
-    opt = {"--query": None, "--max-tokens": 8, "--top-k": 5, "--full": False}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--full":
-                opt[arg] = True
-            elif arg == "--query":
-                opt[arg] = next(it)
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) < 3 or not all(p.strip() for p in positional) or not (opt["--query"] or "").strip():
-        raise ValueError(f"give a HEADER, two or more SECTIONs and a --query, none empty; {USAGE}")
-    if min(opt["--max-tokens"], opt["--top-k"]) < 1:
-        raise ValueError(f"M and K must be >= 1; {USAGE}")
-    return positional, opt
+ARGS = inferlet.ArgumentParser("hierarchical-attention", __doc__)
+ARGS.add_argument("header", metavar="HEADER", type=text, help="the text every section sees")
+ARGS.add_argument("sections", metavar="SECTION", nargs="+", type=text, help="a section (two or more)")
+ARGS.add_argument("--query", metavar="QUERY", type=text, required=True, help="the text that sees them all")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=8, help="greedy steps (default %(default)s)")
+ARGS.add_argument("--top-k", metavar="K", type=whole(1), default=5,
+                  help="the tokens of each step's distribution sent (default %(default)s)")
+ARGS.add_argument("--full", action="store_true", help="no mask: ordinary causal attention (the baseline)")
 
 
 async def main(args: list[str]) -> None:
-    texts, opt = parse(args)
-    header, query = inferlet.encode(texts[0]), inferlet.encode(opt["--query"])
-    sections = [inferlet.encode(t) for t in texts[1:]]
-    masked = not opt["--full"]
+    opt = ARGS.parse(args)
+    if len(opt.sections) < 2:
+        ARGS.error("give two or more SECTIONs")
+    header, query = inferlet.encode(opt.header), inferlet.encode(opt.query)
+    sections = [inferlet.encode(t) for t in opt.sections]
+    masked = not opt.full
     with inferlet.Context() as ctx:
         ctx.fill_tokens(header + sections[0])
         await ctx.next_dist(1)  # forwards them all: the first section sees the header and itself
@@ -72,8 +55,8 @@ async def main(args: list[str]) -> None:
             await ctx.undrop_range(len(header), starts[-1])  # the query sees every section
         ctx.fill_tokens(query[1:])
         steps, tokens = [], []
-        for _ in range(opt["--max-tokens"]):
-            dist = await ctx.next_dist(opt["--top-k"])
+        for _ in range(opt.max_tokens):
+            dist = await ctx.next_dist(opt.top_k)
             steps.append({"token_ids": dist.token_ids, "probs": dist.probs})
             tokens.append(dist.token_ids[0])
             ctx.fill_tokens(tokens[-1:])

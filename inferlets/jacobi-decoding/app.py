@@ -1,8 +1,6 @@
 """jacobi-decoding: greedy decoding by Jacobi fixed-point iteration (Santilli et al. 2023), several
 positions verified per forward.
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--window N=4]
-
 Greedy decoding is the fixed point of y_i = argmax p(y | prompt, y_<i) over a whole block of
 future positions, and Jacobi iteration reaches it from any guess. Each round forwards the last
 accepted token (the *anchor*) together with N guesses for the positions after it, in one forward
@@ -26,24 +24,14 @@ counting the prefill (which gives the first token), one entry per Jacobi round.
 import json
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = "usage: jacobi-decoding PROMPT [MAX_NEW_TOKENS] [--window N>=0]"
-
-
-def parse(args: list[str]) -> tuple[str, int, int]:
-    window = 4
-    if "--window" in args:
-        at = args.index("--window")
-        if at + 1 >= len(args) or not args[at + 1].isdigit():
-            raise ValueError(f"--window needs a whole number; {USAGE}")
-        window, args = int(args[at + 1]), args[:at] + args[at + 2:]
-    if not args or len(args) > 2 or args[0].startswith("--"):
-        raise ValueError(USAGE)
-    if len(args) == 2 and not (args[1].isdigit() and int(args[1]) > 0):
-        raise ValueError(f"MAX_NEW_TOKENS must be a positive whole number, not {args[1]!r}; {USAGE}")
-    if not args[0]:
-        raise ValueError("the prompt is empty")
-    return args[0], int(args[1]) if len(args) == 2 else 32, window
+ARGS = inferlet.ArgumentParser("jacobi-decoding", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the prompt")
+ARGS.add_argument("max_new", metavar="MAX_NEW_TOKENS", type=whole(1), nargs="?", default=32,
+                  help="tokens at most (default %(default)s)")
+ARGS.add_argument("--window", metavar="N", type=whole(0), default=4,
+                  help="guesses per round; 0 is plain greedy decoding (default %(default)s)")
 
 
 def converged(guesses: list[int], predicted: list[int]) -> int:
@@ -81,7 +69,8 @@ async def jacobi(ctx: inferlet.Context, max_new: int, window: int) -> tuple[list
 
 
 async def main(args: list[str]) -> None:
-    prompt, max_new, window = parse(args)
+    opt = ARGS.parse(args)
+    prompt, max_new, window = opt.prompt, opt.max_new, opt.window
     with inferlet.Context() as ctx:
         ctx.fill(prompt)
         if window == 0:

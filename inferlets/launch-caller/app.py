@@ -1,32 +1,42 @@
 """launch-caller: launches inferlets and awaits them (Pie's launch-caller), on the Python SDK.
 
-Arguments: [--program P] [--cancel I] [--hold] [--leave exit|raise] N PROMPT K
-  Launches N children of program P (default launch-callee), child i with arguments
-  ["PROMPT i", K] (and --hold, passed on), cancels child I at once if asked, awaits every child in
-  order and sends, for each, one JSON message {"child", "state", "code", "error", "messages"}; then
-  one message with all their messages joined by newlines. A launch the server refuses is sent as
-  "launch I failed: ERROR"; no further child is launched and the exit code is 2. With --leave it
-  ends right after launching instead (returning, or raising an exception): its children die with it.
-Or: --recurse D
-  Launches itself with --recurse D+1 and relays its child's messages, until a launch fails (the
-  server's cap on nesting depth): that instance sends "D: ERROR".
-Or: --forge H
-  Waits for and cancels child handle H, which it never launched: sends both errors.
+Launches N children of program P, child i with arguments ["PROMPT i", K] (and --hold, passed on),
+cancels child I at once if asked, awaits every child in order and sends, for each, one JSON message
+{"child", "state", "code", "error", "messages"}; then one message with all their messages joined by
+newlines. A launch the server refuses is sent as "launch I failed: ERROR"; no further child is
+launched and the exit code is 2. With --leave it ends right after launching instead (returning, or
+raising an exception): its children die with it.
+
+With --recurse D it launches itself with --recurse D+1 and relays its child's messages, until a
+launch fails (the server's cap on nesting depth): that instance sends "D: ERROR". With --forge H it
+waits for and cancels child handle H, which it never launched: it sends both errors.
 """
 
 import json
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = "usage: launch-caller [--program P] [--cancel I] [--hold] [--leave exit|raise] N PROMPT K"
+ARGS = inferlet.ArgumentParser("launch-caller", __doc__)
+MODE = ARGS.add_mutually_exclusive_group()
+MODE.add_argument("--recurse", metavar="D", type=whole(0), help="launch itself with --recurse D+1 (no N PROMPT K)")
+MODE.add_argument("--forge", metavar="H", type=whole(0), help="wait for and cancel child handle H (no N PROMPT K)")
+ARGS.add_argument("count", metavar="N", type=whole(0), nargs="?", help="the children to launch")
+ARGS.add_argument("prompt", metavar="PROMPT", nargs="?", help="child i's prompt is \"PROMPT i\"")
+ARGS.add_argument("max_tokens", metavar="K", type=whole(0), nargs="?", help="the children's tokens at most")
+ARGS.add_argument("--program", metavar="P", type=text, default="launch-callee",
+                  help="the children's program (default %(default)s)")
+ARGS.add_argument("--cancel", metavar="I", type=whole(0), help="cancel child I at once")
+ARGS.add_argument("--hold", action="store_true", help="passed on to the children")
+ARGS.add_argument("--leave", choices=("exit", "raise"), help="end right after launching, returning or raising")
 
 
-async def fan_out(program: str, cancel: int | None, hold: bool, leave: str, count: int, prompt: str,
-                  max_tokens: str) -> int:
+async def fan_out(program: str, cancel: int | None, hold: bool, leave: str | None, count: int, prompt: str,
+                  max_tokens: int) -> int:
     children = []
     for i in range(count):
         try:
-            children.append(inferlet.launch(program, [f"{prompt} {i}", max_tokens, *(["--hold"] if hold else [])]))
+            children.append(inferlet.launch(program, [f"{prompt} {i}", str(max_tokens), *(["--hold"] if hold else [])]))
         except inferlet.OvenError as err:
             inferlet.send(f"launch {i} failed: {err}")
             break
@@ -71,26 +81,15 @@ async def forge(handle: int) -> int:
 
 
 async def main(args: list[str]) -> int:
-    if args[:1] == ["--recurse"]:
-        return await recurse(int(args[1]))
-    if args[:1] == ["--forge"]:
-        return await forge(int(args[1]))
-    program, cancel, hold, leave = "launch-callee", None, False, ""
-    while args and args[0].startswith("--"):
-        flag, args = args[0], args[1:]
-        if flag == "--program":
-            program, args = args[0], args[1:]
-        elif flag == "--cancel":
-            cancel, args = int(args[0]), args[1:]
-        elif flag == "--hold":
-            hold = True
-        elif flag == "--leave":
-            leave, args = args[0], args[1:]
-        else:
-            raise SystemExit(f"unknown option {flag}; {USAGE}")
-    if len(args) != 3:
-        raise SystemExit(USAGE)
-    return await fan_out(program, cancel, hold, leave, int(args[0]), args[1], args[2])
+    opt = ARGS.parse(args)
+    fan = (opt.count, opt.prompt, opt.max_tokens)
+    if opt.recurse is not None or opt.forge is not None:
+        if fan != (None, None, None):
+            ARGS.error("--recurse and --forge take no N PROMPT K")
+        return await recurse(opt.recurse) if opt.forge is None else await forge(opt.forge)
+    if None in fan:
+        ARGS.error("give N PROMPT K, or --recurse D, or --forge H")
+    return await fan_out(opt.program, opt.cancel, opt.hold, opt.leave, *fan)
 
 
 WitWorld = inferlet.run(main)

@@ -1,8 +1,5 @@
 """mcts: Monte Carlo tree search over continuations, each node a fork of its parent's context.
 
-Arguments: PROMPT [--simulations S=8] [--branch B=3] [--chunk C=4] [--depth D=3] [--explore X=1.0]
-           [--seed N=0]
-
 The root is the prompt. A node is a chunk of at most C tokens after its parent's: its first token is
 one of the parent's B most probable next tokens, the rest greedy (an end token ends the chunk). Its
 context is a fork of the parent's (the pages before the chunk shared, copy on write), kept while the
@@ -30,10 +27,23 @@ import json
 import math
 
 import inferlet
+from inferlet.arguments import number, text, whole
 
-USAGE = ("usage: mcts PROMPT [--simulations S] [--branch B] [--chunk C] [--depth D] [--explore X] "
-         "[--seed N]")
 MAX_SIMULATIONS = 256  # every simulation but those ending on a terminal node holds one more context
+
+ARGS = inferlet.ArgumentParser("mcts", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the root")
+ARGS.add_argument("--simulations", metavar="S", type=whole(1, MAX_SIMULATIONS), default=8,
+                  help="simulations (default %(default)s)")
+ARGS.add_argument("--branch", metavar="B", type=whole(1), default=3, help="children per node (default %(default)s)")
+ARGS.add_argument("--chunk", metavar="C", type=whole(1), default=4,
+                  help="tokens per node at most (default %(default)s)")
+ARGS.add_argument("--depth", metavar="D", type=whole(1), default=3,
+                  help="the depth of a terminal node (default %(default)s)")
+ARGS.add_argument("--explore", metavar="X", type=number(0), default=1.0,
+                  help="UCT's exploration weight (default %(default)s)")
+ARGS.add_argument("--seed", metavar="N", type=whole(0), default=0,
+                  help="the seed of the order unvisited children are tried in (default %(default)s)")
 
 
 class Node:
@@ -57,38 +67,13 @@ class Node:
                 "children": self.children, "visits": self.visits, "value_sum": self.value_sum}
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--simulations": 8, "--branch": 3, "--chunk": 4, "--depth": 3, "--explore": 1.0, "--seed": 0}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--explore":
-                opt[arg] = float(next(it))
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0]:
-        raise ValueError(f"give one non-empty PROMPT; {USAGE}")
-    if not 1 <= opt["--simulations"] <= MAX_SIMULATIONS:
-        raise ValueError(f"S must be in [1, {MAX_SIMULATIONS}]; {USAGE}")
-    if min(opt["--branch"], opt["--chunk"], opt["--depth"]) < 1 or opt["--seed"] < 0 \
-            or not opt["--explore"] >= 0:
-        raise ValueError(f"B, C and D must be >= 1, N and X >= 0; {USAGE}")
-    return positional[0], opt
-
-
 class Search:
-    def __init__(self, root: inferlet.Context, opt: dict):
+    def __init__(self, root: inferlet.Context, opt):
         self.nodes = [Node(None, 0, 0, root, [], [], False)]
-        self.opt, self.rng, self.stops = opt, inferlet.Rng(opt["--seed"]), inferlet.stop_tokens()
+        self.opt, self.rng, self.stops = opt, inferlet.Rng(opt.seed), inferlet.stop_tokens()
 
     async def expand(self, node: Node) -> None:
-        node.top = await node.ctx.next_dist(self.opt["--branch"])
+        node.top = await node.ctx.next_dist(self.opt.branch)
         node.children = [None] * len(node.top.token_ids)
 
     async def evaluate(self, parent_id: int, index: int) -> int:
@@ -97,13 +82,13 @@ class Search:
         token, ctx = parent.top.token_ids[index], await parent.ctx.fork()
         tokens, logprobs = [token], [math.log(parent.top.probs[index])]
         ctx.fill_tokens(tokens)
-        if token not in self.stops and self.opt["--chunk"] > 1:
-            await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=self.opt["--chunk"] - 1),
+        if token not in self.stops and self.opt.chunk > 1:
+            await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=self.opt.chunk - 1),
                                inferlet.Shape(logprobs=0))
             tokens += ctx.generated
             logprobs += [lp.logprob for lp in ctx.logprobs]
         depth = parent.depth + 1
-        terminal = tokens[-1] in self.stops or depth == self.opt["--depth"]
+        terminal = tokens[-1] in self.stops or depth == self.opt.depth
         if terminal:  # never forked: its pages can go now
             ctx.close()
         self.nodes.append(Node(parent_id, index, depth, ctx, tokens, logprobs, terminal))
@@ -111,7 +96,7 @@ class Search:
         return len(self.nodes) - 1
 
     def uct(self, parent: Node, child: Node) -> float:
-        explore = self.opt["--explore"] * math.sqrt(math.log(parent.visits) / child.visits)
+        explore = self.opt.explore * math.sqrt(math.log(parent.visits) / child.visits)
         return child.value_sum / child.visits + explore
 
     async def simulate(self) -> list[int]:
@@ -142,13 +127,13 @@ class Search:
 
 
 async def main(args: list[str]) -> None:
-    prompt_text, opt = parse(args)
-    prompt = inferlet.encode(prompt_text)
+    opt = ARGS.parse(args)
+    prompt = inferlet.encode(opt.prompt)
     root = inferlet.Context()
     root.fill_tokens(prompt)
     search = Search(root, opt)
     try:
-        simulations = [await search.simulate() for _ in range(opt["--simulations"])]
+        simulations = [await search.simulate() for _ in range(opt.simulations)]
     finally:
         for node in search.nodes:
             node.ctx.close()

@@ -1,7 +1,5 @@
 """output-validation: how probable each of N candidate strings is as the model's continuation of a prompt.
 
-Arguments: PROMPT CANDIDATE [CANDIDATE ...] [--chat]
-
 As Pie's output-validation: a candidate's score is the sum of its tokens' log-probabilities after the
 prompt (the candidate tokenized alone, as the inferlet would fill it), and the probabilities are those
 scores softmax-normalised over the candidates, so they sum to 1. With --chat the prompt is a user
@@ -20,8 +18,12 @@ import json
 import math
 
 import inferlet
+from inferlet.arguments import text
 
-USAGE = "usage: output-validation PROMPT CANDIDATE [CANDIDATE ...] [--chat]"
+ARGS = inferlet.ArgumentParser("output-validation", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the prompt")
+ARGS.add_argument("candidates", metavar="CANDIDATE", nargs="+", help="a continuation to score (one token or more)")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
 
 
 async def score(root: inferlet.Context, tokens: list[int]) -> float:
@@ -43,16 +45,13 @@ def normalise(logprobs: list[float]) -> list[float]:
 
 
 async def main(args: list[str]) -> None:
-    chat = "--chat" in args
-    args = [a for a in args if a != "--chat"]
-    if len(args) < 2:
-        raise ValueError(USAGE)
-    prompt, candidates = args[0], args[1:]
+    opt = ARGS.parse(args)
+    prompt, candidates = opt.prompt, opt.candidates
     token_lists = [inferlet.encode(c) for c in candidates]
-    if not prompt or any(not tokens for tokens in token_lists):
-        raise ValueError(f"the prompt and every candidate must hold at least one token; {USAGE}")
+    if any(not tokens for tokens in token_lists):
+        ARGS.error("every CANDIDATE must hold at least one token")
     with inferlet.Context() as root:
-        root.fill_chat([{"role": "user", "content": prompt}]) if chat else root.fill(prompt)
+        root.fill_chat([{"role": "user", "content": prompt}]) if opt.chat else root.fill(prompt)
         await root.flush()  # the prompt, once: every fork shares its pages
         logprobs = await inferlet.gather(*(score(root, tokens) for tokens in token_lists))
     probs = normalise(logprobs)

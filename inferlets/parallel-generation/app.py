@@ -1,7 +1,5 @@
 """parallel-generation: one prompt, several continuations decoded side by side on forks.
 
-Arguments: PROMPT MAX_NEW_TOKENS SUFFIX [SUFFIX ...]
-
 The prompt is forwarded once by a flush (all but its last token, which stays pending: each
 branch forwards that one with its suffix, so an empty suffix works too). Each branch forks the
 prompt's context (full pages are shared, the partial last page is copied, the pending token is
@@ -14,8 +12,12 @@ tokenize(SUFFIX_i) alone. Sends one JSON message, in argument order:
 import json
 
 import inferlet
+from inferlet.arguments import whole
 
-USAGE = "usage: parallel-generation PROMPT MAX_NEW_TOKENS SUFFIX [SUFFIX ...]"
+ARGS = inferlet.ArgumentParser("parallel-generation", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", help="the prompt the branches share")
+ARGS.add_argument("max_new", metavar="MAX_NEW_TOKENS", type=whole(1), help="tokens at most per branch")
+ARGS.add_argument("suffixes", metavar="SUFFIX", nargs="+", help="a branch's text after the prompt (may be empty)")
 
 
 async def branch(prompt: inferlet.Context, suffix: str, max_new: int) -> dict:
@@ -26,15 +28,14 @@ async def branch(prompt: inferlet.Context, suffix: str, max_new: int) -> dict:
 
 
 async def main(args: list[str]) -> None:
-    if len(args) < 3 or not args[1].isdigit() or int(args[1]) < 1:
-        raise ValueError(USAGE)
-    prompt_ids, max_new, suffixes = inferlet.encode(args[0]), int(args[1]), args[2:]
+    opt = ARGS.parse(args)
+    prompt_ids = inferlet.encode(opt.prompt)
     if not prompt_ids:
-        raise ValueError("the prompt is empty")
+        ARGS.error("the prompt is empty")
     with inferlet.Context() as prompt:
         prompt.fill_tokens(prompt_ids)
         await prompt.flush()
-        results = await inferlet.gather(*(branch(prompt, s, max_new) for s in suffixes))
+        results = await inferlet.gather(*(branch(prompt, s, opt.max_new) for s in opt.suffixes))
     inferlet.send(json.dumps(results))
 
 

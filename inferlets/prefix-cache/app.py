@@ -1,7 +1,5 @@
 """prefix-cache: a shared prefix (a system prompt, say) forwarded once for every instance.
 
-Arguments: PREFIX SUFFIX [MAX_NEW_TOKENS=16] [--no-cache | --snapshot]
-
 An instance that finds no export of the prefix flushes it (forwards every token but the last)
 and exports those tokens' KV pages as "prefix-cache/" + sha256 of the prefix's token ids. One
 that finds the export imports the pages and forwards only the prefix's last token and SUFFIX:
@@ -23,8 +21,16 @@ import hashlib
 import json
 
 import inferlet
+from inferlet.arguments import whole
 
-USAGE = "usage: prefix-cache PREFIX SUFFIX [MAX_NEW_TOKENS] [--no-cache | --snapshot]"
+ARGS = inferlet.ArgumentParser("prefix-cache", __doc__)
+ARGS.add_argument("prefix", metavar="PREFIX", help="the shared prefix")
+ARGS.add_argument("suffix", metavar="SUFFIX", help="this instance's text after it")
+ARGS.add_argument("max_new", metavar="MAX_NEW_TOKENS", nargs="?", type=whole(1), default=16,
+                  help="tokens at most (default %(default)s)")
+MODE = ARGS.add_mutually_exclusive_group()
+MODE.add_argument("--no-cache", dest="cache", action="store_false", help="neither import nor export the prefix")
+MODE.add_argument("--snapshot", action="store_true", help="reuse a named snapshot found by prefix instead of an export")
 
 
 def digest(prefix: list[int]) -> str:
@@ -73,24 +79,20 @@ async def prefix_context(prefix: list[int], cache: bool) -> tuple[inferlet.Conte
 
 
 async def main(args: list[str]) -> None:
-    cache, snapshot = "--no-cache" not in args, "--snapshot" in args
-    args = [a for a in args if a not in ("--no-cache", "--snapshot")]
-    if len(args) not in (2, 3) or (len(args) == 3 and not (args[2].isdigit() and int(args[2]) > 0)) or \
-            (snapshot and not cache):
-        raise ValueError(USAGE)
-    prefix, suffix = inferlet.encode(args[0]), inferlet.encode(args[1])
+    opt = ARGS.parse(args)
+    prefix, suffix = inferlet.encode(opt.prefix), inferlet.encode(opt.suffix)
     if not prefix or not suffix:
-        raise ValueError("PREFIX and SUFFIX must both be non-empty")
+        ARGS.error("PREFIX and SUFFIX must both be non-empty")
     report = {}
-    if snapshot:
+    if opt.snapshot:
         ctx, reused = await snapshot_context(prefix, suffix)
         report["reused"] = reused
     else:
-        ctx, imported = await prefix_context(prefix, cache)
+        ctx, imported = await prefix_context(prefix, opt.cache)
         ctx.fill_tokens(suffix)
         reused = len(prefix) - 1 if imported else 0
     with ctx:
-        await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=int(args[2]) if len(args) == 3 else 16))
+        await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=opt.max_new))
         report.update(tokens=ctx.generated, forwarded=len(ctx.tokens) - reused, imported=reused > 0)
         inferlet.send(json.dumps(report))
 

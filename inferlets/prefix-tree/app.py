@@ -1,7 +1,5 @@
 """prefix-tree: greedy generation at every leaf of a tree of prompts, each shared prefix forwarded once.
 
-Arguments: TREE [MAX_NEW_TOKENS=16] [--independent]
-
 TREE is JSON: a node is {"text": "...", "children": [node, ...]} ("children" may be left out: a
 leaf). A leaf's prompt is the texts on its path from the root, each tokenized on its own and
 concatenated; say a system prompt, then several questions, each with a couple of follow-ups.
@@ -23,8 +21,13 @@ forwarded, "independent_prefill_tokens": the sum of the leaves' prompt lengths}.
 import json
 
 import inferlet
+from inferlet.arguments import whole
 
-USAGE = "usage: prefix-tree TREE_JSON [MAX_NEW_TOKENS] [--independent]"
+ARGS = inferlet.ArgumentParser("prefix-tree", __doc__)
+ARGS.add_argument("tree", metavar="TREE", help="the tree of prompts, as JSON")
+ARGS.add_argument("max_new", metavar="MAX_NEW_TOKENS", nargs="?", type=whole(1), default=16,
+                  help="tokens at most per leaf (default %(default)s)")
+ARGS.add_argument("--independent", action="store_true", help="the baseline: every leaf's whole prompt forwarded alone")
 
 
 class Node:
@@ -47,18 +50,13 @@ def parse_node(value, where: str) -> Node:
     return Node(inferlet.encode(text), [parse_node(c, f"{where}.children[{i}]") for i, c in enumerate(children)])
 
 
-def parse(args: list[str]) -> tuple[Node, int, bool]:
-    independent = "--independent" in args
-    args = [a for a in args if a != "--independent"]
-    if len(args) not in (1, 2) or args[0].startswith("--"):
-        raise ValueError(USAGE)
-    if len(args) == 2 and not (args[1].isdigit() and int(args[1]) > 0):
-        raise ValueError(f"MAX_NEW_TOKENS must be a positive whole number, not {args[1]!r}; {USAGE}")
+def parse_tree(text: str) -> Node:
     try:
-        tree = json.loads(args[0])
+        return parse_node(json.loads(text), "tree")
     except json.JSONDecodeError as err:
-        raise ValueError(f"TREE is not JSON: {err}") from None
-    return parse_node(tree, "tree"), int(args[1]) if len(args) == 2 else 16, independent
+        ARGS.error(f"TREE is not JSON: {err}")
+    except ValueError as err:
+        ARGS.error(str(err))
 
 
 def leaves(node: Node, path: list[int], prompt: list[int]) -> list[tuple[list[int], list[int]]]:
@@ -105,10 +103,11 @@ class Tree:
 
 
 async def main(args: list[str]) -> None:
-    root, max_new, independent = parse(args)
+    opt = ARGS.parse(args)
+    root = parse_tree(opt.tree)
     all_leaves = leaves(root, [], [])
-    tree = Tree(max_new)
-    if independent:
+    tree = Tree(opt.max_new)
+    if opt.independent:
         await inferlet.gather(*(tree.alone(path, prompt) for path, prompt in all_leaves))
     else:
         with inferlet.Context() as ctx:

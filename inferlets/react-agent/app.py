@@ -1,7 +1,5 @@
 """react-agent: a ReAct loop (Thought / Action / Observation) whose tools the client runs.
 
-Arguments: QUESTION [--tools DESCRIPTION] [--steps N=4] [--tokens T=32] [--pin CALL]... [--trace]
-
 Each step the inferlet writes "Thought:", the model a line (greedy, up to T tokens, ending at a
 newline), the inferlet "Action:", the model the action line. An action "name(arguments)" goes
 to the client as {"type": "call", "id": "1", "call": "name(arguments)"}; the inferlet waits for
@@ -21,8 +19,8 @@ import re
 import sys
 
 import inferlet
+from inferlet.arguments import whole
 
-USAGE = "usage: react-agent QUESTION [--tools DESCRIPTION] [--steps N] [--tokens T] [--pin CALL]... [--trace]"
 TOOLS = "calc(expression) evaluates arithmetic; search(query) looks a topic up"
 PROMPT = ("Answer the question. At each step write a Thought line, then an Action line calling one tool as "
           "name(arguments), or finish(answer) when you know the answer. The Observation line is its result.\n"
@@ -30,30 +28,16 @@ PROMPT = ("Answer the question. At each step write a Thought line, then an Actio
 ACTION = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)")
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt, questions, it = {"--tools": TOOLS, "--steps": 4, "--tokens": 32, "--pin": [], "--trace": False}, [], iter(args)
-    for arg in it:
-        if arg == "--trace":
-            opt[arg] = True
-        elif arg in opt:
-            value = next(it, None)
-            if value is None:
-                raise ValueError(f"{arg} needs a value; {USAGE}")
-            if arg == "--pin":
-                opt[arg].append(value)
-            elif arg == "--tools":
-                opt[arg] = value
-            elif value.isdigit() and int(value) >= 1:
-                opt[arg] = int(value)
-            else:
-                raise ValueError(f"{arg} takes a whole number >= 1, not {value!r}; {USAGE}")
-        elif arg.startswith("--"):
-            raise ValueError(f"unknown option {arg}; {USAGE}")
-        else:
-            questions.append(arg)
-    if len(questions) != 1:
-        raise ValueError(f"give one QUESTION; {USAGE}")
-    return questions[0], opt
+ARGS = inferlet.ArgumentParser("react-agent", __doc__)
+ARGS.add_argument("question", metavar="QUESTION", help="the question")
+ARGS.add_argument("--tools", metavar="DESCRIPTION", default=TOOLS,
+                  help="the tools, as the prompt lists them (default %(default)r)")
+ARGS.add_argument("--steps", metavar="N", type=whole(1), default=4, help="steps at most (default %(default)s)")
+ARGS.add_argument("--tokens", metavar="T", type=whole(1), default=32,
+                  help="tokens at most in a line the model writes (default %(default)s)")
+ARGS.add_argument("--pin", metavar="CALL", action="append", default=[],
+                  help="the next step's action (repeat it for more steps)")
+ARGS.add_argument("--trace", action="store_true", help="add the whole context, by writer, to the final message")
 
 
 class Transcript:
@@ -99,19 +83,19 @@ async def call(call_id: str, action: str) -> str:
 
 
 async def main(args: list[str]) -> None:
-    question, opt = parse(args)
+    opt = ARGS.parse(args)
     transcript, answer, calls, step = Transcript(), None, 0, 0
-    transcript.fill(PROMPT.format(tools=opt["--tools"], question=question))
-    while answer is None and step < opt["--steps"]:
+    transcript.fill(PROMPT.format(tools=opt.tools, question=opt.question))
+    while answer is None and step < opt.steps:
         step += 1
         transcript.fill("Thought:")
-        await transcript.line(opt["--tokens"])
+        await transcript.line(opt.tokens)
         transcript.fill("Action:")
-        if step <= len(opt["--pin"]):
-            action = opt["--pin"][step - 1]
+        if step <= len(opt.pin):
+            action = opt.pin[step - 1]
             transcript.fill(f" {action}\n")
         else:
-            action = await transcript.line(opt["--tokens"])
+            action = await transcript.line(opt.tokens)
         m = ACTION.fullmatch(action)
         if m and m[1] == "finish":
             answer = m[2].strip()
@@ -121,7 +105,7 @@ async def main(args: list[str]) -> None:
         else:
             transcript.fill(f"Observation: error: malformed action {action!r}; write name(arguments) or finish(answer)\n")
     final = {"type": "final", "text": answer, "steps": step}
-    if opt["--trace"]:
+    if opt.trace:
         final["trace"] = transcript.parts
     inferlet.send(json.dumps(final))
     transcript.ctx.close()

@@ -1,8 +1,6 @@
 """recursion-of-thought: split a problem into subproblems, solve each in a context of its own
 (recursively, depth-capped), and substitute their answers back.
 
-Arguments: PROBLEM [--depth D=2] [--subs S=3] [--max-tokens M=24] [--sequential]
-
 Recursion of Thought (Lee & Kim 2023). The root context holds the instructions and a worked example,
 forwarded once. A problem is one user turn after it: the model either answers ("Answer: VALUE") or
 writes subproblems, one line each, "Sub: SUBPROBLEM" (the first S lines so marked count). Each
@@ -26,8 +24,8 @@ import json
 import re
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = "usage: recursion-of-thought PROBLEM [--depth D] [--subs S] [--max-tokens M] [--sequential]"
 MAX_DEPTH, MAX_SUBS = 3, 3  # at most 1 + 3 + 9 + 27 = 40 problems
 SYSTEM = ("Solve the problem. If it is simple, reply with Answer: and the value. Otherwise split it into "
           "simpler subproblems, one per line, each as Sub: and the subproblem. You will be given their "
@@ -43,29 +41,20 @@ ANSWER = "Answer:"
 MARK = "\x1fREPLY\x1f"  # stands for a reply in a rendered chat, to find the text that follows one
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt, positional, it = {"--depth": 2, "--subs": 3, "--max-tokens": 24, "--sequential": False}, [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--sequential":
-                opt[arg] = True
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0].strip():
-        raise ValueError(f"give one non-empty PROBLEM; {USAGE}")
-    if not (0 <= opt["--depth"] <= MAX_DEPTH and 1 <= opt["--subs"] <= MAX_SUBS and opt["--max-tokens"] >= 1):
-        raise ValueError(f"D must be 0 to {MAX_DEPTH}, S 1 to {MAX_SUBS}, M >= 1; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("recursion-of-thought", __doc__)
+ARGS.add_argument("problem", metavar="PROBLEM", type=text, help="the problem")
+ARGS.add_argument("--depth", metavar="D", type=whole(0, MAX_DEPTH), default=2,
+                  help="the depth at which a problem is answered without splitting (default %(default)s)")
+ARGS.add_argument("--subs", metavar="S", type=whole(1, MAX_SUBS), default=3,
+                  help="subproblems at most per problem (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=24,
+                  help="tokens at most per reply (default %(default)s)")
+ARGS.add_argument("--sequential", action="store_true",
+                  help="the reference: every problem in a fresh context, the subproblems one after another")
 
 
 class Solver:
-    def __init__(self, root: inferlet.Context, root_ids: list[int], root_text: str, opt: dict):
+    def __init__(self, root: inferlet.Context, root_ids: list[int], root_text: str, opt):
         self.root, self.root_ids, self.root_text, self.opt = root, root_ids, root_text, opt
         self.nodes = 0
 
@@ -77,19 +66,19 @@ class Solver:
         return whole[len(self.root_text):]
 
     async def context(self) -> inferlet.Context:
-        if self.opt["--sequential"]:  # fresh: the root's tokens forwarded again
+        if self.opt.sequential:  # fresh: the root's tokens forwarded again
             ctx = inferlet.Context()
             ctx.fill_tokens(self.root_ids)
             return ctx
         return await self.root.fork()
 
     async def reply(self, ctx: inferlet.Context) -> tuple[list[int], str]:
-        text = await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=self.opt["--max-tokens"]))
+        text = await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=self.opt.max_tokens))
         return list(ctx.generated), text
 
     async def solve(self, problem: str, depth: int) -> dict:
         self.nodes += 1
-        forced = depth >= self.opt["--depth"]
+        forced = depth >= self.opt.depth
         user = {"role": "user", "content": f"Problem: {problem}"}
         node = {"problem": problem, "depth": depth, "forced": forced, "prompt": inferlet.encode(self.turn([user])),
                 "subs": [], "fed": None, "compose": None}
@@ -99,12 +88,12 @@ class Solver:
             ctx.fill_tokens(node["prompt"])
             node["reply"], text = await self.reply(ctx)
             subs = [] if forced else [m[1] for m in map(SUB.match, text.split(ANSWER)[0].splitlines()) if m]
-            subs = subs[:self.opt["--subs"]]
+            subs = subs[:self.opt.subs]
             if not subs:
                 node["answer"] = answer_of(text if forced else text.split(ANSWER, 1)[-1])
                 return node
             solving = [self.solve(sub, depth + 1) for sub in subs]
-            if self.opt["--sequential"]:
+            if self.opt.sequential:
                 node["subs"] = [await s for s in solving]
             else:
                 node["subs"] = await inferlet.gather(*solving)
@@ -129,15 +118,15 @@ def answer_of(text: str) -> str:
 
 
 async def main(args: list[str]) -> None:
-    problem, opt = parse(args)
+    opt = ARGS.parse(args)
     root_text = inferlet.render_chat([{"role": "system", "content": SYSTEM}, *EXAMPLE], add_generation_prompt=False)
     root_ids = inferlet.encode(root_text)
     with inferlet.Context() as root:
         root.fill_tokens(root_ids)
         await root.flush()  # all but the last token: each fork feeds that one with its problem
         solver = Solver(root, root_ids, root_text, opt)
-        tree = await solver.solve(problem, 0)
-    inferlet.send(json.dumps({"mode": "sequential" if opt["--sequential"] else "parallel", "answer": tree["answer"],
+        tree = await solver.solve(opt.problem, 0)
+    inferlet.send(json.dumps({"mode": "sequential" if opt.sequential else "parallel", "answer": tree["answer"],
                               "root": root_ids, "tree": tree, "nodes": solver.nodes}))
 
 

@@ -1,8 +1,5 @@
 """reflexion: attempt, check, reflect on a failure, retry with the reflections in memory.
 
-Arguments: QUESTION (--expect TEXT | --pattern REGEX) [--trials N=3] [--max-tokens M=24]
-           [--reflection-tokens R=24]
-
 Reflexion (Shinn et al. 2023). A memory context holds "Question: QUESTION\\n" and, one line each,
 the reflections so far ("Reflection t:" and its text, then "\\n"). Trial t forks the memory (its
 pages shared), gets "Answer:" and writes an attempt (greedy, M tokens at most). The checker passes
@@ -22,46 +19,30 @@ trial passed, "answer": the passing attempt's text or null}.
 """
 
 import json
-import re
 
 import inferlet
+from inferlet.arguments import regex, text, whole
 
-USAGE = ("usage: reflexion QUESTION (--expect TEXT | --pattern REGEX) [--trials N] [--max-tokens M] "
-         "[--reflection-tokens R]")
 QUESTION_HEAD = "Question: {question}\n"
 ANSWER_CUE = "Answer:"
 FEEDBACK = "\nFeedback: the answer is wrong.\nReflection:"
 MEMORY_LINE = "Reflection {t}:"
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--expect": None, "--pattern": None, "--trials": 3, "--max-tokens": 24, "--reflection-tokens": 24}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--expect":
-                opt[arg] = next(it)
-            elif arg == "--pattern":
-                opt[arg] = re.compile(next(it))
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError, re.error) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0].strip():
-        raise ValueError(f"give one non-empty QUESTION; {USAGE}")
-    if (opt["--expect"] is None) == (opt["--pattern"] is None) or opt["--expect"] == "":
-        raise ValueError(f"give one checker, a non-empty --expect or a --pattern; {USAGE}")
-    if min(opt["--trials"], opt["--max-tokens"], opt["--reflection-tokens"]) < 1:
-        raise ValueError(f"N, M and R must be >= 1; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("reflexion", __doc__)
+ARGS.add_argument("question", metavar="QUESTION", type=text, help="the question")
+CHECKER = ARGS.add_mutually_exclusive_group(required=True)
+CHECKER.add_argument("--expect", metavar="TEXT", type=text, help="an attempt passes when it contains TEXT")
+CHECKER.add_argument("--pattern", metavar="REGEX", type=regex(), help="an attempt passes when REGEX matches in it")
+ARGS.add_argument("--trials", metavar="N", type=whole(1), default=3, help="trials at most (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=24,
+                  help="tokens at most per attempt (default %(default)s)")
+ARGS.add_argument("--reflection-tokens", metavar="R", type=whole(1), default=24,
+                  help="tokens at most per reflection (default %(default)s)")
 
 
-def passes(text: str, opt: dict) -> bool:
-    return opt["--expect"] in text if opt["--expect"] is not None else opt["--pattern"].search(text) is not None
+def passes(answer: str, opt) -> bool:
+    return opt.expect in answer if opt.expect is not None else opt.pattern.search(answer) is not None
 
 
 def body(tokens: list[int]) -> list[int]:
@@ -79,23 +60,23 @@ async def write(ctx: inferlet.Context, cue: list[int], max_tokens: int) -> dict:
     return {"context": context, "tokens": tokens, "text": text}
 
 
-async def trial(memory: inferlet.Context, t: int, reflect: bool, opt: dict) -> dict:
+async def trial(memory: inferlet.Context, t: int, reflect: bool, opt) -> dict:
     with await memory.fork() as ctx:
-        attempt = await write(ctx, inferlet.encode(ANSWER_CUE), opt["--max-tokens"])
+        attempt = await write(ctx, inferlet.encode(ANSWER_CUE), opt.max_tokens)
         attempt["passed"] = passes(attempt["text"], opt)
         attempt["reflection"] = None
         if not attempt["passed"] and reflect:
-            attempt["reflection"] = await write(ctx, inferlet.encode(FEEDBACK), opt["--reflection-tokens"])
+            attempt["reflection"] = await write(ctx, inferlet.encode(FEEDBACK), opt.reflection_tokens)
     return attempt
 
 
 async def main(args: list[str]) -> None:
-    question, opt = parse(args)
+    opt = ARGS.parse(args)
     trials = []
     with inferlet.Context() as memory:
-        memory.fill(QUESTION_HEAD.format(question=question))
-        for t in range(1, opt["--trials"] + 1):
-            trials.append(await trial(memory, t, t < opt["--trials"], opt))
+        memory.fill(QUESTION_HEAD.format(question=opt.question))
+        for t in range(1, opt.trials + 1):
+            trials.append(await trial(memory, t, t < opt.trials, opt))
             if trials[-1]["passed"]:
                 break
             if trials[-1]["reflection"] is not None:

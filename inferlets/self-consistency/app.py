@@ -1,8 +1,5 @@
 """self-consistency: N sampled reasoning paths, an answer extracted from each, the majority answer.
 
-Arguments: PROMPT [--n N=5] [--max-tokens M=32] [--temperature T=0.7] [--top-k K=40] [--seed S=0]
-           [--pattern REGEX] [--chat]
-
 Self-consistency (Wang et al. 2023). The prompt (raw text, or one user turn with --chat) is forwarded
 once; N forks of it each sample a path of at most M tokens (the K most probable tokens at temperature
 T, path i seeded S + i: the server draws them, and path i is what that seeded sampler writes from the
@@ -18,44 +15,25 @@ import json
 import re
 
 import inferlet
+from inferlet.arguments import number, regex, text, whole
 
-USAGE = ("usage: self-consistency PROMPT [--n N] [--max-tokens M] [--temperature T] [--top-k K] [--seed S] "
-         "[--pattern REGEX] [--chat]")
 DEFAULT_PATTERN = r"-?\d+(?:\.\d+)?"
 MAX_PATTERN_CHARS = 256  # a client's regex runs here, once per path: keep it a pattern, not a program
-INT_OPTIONS = ("--n", "--max-tokens", "--top-k", "--seed")
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--n": 5, "--max-tokens": 32, "--temperature": 0.7, "--top-k": 40, "--seed": 0,
-           "--pattern": DEFAULT_PATTERN, "--chat": False}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--chat":
-                opt[arg] = True
-            elif arg in INT_OPTIONS:
-                opt[arg] = int(next(it))
-            elif arg == "--temperature":
-                opt[arg] = float(next(it))
-            elif arg == "--pattern":
-                opt[arg] = next(it)
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-        if len(opt["--pattern"]) > MAX_PATTERN_CHARS:
-            raise ValueError(f"REGEX is longer than {MAX_PATTERN_CHARS} characters")
-        opt["--pattern"] = re.compile(opt["--pattern"])
-    except (StopIteration, ValueError, re.error) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0]:
-        raise ValueError(f"give one non-empty PROMPT; {USAGE}")
-    if not (1 <= opt["--n"] <= 64 and opt["--max-tokens"] >= 1 and opt["--top-k"] >= 1 and opt["--seed"] >= 0):
-        raise ValueError(f"N must be in [1, 64], M and K >= 1, S >= 0; {USAGE}")
-    if not opt["--temperature"] >= 0:
-        raise ValueError(f"T must be >= 0; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("self-consistency", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the prompt the paths share")
+ARGS.add_argument("--n", metavar="N", type=whole(1, 64), default=5, help="paths (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32,
+                  help="tokens at most per path (default %(default)s)")
+ARGS.add_argument("--temperature", metavar="T", type=number(0), default=0.7,
+                  help="the sampling temperature (default %(default)s)")
+ARGS.add_argument("--top-k", metavar="K", type=whole(1), default=40,
+                  help="sample among the K most probable tokens (default %(default)s)")
+ARGS.add_argument("--seed", metavar="S", type=whole(0), default=0, help="path i's seed is S + i (default %(default)s)")
+ARGS.add_argument("--pattern", metavar="REGEX", type=regex(MAX_PATTERN_CHARS), default=DEFAULT_PATTERN,
+                  help="a path's answer is its last match, group 1 if it has one (default: the last number)")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
 
 
 def extract(pattern: re.Pattern, text: str) -> str | None:
@@ -77,23 +55,23 @@ def tally(answers: list[str | None]) -> list[list]:
     return sorted(([a, n] for a, n in counts.items()), key=lambda c: -c[1])  # a stable sort keeps it on ties
 
 
-async def path(prompt: inferlet.Context, index: int, opt: dict) -> dict:
-    sampler = inferlet.TopK(opt["--top-k"], temperature=opt["--temperature"], seed=opt["--seed"] + index)
+async def path(prompt: inferlet.Context, index: int, opt) -> dict:
+    sampler = inferlet.TopK(opt.top_k, temperature=opt.temperature, seed=opt.seed + index)
     with await prompt.fork() as ctx:
-        text = await ctx.generate(sampler, inferlet.Stop(max_tokens=opt["--max-tokens"]))
+        text = await ctx.generate(sampler, inferlet.Stop(max_tokens=opt.max_tokens))
         return {"index": index, "tokens": list(ctx.generated), "text": text,
-                "answer": extract(opt["--pattern"], text)}
+                "answer": extract(opt.pattern, text)}
 
 
 async def main(args: list[str]) -> None:
-    prompt_text, opt = parse(args)
+    opt = ARGS.parse(args)
     with inferlet.Context() as prompt:
-        if opt["--chat"]:
-            prompt.fill_chat([{"role": "user", "content": prompt_text}])
+        if opt.chat:
+            prompt.fill_chat([{"role": "user", "content": opt.prompt}])
         else:
-            prompt.fill(prompt_text)
+            prompt.fill(opt.prompt)
         await prompt.flush()  # all but the last token, once: each fork feeds that one itself
-        paths = await inferlet.gather(*(path(prompt, i, opt) for i in range(opt["--n"])))
+        paths = await inferlet.gather(*(path(prompt, i, opt) for i in range(opt.n)))
     counts = tally([p["answer"] for p in paths])
     answer, votes = counts[0] if counts else (None, 0)
     inferlet.send(json.dumps({"answer": answer, "votes": votes, "counts": counts, "paths": paths}))

@@ -1,8 +1,5 @@
 """self-correct: answer, verify, and on a rejection rewind the KV cache to a snapshot and try again.
 
-Arguments: PROMPT (--pattern REGEX | --judge) [--attempts N=4] [--max-tokens M=32]
-           [--temperature T=0.8] [--seed S=0] [--chat] [--probe K=0]
-
 The prompt (raw text, or one user turn with --chat) is forwarded once and its length taken as the
 snapshot. Attempt a samples an answer of at most M tokens (temperature T, seed S + a) after it; a
 verifier then accepts or rejects the answer: --pattern, when the whole answer (stripped) matches
@@ -23,44 +20,29 @@ Sends one JSON message: {"snapshot": [ids], "answer": the accepted text or null,
 """
 
 import json
-import re
 
 import inferlet
+from inferlet.arguments import number, regex, text, whole
 
-USAGE = ("usage: self-correct PROMPT (--pattern REGEX | --judge) [--attempts N] [--max-tokens M] "
-         "[--temperature T] [--seed S] [--chat] [--probe K]")
 PROBE_TOP_K = 8
 JUDGE_PROMPT = "\nQuestion: is the answer above correct? Reply yes or no.\nReply:"
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--pattern": None, "--judge": False, "--chat": False, "--attempts": 4, "--max-tokens": 32,
-           "--seed": 0, "--probe": 0, "--temperature": 0.8}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg in ("--judge", "--chat"):
-                opt[arg] = True
-            elif arg == "--pattern":
-                opt[arg] = re.compile(next(it))
-            elif arg == "--temperature":
-                opt[arg] = float(next(it))
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError, re.error) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0]:
-        raise ValueError(f"give one non-empty PROMPT; {USAGE}")
-    if (opt["--pattern"] is None) == (not opt["--judge"]):
-        raise ValueError(f"give one verifier, --pattern or --judge; {USAGE}")
-    if min(opt["--attempts"], opt["--max-tokens"]) < 1 or min(opt["--seed"], opt["--probe"]) < 0 \
-            or not opt["--temperature"] >= 0:
-        raise ValueError(f"N and M must be >= 1, S, K and T >= 0; {USAGE}")
-    return positional[0], opt
+ARGS = inferlet.ArgumentParser("self-correct", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the question")
+VERIFIER = ARGS.add_mutually_exclusive_group(required=True)
+VERIFIER.add_argument("--pattern", metavar="REGEX", type=regex(), help="accept an answer that REGEX matches whole")
+VERIFIER.add_argument("--judge", action="store_true", help="accept an answer the model itself says is correct")
+ARGS.add_argument("--attempts", metavar="N", type=whole(1), default=4, help="attempts at most (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32,
+                  help="tokens per answer at most (default %(default)s)")
+ARGS.add_argument("--temperature", metavar="T", type=number(0), default=0.8,
+                  help="the answers' temperature (default %(default)s)")
+ARGS.add_argument("--seed", metavar="S", type=whole(0), default=0,
+                  help="the first attempt's seed; attempt a samples with S + a (default %(default)s)")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
+ARGS.add_argument("--probe", metavar="K", type=whole(0), default=0,
+                  help="after each rewind, decode K greedy tokens from it (default %(default)s)")
 
 
 async def judged_correct(ctx: inferlet.Context) -> bool:
@@ -90,28 +72,28 @@ async def rewind(ctx: inferlet.Context, snapshot: int, probe: int) -> dict:
 
 
 async def main(args: list[str]) -> None:
-    prompt, opt = parse(args)
+    opt = ARGS.parse(args)
     attempts, rewinds, answer = [], [], None
     with inferlet.Context() as ctx:
-        if opt["--chat"]:
-            ctx.fill_chat([{"role": "user", "content": prompt}])
+        if opt.chat:
+            ctx.fill_chat([{"role": "user", "content": opt.prompt}])
         else:
-            ctx.fill(prompt)
+            ctx.fill(opt.prompt)
         await ctx.flush()  # the prompt's K/V but the last token's, which the first step feeds
         snapshot_tokens = ctx.tokens + ctx.pending
-        for a in range(opt["--attempts"]):
-            seed = opt["--seed"] + a
-            text = await ctx.generate(inferlet.Temperature(opt["--temperature"], seed=seed),
-                                      inferlet.Stop(max_tokens=opt["--max-tokens"]))
-            if opt["--judge"]:
+        for a in range(opt.attempts):
+            seed = opt.seed + a
+            text = await ctx.generate(inferlet.Temperature(opt.temperature, seed=seed),
+                                      inferlet.Stop(max_tokens=opt.max_tokens))
+            if opt.judge:
                 accepted = await judged_correct(ctx)
             else:
-                accepted = opt["--pattern"].fullmatch(text.strip()) is not None
+                accepted = opt.pattern.fullmatch(text.strip()) is not None
             attempts.append({"seed": seed, "tokens": list(ctx.generated), "text": text, "accepted": accepted})
             if accepted:
                 answer = text
                 break
-            rewinds.append(await rewind(ctx, len(snapshot_tokens), opt["--probe"]))
+            rewinds.append(await rewind(ctx, len(snapshot_tokens), opt.probe))
     inferlet.send(json.dumps({"snapshot": snapshot_tokens, "answer": answer, "attempts": attempts,
                               "rewinds": rewinds}))
 

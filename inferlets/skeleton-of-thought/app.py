@@ -1,8 +1,5 @@
 """skeleton-of-thought: a short skeleton of numbered points, then every point expanded at once.
 
-Arguments: QUESTION [--points K=5] [--skeleton-tokens S=160] [--max-tokens M=48]
-           [--skeleton "point|point|..."] [--sequential]
-
 Skeleton-of-Thought (Ning et al. 2023). The model first writes the skeleton of an answer: at most K
 numbered points of a few words each, held to the form "1. ...\\n2. ...\\n" by a regex grammar (so
 even a model that would wander writes points), S tokens at most; the complete lines are the points.
@@ -21,13 +18,13 @@ shared context's ids], "expansions": [{"point", "cue": [ids after the prefix], "
 "text"}], "answer": text, "expand_ms": wall time of the expansion}.
 """
 
+import argparse
 import json
 import re
 
 import inferlet
+from inferlet.arguments import text, whole
 
-USAGE = ('usage: skeleton-of-thought QUESTION [--points K] [--skeleton-tokens S] [--max-tokens M] '
-         '[--skeleton "point|point|..."] [--sequential]')
 SKELETON_PROMPT = (
     "You're an organizer responsible for only giving the skeleton (not the full content) for answering the "
     "question. Provide the skeleton in a list of points (numbered 1., 2., 3., etc.) to answer the question. "
@@ -41,28 +38,24 @@ POINT_LINE = re.compile(r"\s*\d+\.\s*(\S.*?)\s*$")
 POINT_TEXT = r"[^\s][^\n]{1,59}"  # a point in the skeleton grammar: a visible character, then up to 59 more
 
 
-def parse(args: list[str]) -> tuple[str, dict]:
-    opt = {"--points": 5, "--skeleton-tokens": 160, "--max-tokens": 48, "--skeleton": None, "--sequential": False}
-    positional, it = [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--sequential":
-                opt[arg] = True
-            elif arg == "--skeleton":
-                opt[arg] = [p.strip() for p in next(it).split("|") if p.strip()]
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                positional.append(arg)
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(positional) != 1 or not positional[0].strip():
-        raise ValueError(f"give one non-empty QUESTION; {USAGE}")
-    if min(opt["--points"], opt["--skeleton-tokens"], opt["--max-tokens"]) < 1 or opt["--skeleton"] == []:
-        raise ValueError(f"K, S and M must be >= 1 and --skeleton must name a point; {USAGE}")
-    return positional[0], opt
+def skeleton_points(value: str) -> list[str]:
+    named = [p.strip() for p in value.split("|") if p.strip()]
+    if not named:
+        raise argparse.ArgumentTypeError("must name a point")
+    return named
+
+
+ARGS = inferlet.ArgumentParser("skeleton-of-thought", __doc__)
+ARGS.add_argument("question", metavar="QUESTION", type=text, help="the question to answer")
+ARGS.add_argument("--points", metavar="K", type=whole(1), default=5,
+                  help="the skeleton's points at most (default %(default)s)")
+ARGS.add_argument("--skeleton-tokens", metavar="S", type=whole(1), default=160,
+                  help="the skeleton's tokens at most (default %(default)s)")
+ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=48,
+                  help="tokens per point's expansion at most (default %(default)s)")
+ARGS.add_argument("--skeleton", metavar='"point|point|..."', type=skeleton_points,
+                  help="the skeleton's points, separated by |, instead of the model's")
+ARGS.add_argument("--sequential", action="store_true", help="expand the points one after another, on one context")
 
 
 def skeleton_grammar(max_points: int) -> inferlet.Grammar:
@@ -73,21 +66,21 @@ def skeleton_grammar(max_points: int) -> inferlet.Grammar:
     return inferlet.Grammar.regex(f"1\\. {POINT_TEXT}\\n{tail}")
 
 
-async def write_skeleton(question: str, opt: dict) -> list[str]:
+async def write_skeleton(question: str, opt: argparse.Namespace) -> list[str]:
     """The model's skeleton: the points of its complete lines (K at most)."""
-    grammar = skeleton_grammar(opt["--points"])
+    grammar = skeleton_grammar(opt.points)
     try:
         with inferlet.Context() as ctx:
             ctx.fill_chat([{"role": "user", "content": SKELETON_PROMPT.format(question=question)}])
-            text = await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=opt["--skeleton-tokens"]),
+            text = await ctx.generate(inferlet.Greedy(), inferlet.Stop(max_tokens=opt.skeleton_tokens),
                                       inferlet.Shape(grammar=grammar))
     finally:
         grammar.drop()
     complete = text[:text.rfind("\n") + 1]
     points = [m[1] for m in map(POINT_LINE.match, complete.splitlines()) if m]
     if not points:
-        raise ValueError(f"the skeleton has no complete point within {opt['--skeleton-tokens']} tokens: {text!r}")
-    return points[:opt["--points"]]
+        raise ValueError(f"the skeleton has no complete point within {opt.skeleton_tokens} tokens: {text!r}")
+    return points[:opt.points]
 
 
 def conversation(question: str, points: list[str]) -> tuple[str, list[str]]:
@@ -118,16 +111,17 @@ async def expand_forked(shared: inferlet.Context, cue: list[int], max_tokens: in
 
 
 async def main(args: list[str]) -> None:
-    question, opt = parse(args)
-    points = opt["--skeleton"] or await write_skeleton(question, opt)
+    opt = ARGS.parse(args)
+    question = opt.question
+    points = opt.skeleton or await write_skeleton(question, opt)
     shared_text, cue_texts = conversation(question, points)
     prefix, cues = inferlet.encode(shared_text), [inferlet.encode(c) for c in cue_texts]
-    max_tokens = opt["--max-tokens"]
+    max_tokens = opt.max_tokens
     with inferlet.Context() as shared:
         shared.fill_tokens(prefix)
         await shared.flush()  # all but the last token: each expansion feeds that one with its cue
         start = inferlet.now_ms()
-        if opt["--sequential"]:
+        if opt.sequential:
             expansions = []
             for cue in cues:
                 expansions.append(await expand(shared, cue, max_tokens))
@@ -138,7 +132,7 @@ async def main(args: list[str]) -> None:
     for point, expansion in zip(points, expansions):
         expansion["point"] = point
     answer = "\n".join(f"{i}. {e['point']}{e['text']}" for i, e in enumerate(expansions, 1))
-    inferlet.send(json.dumps({"mode": "sequential" if opt["--sequential"] else "parallel", "skeleton": points,
+    inferlet.send(json.dumps({"mode": "sequential" if opt.sequential else "parallel", "skeleton": points,
                               "prefix": prefix, "expansions": expansions, "answer": answer, "expand_ms": expand_ms}))
 
 

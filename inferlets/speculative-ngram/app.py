@@ -1,7 +1,5 @@
 """speculative-ngram: n-gram prompt-lookup speculative decoding, verified in one forward per step.
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--ngram N=3] [--draft K=4].
-
 Each step drafts up to K tokens with ``ngram.lookup`` (what followed an earlier occurrence of
 the context's last n <= N tokens) and forwards the pending token and the draft together:
 ``Context.dists`` gives the next-token distribution after each of them, so the longest prefix
@@ -16,33 +14,22 @@ Sends one JSON message: {"tokens": [...], "drafted": D, "accepted": A, "acceptan
 import json
 
 import inferlet
+from inferlet.arguments import text, whole
 from ngram import lookup
 
-USAGE = "usage: speculative-ngram PROMPT [MAX_NEW_TOKENS] [--ngram N>=1] [--draft K>=0]"
-
-
-def parse(args: list[str]) -> tuple[str, int, int, int]:
-    def option(name: str, default: int) -> int:
-        if name not in args:
-            return default
-        at = args.index(name) + 1
-        if at >= len(args) or not args[at].isdigit():
-            raise ValueError(f"{name} needs a whole number; {USAGE}")
-        return int(args[at])
-
-    if not args or args[0].startswith("--"):
-        raise ValueError(USAGE)
-    if len(args) > 1 and not args[1].startswith("--") and not args[1].isdigit():
-        raise ValueError(f"MAX_NEW_TOKENS must be a whole number, not {args[1]!r}; {USAGE}")
-    max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
-    max_n, k = option("--ngram", 3), option("--draft", 4)
-    if max_new < 1 or max_n < 1:
-        raise ValueError(USAGE)
-    return args[0], max_new, max_n, k
+ARGS = inferlet.ArgumentParser("speculative-ngram", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the text to continue")
+ARGS.add_argument("max_new_tokens", metavar="MAX_NEW_TOKENS", nargs="?", type=whole(1), default=32,
+                  help="tokens at most (default %(default)s)")
+ARGS.add_argument("--ngram", metavar="N", type=whole(1), default=3,
+                  help="the longest n-gram looked up (default %(default)s)")
+ARGS.add_argument("--draft", metavar="K", type=whole(0), default=4,
+                  help="draft tokens per step at most (default %(default)s)")
 
 
 async def main(args: list[str]) -> None:
-    prompt, max_new, max_n, k = parse(args)
+    opt = ARGS.parse(args)
+    prompt, max_new, max_n, k = opt.prompt, opt.max_new_tokens, opt.ngram, opt.draft
     end = inferlet.stop_tokens()
     with inferlet.Context() as ctx:
         ctx.fill(prompt)

@@ -1,7 +1,5 @@
 """text-completion: a completion on the Python SDK.
 
-Arguments: PROMPT [MAX_NEW_TOKENS=32] [--chat] [--temperature T] [--seed S] [--steps] [--stepwise]
-[--pause MS].
 Prints the completion and sends the generated token ids to the client as one message ("1 2 3").
 Greedy unless a temperature is given. --pause MS decodes half the tokens, then waits for a client
 message as an agent waits on a tool (announced with a pause hint of MS milliseconds: the server may
@@ -15,10 +13,20 @@ benchmarks' reference).
 """
 
 import inferlet
+from inferlet.arguments import number, whole
 
-
-def option(args: list[str], name: str, default: str | None = None) -> str | None:
-    return args[args.index(name) + 1] if name in args else default
+ARGS = inferlet.ArgumentParser("text-completion", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", help="the text to complete")
+ARGS.add_argument("max_new_tokens", metavar="MAX_NEW_TOKENS", nargs="?", type=whole(0), default=32,
+                  help="tokens at most (default %(default)s)")
+ARGS.add_argument("--chat", action="store_true", help="PROMPT is a user turn of the chat template")
+ARGS.add_argument("--temperature", metavar="T", type=number(0), help="sample at temperature T (default: greedy)")
+ARGS.add_argument("--seed", metavar="S", type=int, default=0, help="the sampler's seed (default %(default)s)")
+ARGS.add_argument("--stepwise", action="store_true", help="sample in the inferlet, waiting for each distribution")
+DECODE = ARGS.add_mutually_exclusive_group()
+DECODE.add_argument("--steps", action="store_true", help="decode with flush and next_dist instead of generate")
+DECODE.add_argument("--pause", metavar="MS", type=int,
+                    help="decode half the tokens, then wait for a client message, hinting a pause of MS ms")
 
 
 class InInferlet(inferlet.Sampler):
@@ -54,30 +62,25 @@ async def with_pause(ctx: inferlet.Context, sampler: inferlet.Sampler, max_new: 
 
 
 async def main(args: list[str]) -> None:
-    if not args:
-        raise SystemExit("usage: text-completion PROMPT [MAX_NEW_TOKENS] [--chat] [--temperature T] [--seed S] "
-                         "[--steps] [--stepwise] [--pause MS]")
-    max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 32
-    temperature = option(args, "--temperature")
-    seed = option(args, "--seed")
-    sampler = inferlet.Temperature(float(temperature), int(seed or 0)) if temperature else inferlet.Greedy()
-    if "--stepwise" in args:
+    opt = ARGS.parse(args)
+    sampler = inferlet.Greedy() if opt.temperature is None else inferlet.Temperature(opt.temperature, opt.seed)
+    if opt.stepwise:
         sampler = InInferlet(sampler)
 
     with inferlet.Context() as ctx:
-        if "--chat" in args:
-            ctx.fill_chat([{"role": "user", "content": args[0]}])
+        if opt.chat:
+            ctx.fill_chat([{"role": "user", "content": opt.prompt}])
         else:
-            ctx.fill(args[0])
-        if "--steps" in args or "--pause" in args:
-            if "--steps" in args:
-                generated = await by_steps(ctx, sampler, max_new)
+            ctx.fill(opt.prompt)
+        if opt.steps or opt.pause is not None:
+            if opt.steps:
+                generated = await by_steps(ctx, sampler, opt.max_new_tokens)
             else:
-                generated = await with_pause(ctx, sampler, max_new, int(option(args, "--pause")))
+                generated = await with_pause(ctx, sampler, opt.max_new_tokens, opt.pause)
             end = inferlet.stop_tokens()
             print(inferlet.decode([t for t in generated if t not in end]))
         else:
-            print(await ctx.generate(sampler, inferlet.Stop(max_tokens=max_new)))
+            print(await ctx.generate(sampler, inferlet.Stop(max_tokens=opt.max_new_tokens)))
             generated = ctx.generated
         inferlet.send(" ".join(map(str, generated)))
 

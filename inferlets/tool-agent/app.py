@@ -1,6 +1,5 @@
 """tool-agent: an augmented-LLM request as InferCept studies it: generate, call a tool, append its result, repeat.
 
-Arguments: PROMPT [--tokens T=8] [--pauses MS,MS,...] [--tool NAME]
 Greedy throughout. For each pause in --pauses: decode up to T tokens, announce the tool call with a
 pause hint of MS milliseconds (the server's interception policy may keep, swap or discard the
 context's K/V meanwhile), sleep MS milliseconds (the tool runs; the server sees the instance waiting
@@ -9,37 +8,41 @@ pause it decodes T more tokens. Sends every generated token id to the client as 
 ("1 2 3"), so runs under different server policies can be compared token for token.
 """
 
+import argparse
+
 import inferlet
+from inferlet.arguments import whole
 
-USAGE = "usage: tool-agent PROMPT [--tokens T] [--pauses MS,MS,...] [--tool NAME]"
+
+def milliseconds(value: str) -> list[int]:
+    try:
+        return [whole(0)(ms) for ms in value.split(",") if ms]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers >= 0 separated by commas, not {value!r}") from None
 
 
-def option(args: list[str], name: str, default: str) -> str:
-    if name not in args:
-        return default
-    index = args.index(name) + 1
-    if index >= len(args):
-        raise SystemExit(f"{name} needs a value; {USAGE}")
-    return args[index]
+ARGS = inferlet.ArgumentParser("tool-agent", __doc__)
+ARGS.add_argument("prompt", metavar="PROMPT", help="the user's request")
+ARGS.add_argument("--tokens", metavar="T", type=whole(0), default=8,
+                  help="tokens decoded before each tool call and after the last (default %(default)s)")
+ARGS.add_argument("--pauses", metavar="MS,MS,...", type=milliseconds, default=[],
+                  help="one tool call per value, lasting MS milliseconds (default: none)")
+ARGS.add_argument("--tool", metavar="NAME", default="tool", help="the tool's name in its results (default %(default)s)")
 
 
 async def main(args: list[str]) -> None:
-    if not args or args[0].startswith("--"):
-        raise SystemExit(USAGE)
-    tokens = int(option(args, "--tokens", "8"))
-    pauses = [int(ms) for ms in option(args, "--pauses", "").split(",") if ms]
-    tool = option(args, "--tool", "tool")
+    opt = ARGS.parse(args)
     # A step ends at T tokens only: an end-of-turn token mid-step would end the agent's turn early, and
     # the tool's result starts the next turn anyway.
-    stop = inferlet.Stop(max_tokens=tokens, eos=False)
+    stop = inferlet.Stop(max_tokens=opt.tokens, eos=False)
     generated: list[int] = []
     with inferlet.Context() as ctx:
-        ctx.fill_chat([{"role": "user", "content": args[0]}])
-        for i, ms in enumerate(pauses):
+        ctx.fill_chat([{"role": "user", "content": opt.prompt}])
+        for i, ms in enumerate(opt.pauses):
             generated += await ctx.generate_tokens(inferlet.Greedy(), stop)
             ctx.pause_hint(ms)
             await inferlet.sleep(ms)
-            ctx.fill(f"\nObservation from {tool} #{i + 1}.\n")
+            ctx.fill(f"\nObservation from {opt.tool} #{i + 1}.\n")
         generated += await ctx.generate_tokens(inferlet.Greedy(), stop)
     inferlet.send(" ".join(map(str, generated)))
 

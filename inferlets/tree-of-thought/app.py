@@ -1,8 +1,5 @@
 """tree-of-thought: breadth-first tree-of-thought search on an arithmetic puzzle, each step checked.
 
-Arguments: TARGET N1 N2 [N3 ...] [--width W=3] [--beam B=2] [--budget P=24] [--seed S=0]
-           [--hint "a+b=c,c*d=e,..."]
-
 Combine the numbers two at a time with + - * until the one left equals TARGET. A state is the
 numbers left, the expression each stands for, and a context. Each state gets W proposals, sampled
 (top-k 20, seeded per proposal) in forks of its context, all of a level's proposals at once. The
@@ -20,8 +17,8 @@ import operator
 import re
 
 import inferlet
+from inferlet.arguments import whole
 
-USAGE = "usage: tree-of-thought TARGET N1 N2 [N3 ...] [--width W] [--beam B] [--budget P] [--seed S] [--hint STEPS]"
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 STEP = re.compile(r"\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*=\s*(-?\d+)")
 EXAMPLE = ("Combine two numbers per step with + - or * until one number is left: the target.\n"
@@ -29,23 +26,16 @@ EXAMPLE = ("Combine two numbers per step with + - or * until one number is left:
            "Step: 6 + 4 = 10\nLeft: 10\n\n")
 
 
-def parse(args: list[str]) -> tuple[list[int], dict]:
-    opt, values, it = {"--width": 3, "--beam": 2, "--budget": 24, "--seed": 0, "--hint": []}, [], iter(args)
-    try:
-        for arg in it:
-            if arg == "--hint":
-                opt[arg] = [h for h in next(it).split(",") if h]
-            elif arg in opt:
-                opt[arg] = int(next(it))
-            elif arg.startswith("--"):
-                raise ValueError(f"unknown option {arg}")
-            else:
-                values.append(int(arg))
-    except (StopIteration, ValueError) as exc:
-        raise ValueError(f"{str(exc) or 'an option needs a value'}; {USAGE}") from None
-    if len(values) < 3 or min(opt["--width"], opt["--beam"], opt["--budget"]) < 1:
-        raise ValueError(f"need TARGET and two or more numbers, and W, B, P >= 1; {USAGE}")
-    return values, opt
+ARGS = inferlet.ArgumentParser("tree-of-thought", __doc__)
+ARGS.add_argument("target", metavar="TARGET", type=int, help="the number to reach")
+ARGS.add_argument("numbers", metavar="N", type=int, nargs="+", help="the numbers to combine, two or more")
+ARGS.add_argument("--width", metavar="W", type=whole(1), default=3, help="proposals per state (default %(default)s)")
+ARGS.add_argument("--beam", metavar="B", type=whole(1), default=2,
+                  help="states expanded per level (default %(default)s)")
+ARGS.add_argument("--budget", metavar="P", type=whole(1), default=24, help="proposals in all (default %(default)s)")
+ARGS.add_argument("--seed", metavar="S", type=int, default=0, help="the proposals' seed (default %(default)s)")
+ARGS.add_argument("--hint", metavar="STEPS", type=lambda steps: [h for h in steps.split(",") if h], default=[],
+                  help='steps "a+b=c,c*d=e,...": the d-th is the first proposal of every state at depth d')
 
 
 def check(items: list[tuple[int, str]], text: str) -> tuple[str, list | None, str]:
@@ -79,7 +69,10 @@ async def propose(parent, hint: str | None, seed: int):
 
 
 async def main(args: list[str]) -> None:
-    (target, *numbers), opt = parse(args)
+    opt = ARGS.parse(args)
+    if len(opt.numbers) < 2:
+        ARGS.error("give two or more numbers N after TARGET")
+    target, numbers = opt.target, opt.numbers
     root = inferlet.Context()
     root.fill(f"{EXAMPLE}Target {target}. Numbers: {' '.join(map(str, numbers))}\n")
     frontier = [(root, [(n, str(n)) for n in numbers], [])]  # (context, items, steps) per state
@@ -91,9 +84,9 @@ async def main(args: list[str]) -> None:
         await inferlet.gather(*(ctx.flush() for ctx, _, _ in frontier))
         jobs = []  # (state, hint or None), in proposal order
         for state in frontier:
-            for j in range(min(opt["--width"], opt["--budget"] - len(proposals) - len(jobs))):
-                jobs.append((state, opt["--hint"][depth] if j == 0 and depth < len(opt["--hint"]) else None))
-        seed0 = opt["--seed"] * 1_000_003 + len(proposals)
+            for j in range(min(opt.width, opt.budget - len(proposals) - len(jobs))):
+                jobs.append((state, opt.hint[depth] if j == 0 and depth < len(opt.hint) else None))
+        seed0 = opt.seed * 1_000_003 + len(proposals)
         forks = await inferlet.gather(*(propose(s[0], h, seed0 + i) for i, (s, h) in enumerate(jobs)))
         children = {}
         for ((_, items, steps), _), (fork, text) in zip(jobs, forks):
@@ -109,7 +102,7 @@ async def main(args: list[str]) -> None:
         for ctx, _, _ in frontier:
             ctx.close()
         ranked = sorted(children.values(), key=lambda s: min(abs(n - target) for n, _ in s[1]))
-        frontier = [] if solution else ranked[:opt["--beam"]]
+        frontier = [] if solution else ranked[:opt.beam]
         for ctx, _, _ in ranked[len(frontier):]:
             ctx.close()
         for ctx, items, _ in frontier:

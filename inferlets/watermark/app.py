@@ -1,11 +1,6 @@
 """watermark: green-list watermarking of generated text, and its detector (Kirchenbauer et al. 2023,
 "A Watermark for Large Language Models", the soft watermark with a one-token context).
 
-Arguments:
-  generate PROMPT [MAX_NEW_TOKENS=200] [--gamma G] [--delta D] [--key K] [--temperature T] [--seed S]
-           [--chat] [--ignore-eos]
-  detect TEXT [--gamma G] [--key K]
-
 At every step the previous token and the secret KEY seed a generator that splits the vocabulary
 into a green list (a fraction GAMMA, default 0.25) and a red one; DELTA (default 2.0) is added to
 the green tokens' logits before the draw (``shaped_step`` with a sparse bias over the green list,
@@ -32,19 +27,45 @@ threshold). Each mode sends one JSON message: generate {"text", "tokens", "green
 token; ms_lists: the time spent building green lists), detect {"green", "scored", "z"}.
 """
 
+import argparse
 import json
 import math
 
 import inferlet
+from inferlet.arguments import number, text, whole
 
-USAGE = ("usage: watermark generate PROMPT [MAX_NEW_TOKENS] [--gamma G] [--delta D] [--key K] [--temperature T] "
-         "[--seed S] [--chat] [--ignore-eos] | watermark detect TEXT [--gamma G] [--key K]")
 DEFAULT_KEY = 15485863
 MAX_CACHED = 1024  # green lists kept (per previous token)
 
 
-def option(args: list[str], name: str, default: str) -> str:
-    return args[args.index(name) + 1] if name in args else default
+def fraction(value: str) -> float:
+    try:
+        real = float(value)
+    except ValueError:
+        real = math.nan
+    if not 0 < real < 1:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 and < 1, not {value!r}")
+    return real
+
+
+ARGS = inferlet.ArgumentParser("watermark", __doc__)
+ARGS.add_argument("mode", choices=["generate", "detect"],
+                  help="generate watermarked text after TEXT, or detect the watermark in TEXT")
+ARGS.add_argument("text", metavar="TEXT", type=text, help="generate: the prompt; detect: the text scored")
+ARGS.add_argument("max_new_tokens", metavar="MAX_NEW_TOKENS", nargs="?", type=whole(0), default=200,
+                  help="generate: tokens at most (default %(default)s)")
+ARGS.add_argument("--gamma", metavar="G", type=fraction, default=0.25,
+                  help="the green fraction of the vocabulary (default %(default)s)")
+ARGS.add_argument("--key", metavar="K", type=int, default=DEFAULT_KEY,
+                  help="the secret key of the green lists (default %(default)s)")
+ARGS.add_argument("--delta", metavar="D", type=number(), default=2.0,
+                  help="generate: added to the green tokens' logits (default %(default)s)")
+ARGS.add_argument("--temperature", metavar="T", type=number(0), default=1.0,
+                  help="generate: the sampling temperature (default %(default)s)")
+ARGS.add_argument("--seed", metavar="S", type=int, default=0, help="generate: the sampler's seed (default %(default)s)")
+ARGS.add_argument("--chat", action="store_true", help="generate: TEXT is a user turn of the chat template")
+ARGS.add_argument("--ignore-eos", action="store_true",
+                  help="generate: ban the end tokens, so exactly MAX_NEW_TOKENS are drawn")
 
 
 def smallest_prime_from(n: int) -> int:
@@ -57,8 +78,6 @@ def smallest_prime_from(n: int) -> int:
 
 class Watermark:
     def __init__(self, vocab_size: int, gamma: float, key: int):
-        if not 0 < gamma < 1:
-            raise ValueError(f"gamma {gamma} is outside (0, 1)")
         self.vocab_size, self.gamma, self.key = vocab_size, gamma, key
         self.prime = smallest_prime_from(vocab_size)
         self.cut = round(gamma * self.prime)
@@ -97,19 +116,17 @@ class Watermark:
         return green, scored, z
 
 
-async def generate(args: list[str], mark: Watermark) -> dict:
-    prompt = args[0]
-    max_new = int(args[1]) if len(args) > 1 and args[1].isdigit() else 200
-    delta = float(option(args, "--delta", "2.0"))
-    sampler = inferlet.Temperature(float(option(args, "--temperature", "1.0")), int(option(args, "--seed", "0")))
-    banned = {t: float("-inf") for t in inferlet.stop_tokens()} if "--ignore-eos" in args else {}
+async def generate(opt: argparse.Namespace, mark: Watermark) -> dict:
+    delta = opt.delta
+    sampler = inferlet.Temperature(opt.temperature, opt.seed)
+    banned = {t: float("-inf") for t in inferlet.stop_tokens()} if opt.ignore_eos else {}
     stops = inferlet.stop_tokens()
     start, ms_lists = inferlet.now_ms(), 0
     with inferlet.Context() as ctx:
-        ctx.fill_chat([{"role": "user", "content": prompt}]) if "--chat" in args else ctx.fill(prompt)
+        ctx.fill_chat([{"role": "user", "content": opt.text}]) if opt.chat else ctx.fill(opt.text)
         first_prev = prev = ctx.pending[-1]
         tokens: list[int] = []
-        for _ in range(max_new):
+        for _ in range(opt.max_new_tokens):
             bias = {}
             if delta:
                 before = inferlet.now_ms()
@@ -126,18 +143,16 @@ async def generate(args: list[str], mark: Watermark) -> dict:
             "ms_total": inferlet.now_ms() - start}
 
 
-def detect(args: list[str], mark: Watermark) -> dict:
-    tokens = inferlet.encode(args[0])
+def detect(opt: argparse.Namespace, mark: Watermark) -> dict:
+    tokens = inferlet.encode(opt.text)
     green, scored, z = mark.z_score(tokens[:-1], tokens[1:])
     return {"green": green, "scored": scored, "z": z}
 
 
 async def main(args: list[str]) -> None:
-    if len(args) < 2 or args[0] not in ("generate", "detect") or not args[1]:
-        raise ValueError(USAGE)
-    mark = Watermark(inferlet.vocab_size(), float(option(args, "--gamma", "0.25")),
-                     int(option(args, "--key", str(DEFAULT_KEY))))
-    result = await generate(args[1:], mark) if args[0] == "generate" else detect(args[1:], mark)
+    opt = ARGS.parse(args)
+    mark = Watermark(inferlet.vocab_size(), opt.gamma, opt.key)
+    result = await generate(opt, mark) if opt.mode == "generate" else detect(opt, mark)
     inferlet.send(json.dumps(result))
 
 

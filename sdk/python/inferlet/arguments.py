@@ -7,13 +7,14 @@ a user's mistake reads as a one-line error, not a traceback.
 
 What this adds to argparse: options are recognized wherever they stand among the positionals
 (``parse_intermixed_args``) and never by an abbreviation, output is flushed before the instance ends,
-and value types that say their bounds in the error (``whole``, ``number``, ``text``).
+and value types that say their bounds in the error (``whole``, ``number``, ``text``, ``regex``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 
 
@@ -78,3 +79,18 @@ def text(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return value
+
+
+def regex(max_chars: int | None = None):
+    """The type of a regular-expression argument, compiled; at most ``max_chars`` long if given. A bad
+    pattern is a usage error (``re.error`` is not a ValueError: argparse would let it out as a traceback)."""
+
+    def convert(value: str) -> re.Pattern:
+        if max_chars is not None and len(value) > max_chars:
+            raise argparse.ArgumentTypeError(f"longer than {max_chars} characters")
+        try:
+            return re.compile(value)
+        except re.error as err:
+            raise argparse.ArgumentTypeError(f"not a regular expression: {err}") from None
+
+    return convert
