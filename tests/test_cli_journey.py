@@ -86,7 +86,7 @@ def test_a_build_with_an_import_the_sandbox_lacks_fails_at_once(home, env):
     finally:
         app.write_text(source)
     assert failed.stderr.splitlines()[0] == (
-        "oven: error: hello/app.py:10: import requests: no module 'requests' in the inferlet's module path (its "
+        "oven: error: hello/app.py:11: import requests: no module 'requests' in the inferlet's module path (its "
         "folder, the SDK and the sandbox's standard library). Packages installed on this machine are not bundled, "
         "and compiled extension modules cannot run in the sandbox; a pure-Python module can be copied into the "
         "inferlet's folder.")
@@ -94,7 +94,7 @@ def test_a_build_with_an_import_the_sandbox_lacks_fails_at_once(home, env):
 
 def test_build_then_run_the_folder(home, env, server):
     app = home / "hello" / "app.py"  # syntax newer than the host's Python: the sandbox's parser judges it
-    app.write_text(app.read_text().replace("USAGE = ", "type Tokens = list[int]\nUSAGE = ")
+    app.write_text(app.read_text().replace("ARGS = ", "type Tokens = list[int]\nARGS = ")
                    + f"# built at {time.time_ns()}: a program the server has never compiled\n")
     built = oven("build", "hello", cwd=home, env=env)
     assert re.fullmatch(r"oven: building hello \(Python, componentize-py; about 15 s\) \.\.\.\n"
@@ -104,8 +104,11 @@ def test_build_then_run_the_folder(home, env, server):
     assert ran.stdout.endswith("\n") and ran.stdout.count("\n") >= 1
     again = oven("run", "hello", "--", "Hi", "4", cwd=home, env=env)
     assert (again.stdout, again.stderr) == (ran.stdout, "")  # compiled once: nothing to say the second time
-    usage = oven("run", "hello", cwd=home, env=env, status=1)
-    assert usage.stderr == "usage: hello PROMPT [MAX_NEW_TOKENS]\n"
+    usage = oven("run", "hello", cwd=home, env=env, status=2)  # argparse's, in the inferlet
+    assert usage.stderr == ("usage: hello [-h] PROMPT [MAX_NEW_TOKENS]\n"
+                            "hello: error: the following arguments are required: PROMPT\n")
+    helped = oven("run", "hello", "--", "--help", cwd=home, env=env)
+    assert helped.stdout.startswith("usage: hello [-h] PROMPT [MAX_NEW_TOKENS]\n\na chat completion on oven's Python SDK")
 
 
 def test_serve_on_an_address_in_use_fails_at_once(home, env, server):

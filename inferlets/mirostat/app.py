@@ -24,7 +24,7 @@ import inferlet
 from inferlet.arguments import number, text, whole
 
 ARGS = inferlet.ArgumentParser("mirostat", __doc__)
-ARGS.add_argument("prompt", metavar="PROMPT", type=text)
+ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the text to continue")
 ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32, help="tokens at most (default %(default)s)")
 ARGS.add_argument("--tau", metavar="T", type=number(above=0, high=64), default=5.0,
                   help="the target surprise, in bits (default %(default)s)")
