@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from harness import events_of, refused, run
+from harness import built, events_of, refused, run
 from test_sdk_python import load
 
 arguments = load("arguments")
 
-# The library inferlets whose command line is an inferlet.ArgumentParser.
-PROGRAMS = ["agent-swarm", "attention-window", "beam-search", "best-of-n", "codeact", "constrained",
+# The library inferlets whose command line is an inferlet.ArgumentParser. Each is stored by its own test
+# (not the module's loop fixture): one is compiled when its test runs unless another test has, instead of
+# all of them, one after another, before the first test.
+PARSING = ["agent-swarm", "attention-window", "beam-search", "best-of-n", "codeact", "constrained",
             "contrastive-decoding", "graph-of-thought", "hierarchical-attention", "jacobi-decoding", "launch-caller",
             "mcts", "mirostat", "output-validation", "parallel-generation", "prefix-cache", "prefix-tree",
             "react-agent", "recursion-of-thought", "reflexion", "self-consistency", "self-correct",
@@ -35,9 +37,10 @@ def test_whole_numbers_keep_their_bounds():
 
 def test_numbers_keep_their_bounds_and_refuse_what_is_not_finite():
     assert arguments.number(0, 1)("1") == 1.0 and arguments.number(above=0)("1e-9") == 1e-9
-    assert arguments.number()("-3.5") == -3.5
+    assert arguments.number()("-3.5") == -3.5 and arguments.number(above=0, below=1)("0.25") == 0.25
     for convert, value, bounds in [(arguments.number(0, 1), "1.5", " >= 0 and <= 1"),
                                    (arguments.number(above=0, high=64), "0", " > 0 and <= 64"),
+                                   (arguments.number(above=0, below=1), "1", " > 0 and < 1"),
                                    (arguments.number(above=0), "nan", " > 0"), (arguments.number(), "inf", ""),
                                    (arguments.number(0), "x", " >= 0")]:
         with pytest.raises(argparse.ArgumentTypeError) as err:
@@ -72,10 +75,11 @@ def test_the_parser_takes_options_anywhere_never_abbreviated_and_exits_as_a_prog
         assert exited.value.code == status
 
 
-@pytest.mark.parametrize("program", PROGRAMS)
+@pytest.mark.parametrize("program", PARSING)
 def test_help_ends_with_status_0_and_a_mistake_with_status_2(loop, program):
     """``--help`` prints the help on stdout; an unknown option, or one abbreviated, is refused (status 2,
     the usage and one error line on stderr) whatever else the command line lacks."""
+    loop.programs.add(built(program), program)
     (helped,) = run(loop, program, [["--help"]])
     assert (helped.exit_code, helped.error) == (0, None)
     help_text = "".join(events_of(loop, helped, "stdout"))

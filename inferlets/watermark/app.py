@@ -38,23 +38,13 @@ DEFAULT_KEY = 15485863
 MAX_CACHED = 1024  # green lists kept (per previous token)
 
 
-def fraction(value: str) -> float:
-    try:
-        real = float(value)
-    except ValueError:
-        real = math.nan
-    if not 0 < real < 1:
-        raise argparse.ArgumentTypeError(f"expected a number > 0 and < 1, not {value!r}")
-    return real
-
-
 ARGS = inferlet.ArgumentParser("watermark", __doc__)
 ARGS.add_argument("mode", choices=["generate", "detect"],
                   help="generate watermarked text after TEXT, or detect the watermark in TEXT")
 ARGS.add_argument("text", metavar="TEXT", type=text, help="generate: the prompt; detect: the text scored")
 ARGS.add_argument("max_new_tokens", metavar="MAX_NEW_TOKENS", nargs="?", type=whole(0), default=200,
                   help="generate: tokens at most (default %(default)s)")
-ARGS.add_argument("--gamma", metavar="G", type=fraction, default=0.25,
+ARGS.add_argument("--gamma", metavar="G", type=number(above=0, below=1), default=0.25,
                   help="the green fraction of the vocabulary (default %(default)s)")
 ARGS.add_argument("--key", metavar="K", type=int, default=DEFAULT_KEY,
                   help="the secret key of the green lists (default %(default)s)")

@@ -55,11 +55,11 @@ def whole(low: int = 1, high: int | None = None):
     return convert
 
 
-def number(low: float | None = None, high: float | None = None, *, above: float | None = None):
-    """The type of a real-number argument: finite, >= ``low`` or > ``above``, and <= ``high``."""
-    parts = [f">= {low:g}" if low is not None else "", f"> {above:g}" if above is not None else "",
-             f"<= {high:g}" if high is not None else ""]
-    bounds = " and ".join(p for p in parts if p)
+def number(low: float | None = None, high: float | None = None, *, above: float | None = None,
+           below: float | None = None):
+    """The type of a real-number argument: finite, >= ``low`` or > ``above``, and <= ``high`` or < ``below``."""
+    bounds = " and ".join(f"{op} {bound:g}" for op, bound in ((">=", low), (">", above), ("<=", high), ("<", below))
+                          if bound is not None)
 
     def convert(value: str) -> float:
         try:
@@ -67,7 +67,7 @@ def number(low: float | None = None, high: float | None = None, *, above: float 
         except ValueError:
             real = math.nan
         if not (math.isfinite(real) and (low is None or real >= low) and (above is None or real > above)
-                and (high is None or real <= high)):
+                and (high is None or real <= high) and (below is None or real < below)):
             raise argparse.ArgumentTypeError(f"expected a number{' ' + bounds if bounds else ''}, not {value!r}")
         return real
 
