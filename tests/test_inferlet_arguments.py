@@ -14,16 +14,15 @@ import pytest
 from harness import built, events_of, refused, run
 from test_sdk_python import load
 
+from oven.client.paths import inferlets_dir
+
 arguments = load("arguments")
 
 # The library inferlets whose command line is an inferlet.ArgumentParser. Each is stored by its own test
 # (not the module's loop fixture): one is compiled when its test runs unless another test has, instead of
 # all of them, one after another, before the first test.
-PARSING = ["agent-swarm", "attention-window", "beam-search", "best-of-n", "codeact", "constrained",
-            "contrastive-decoding", "graph-of-thought", "hierarchical-attention", "jacobi-decoding", "launch-caller",
-            "mcts", "mirostat", "output-validation", "parallel-generation", "prefix-cache", "prefix-tree",
-            "react-agent", "recursion-of-thought", "reflexion", "self-consistency", "self-correct",
-            "skeleton-of-thought", "speculative-ngram", "text-completion", "tool-agent", "tree-of-thought", "watermark"]
+PARSING = sorted(app.parent.name for app in inferlets_dir().glob("*/app.py")
+                 if "inferlet.ArgumentParser(" in app.read_text())
 
 
 def test_whole_numbers_keep_their_bounds():

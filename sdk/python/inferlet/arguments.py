@@ -6,8 +6,8 @@ event loop as ``SystemExit``, which ends an instance as Python ends a program (`
 a user's mistake reads as a one-line error, not a traceback.
 
 What this adds to argparse: options are recognized wherever they stand among the positionals
-(``parse_intermixed_args``) and never by an abbreviation, output is flushed before the instance ends,
-and value types that say their bounds in the error (``whole``, ``number``, ``text``, ``regex``).
+(``parse_intermixed_args``) and never by an abbreviation, and value types that say their bounds in the
+error (``whole``, ``number``, ``text``, ``regex``).
 """
 
 from __future__ import annotations
@@ -30,13 +30,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse(self, args: list[str]) -> argparse.Namespace:
         return self.parse_intermixed_args(args)
-
-    def exit(self, status: int = 0, message: str | None = None):
-        if message:
-            sys.stderr.write(message)
-        sys.stdout.flush()  # not a terminal inside wasm: block-buffered, and the instance ends next
-        sys.stderr.flush()
-        raise SystemExit(status)
 
 
 def whole(low: int = 1, high: int | None = None):

@@ -181,11 +181,17 @@ def _end_with(error: BaseException) -> list[int]:
         else:
             print(error.code, file=sys.stderr)
             runtime.set_exit_code(1)
+        _flush_output()
         return []
     traceback.print_exception(error, file=sys.stderr)
+    _flush_output()
+    os._exit(1)
+
+
+def _flush_output() -> None:
+    """Inside wasm neither stream is a terminal: what was printed last (argparse's --help) may still wait."""
     sys.stderr.flush()
     sys.stdout.flush()
-    os._exit(1)
 
 
 def spawn(coro) -> Task:
