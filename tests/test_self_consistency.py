@@ -5,7 +5,8 @@ samples path i alone, step by step from a fresh prefill straight from the infere
 SDK's own seeded sampler (top-K at temperature T, seed S + i) drawing from each returned distribution.
 The paths must be those tokens exactly. The answers are then extracted and counted here: the majority
 answer, its votes and the whole tally (ties in the order the answers first appear) must be the
-inferlet's.
+inferlet's, and so must the consensus path (Pie's consensus decoding): each path's mean normalized
+edit-distance similarity to the others, recomputed here with a full edit-distance table.
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ def host_tally(answers: list[str | None]) -> list[list]:
     return [[a, counts[a]] for a in sorted(counts, key=lambda a: (-counts[a], first[a]))]
 
 
+def edit_distance(a: str, b: str) -> int:
+    table = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            table[i][j] = min(table[i - 1][j] + 1, table[i][j - 1] + 1, table[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+    return table[-1][-1]
+
+
+def host_centrality(paths: list[dict]) -> list[float]:
+    """Each path's mean similarity to the others: its answer, or its stripped text, first 128 characters."""
+    keys = [(q["answer"] if q["answer"] is not None else q["text"].strip())[:128] for q in paths]
+    sim = lambda a, b: 1.0 - edit_distance(a, b) / max(len(a), len(b)) if a or b else 1.0  # noqa: E731
+    return [sum(sim(a, b) for j, b in enumerate(keys) if j != i) / (len(keys) - 1) for i, a in enumerate(keys)]
+
+
 def last_match(pattern: str, text: str) -> str | None:
     matches = list(re.finditer(pattern, text))
     if not matches:
@@ -86,6 +102,9 @@ def test_each_path_is_its_seeded_sampler_alone_and_the_vote_is_the_hosts(loop, i
     want = host_tally([q["answer"] for q in report["paths"]])
     assert report["counts"] == want
     assert (report["answer"], report["votes"]) == tuple(want[0])
+    scores = host_centrality(report["paths"])
+    assert report["central"] == {"index": scores.index(max(scores)), "centrality": scores}
+    assert len(set(scores)) > 1  # the paths differ: a real ranking
     assert len(want) > 1 and len({tuple(q["tokens"]) for q in report["paths"]}) == N  # a real vote
     assert_pools_full(loop)
 
@@ -102,6 +121,8 @@ def test_a_pattern_group_and_ties_go_to_the_first_answer_given(loop, report):
     none = consistency(loop, "--seed", "3", "--pattern", "no path writes this")
     assert (none["answer"], none["votes"], none["counts"]) == (None, 0, [])
     assert all(q["answer"] is None for q in none["paths"])
+    scores = host_centrality(none["paths"])  # no answers: the paths' texts are compared
+    assert none["central"] == {"index": scores.index(max(scores)), "centrality": scores}
 
 
 @pytest.mark.parametrize("args, error", [

@@ -5,10 +5,18 @@ once; N forks of it each sample a path of at most M tokens (the K most probable 
 T, path i seeded S + i: the server draws them, and path i is what that seeded sampler writes from the
 prompt alone). Each path's answer is REGEX's last match in its text (group 1 if REGEX has a group;
 default: the last number); a path without a match does not vote. The majority answer has the most
-votes; on a tie, the tied answer that some path gave first (lowest path index) wins. Sends one JSON
-message: {"answer": the majority answer or null if no path has one, "votes": its votes, "counts":
-[[answer, votes], ...] most votes first, ties in the same order, "paths": [{"index", "tokens",
-"text", "answer"}]}.
+votes; on a tie, the tied answer that some path gave first (lowest path index) wins.
+
+Beside the vote, the consensus path (Pie's consensus decoding): each path's answer (its stripped text if
+it has none; the first 128 characters of either) is compared with every other path's by normalized
+edit-distance similarity, 1 - levenshtein(a, b) / max(len(a), len(b)) (1 for two empty strings); the
+path with the highest mean similarity to the others is the most central (ties: the lowest index). Unlike
+the vote it needs no exact agreement: answers that differ a little still count for each other.
+
+Sends one JSON message: {"answer": the majority answer or null if no path has one, "votes": its votes,
+"counts": [[answer, votes], ...] most votes first, ties in the same order, "central": {"index": the
+consensus path, "centrality": [each path's mean similarity]}, "paths": [{"index", "tokens", "text",
+"answer"}]}.
 """
 
 import json
@@ -19,6 +27,7 @@ from inferlet.arguments import number, regex, text, whole
 
 DEFAULT_PATTERN = r"-?\d+(?:\.\d+)?"
 MAX_PATTERN_CHARS = 256  # a client's regex runs here, once per path: keep it a pattern, not a program
+COMPARED_CHARS = 128  # edit distances of N paths cost N^2 * this^2 steps: 64 paths in seconds, not minutes
 
 
 ARGS = inferlet.ArgumentParser("self-consistency", __doc__)
@@ -55,6 +64,29 @@ def tally(answers: list[str | None]) -> list[list]:
     return sorted(([a, n] for a, n in counts.items()), key=lambda c: -c[1])  # a stable sort keeps it on ties
 
 
+def levenshtein(a: str, b: str) -> int:
+    """The fewest single-character insertions, deletions and substitutions that turn ``a`` into ``b``."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (x != y))
+    return row[-1]
+
+
+def similarity(a: str, b: str) -> float:
+    longest = max(len(a), len(b))
+    return 1.0 - levenshtein(a, b) / longest if longest else 1.0
+
+
+def centrality(keys: list[str]) -> list[float]:
+    """Each key's mean similarity to the other keys (1.0 for a lone key)."""
+    n = len(keys)
+    sim = [[similarity(a, b) if i < j else 0.0 for j, b in enumerate(keys)] for i, a in enumerate(keys)]
+    return [sum(sim[min(i, j)][max(i, j)] for j in range(n) if j != i) / (n - 1) if n > 1 else 1.0
+            for i in range(n)]
+
+
 async def path(prompt: inferlet.Context, index: int, opt) -> dict:
     sampler = inferlet.TopK(opt.top_k, temperature=opt.temperature, seed=opt.seed + index)
     with await prompt.fork() as ctx:
@@ -74,7 +106,11 @@ async def main(args: list[str]) -> None:
         paths = await inferlet.gather(*(path(prompt, i, opt) for i in range(opt.n)))
     counts = tally([p["answer"] for p in paths])
     answer, votes = counts[0] if counts else (None, 0)
-    inferlet.send(json.dumps({"answer": answer, "votes": votes, "counts": counts, "paths": paths}))
+    keys = [(p["answer"] if p["answer"] is not None else p["text"].strip())[:COMPARED_CHARS] for p in paths]
+    scores = centrality(keys)
+    central = {"index": scores.index(max(scores)), "centrality": scores}  # index(): the lowest on a tie
+    inferlet.send(json.dumps({"answer": answer, "votes": votes, "counts": counts, "central": central,
+                              "paths": paths}))
 
 
 WitWorld = inferlet.run(main)
