@@ -1,11 +1,11 @@
 """template: the model fills a template's holes in place; its fixed text is forwarded, never decoded.
 
-TEMPLATE is text with holes. `{name}` is one line the model writes: it ends at a newline or where the
-text after the hole in the template (its first line) begins, whichever comes first, or at an end
-token. `{name:REGEX}` is held to REGEX by the server's grammar mask and ends when REGEX has matched
-(a pattern's braces must pair). `{{` and `}}` are literal braces. PROMPT is an optional instruction
-before the template: raw text, or with --chat one user turn, the template then being the assistant's
-reply.
+TEMPLATE is text with holes. `{name}` is one line the model writes: it ends at a newline, at an end
+token, or where the model writes the first word or punctuation mark of the text after the hole (so in
+"{city}, {country}" the city ends at a comma). `{name:REGEX}` is held to REGEX by the server's grammar
+mask and ends when REGEX has matched (a pattern's braces must pair). `{{` and `}}` are literal braces.
+PROMPT is an optional instruction before the template: raw text, or with --chat one user turn, the
+template then being the assistant's reply.
 
 The fixed text between two holes goes into the context as it is and is forwarded with the next hole's
 first step, however long it is, instead of being drawn a token at a time. After each hole the context
@@ -30,6 +30,7 @@ from inferlet.arguments import number, text, whole
 
 MAX_HOLES = 32  # each regex hole holds one of the instance's 64 grammars
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FIRST_WORD = re.compile(r"[ \t]*(?:\w+|[^\w\s])")
 
 ARGS = inferlet.ArgumentParser("template", __doc__)
 ARGS.add_argument("template", metavar="TEMPLATE", type=text, help="the text, with {name} and {name:REGEX} holes")
@@ -68,10 +69,10 @@ def pieces(template: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def ends(after: str) -> tuple[str, ...]:
-    """A plain hole's stop strings: a newline, and the first line of the text after it (its trailing
-    spaces left out: a model writes a space with the next word)."""
-    head = after.split("\n", 1)[0].rstrip()
-    return ("\n", head) if head else ("\n",)
+    """A plain hole's stop strings: a newline, and the first word or punctuation mark of the text after
+    it with the spaces before that (a model writes a space with the word after it)."""
+    head = FIRST_WORD.match(after)
+    return ("\n", head.group(0)) if head else ("\n",)
 
 
 def split_space(before: str) -> tuple[str, str]:
