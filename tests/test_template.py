@@ -2,9 +2,9 @@
 
 Each hole's context is rebuilt here from the template's pieces, each tokenized on its own (the chat turn,
 the fixed text without the spaces that end it, then the spaces and the value, ...); a plain hole's
-tokens must be greedy decoding of that context straight from the inference process, stopped at the first
-newline, end token or first word or mark of the text after the hole, and its value that text cut there; a pattern's hole
-must end with an end token and match its pattern.
+tokens must be greedy decoding of that context straight from the inference process, stopped at the
+first newline, end token or first word or mark of the text after the hole, and its value that text cut
+there; a pattern's hole must end with an end token and match its pattern.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ def filled(loop, *args: str) -> dict:
     return json.loads(message)
 
 
+def first_end(text: str, ends: list[str]) -> int | None:
+    found = [at for at in map(text.find, ends) if at >= 0]
+    return min(found) if found else None
+
+
 def test_each_hole_is_greedy_from_scratch_after_the_template_so_far(loop, inference):
     report = filled(loop, TEMPLATE, PROMPT, "--chat", "--max-tokens", "12")
     tok = Tokenizer(loop.info.tokenizer)
@@ -48,13 +53,13 @@ def test_each_hole_is_greedy_from_scratch_after_the_template_so_far(loop, infere
         else:
             assert drawn == direct_greedy(inference, loop, context, len(drawn)), hole["name"]
             ends = ["\n", after] if after else ["\n"]
-            cut = lambda n: min((at for at in map(tok.decode(drawn[:n]).find, ends) if at >= 0), default=None)  # noqa: E731
-            assert cut(len(drawn) - 1) is None  # it stopped at the first end: an end token or an end string
+            assert first_end(tok.decode(drawn[:-1]), ends) is None  # it stopped at its first end
             if drawn[-1] in stops:
                 written = tok.decode(drawn[:-1])
             else:
-                assert cut(len(drawn)) is not None
-                written = tok.decode(drawn)[:cut(len(drawn))]
+                written = tok.decode(drawn)
+                assert first_end(written, ends) is not None
+                written = written[:first_end(written, ends)]
             assert hole["value"] == written.removeprefix(space) and hole["value"].strip()
             assert "," not in hole["value"] or hole["name"] != "city"
         context = context + tok.encode(space + hole["value"])
