@@ -71,7 +71,7 @@ def test_each_hole_is_greedy_from_scratch_after_the_template_so_far(loop, infere
     assert report["drawn_tokens"] == sum(len(h["tokens"]) for h in report["holes"])
 
 
-def test_a_hole_that_runs_out_of_tokens_is_unfinished(loop, inference):
+def test_a_hole_that_runs_out_of_tokens_is_unfinished_and_a_seed_repeats(loop, inference):
     report = filled(loop, "Once upon a time {story}", "--max-tokens", "3")
     (hole,) = report["holes"]
     tok = Tokenizer(loop.info.tokenizer)
@@ -79,6 +79,9 @@ def test_a_hole_that_runs_out_of_tokens_is_unfinished(loop, inference):
     assert hole["tokens"] == direct_greedy(inference, loop, hole["context"], 3)
     assert "\n" not in tok.decode(hole["tokens"])  # the line went on: no end within 3 tokens
     assert report["unfinished"] == ["story"] and report["text"] == "Once upon a time " + hole["value"]
+    seeded = ["Once upon a time {story}", "--max-tokens", "3", "--temperature", "1.5", "--seed", "7"]
+    first, again = [json.loads(messages(loop, inst)[0]) for inst in run(loop, "template", [seeded, seeded])]
+    assert first["holes"][0]["tokens"] == again["holes"][0]["tokens"] != hole["tokens"]  # seeded, not greedy
 
 
 @pytest.mark.parametrize("args, error", [
