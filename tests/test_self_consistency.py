@@ -73,8 +73,8 @@ def edit_distance(a: str, b: str) -> int:
 
 
 def host_centrality(paths: list[dict]) -> list[float]:
-    """Each path's mean similarity to the others: its answer, or its stripped text, first 128 characters."""
-    keys = [(q["answer"] if q["answer"] is not None else q["text"].strip())[:128] for q in paths]
+    """Each path's mean similarity to the others: its answer, or its stripped text, first 64 characters."""
+    keys = [(q["answer"] if q["answer"] is not None else q["text"].strip())[:64] for q in paths]
     sim = lambda a, b: 1.0 - edit_distance(a, b) / max(len(a), len(b)) if a or b else 1.0  # noqa: E731
     return [sum(sim(a, b) for j, b in enumerate(keys) if j != i) / (len(keys) - 1) for i, a in enumerate(keys)]
 
