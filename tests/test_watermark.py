@@ -1,5 +1,5 @@
-"""inferlets/watermark on SmolLM2: 200 tokens drawn at temperature 1 with a fixed seed under the green-list
-watermark score z >= 4 in its detector, 200 plain tokens of the same model and seed |z| < 2; the
+"""inferlets/watermark on SmolLM2: 120 tokens drawn at temperature 1 with a fixed seed under the green-list
+watermark score z >= 4 in its detector, 120 plain tokens of the same model and seed |z| < 2; the
 same seed gives the same tokens; the detector's green counts are the split the docstring defines,
 recomputed here with the SDK's generator."""
 
@@ -40,13 +40,13 @@ def host_green(vocab_size: int, prev: int, token: int) -> bool:
 
 
 def test_watermarked_text_is_detected_and_plain_text_is_not(loop):
-    generate = ["generate", PROMPT, "200", "--chat", "--ignore-eos", "--seed", "11"]
+    generate = ["generate", PROMPT, "120", "--chat", "--ignore-eos", "--seed", "11"]
     marked, plain, again = outputs(loop, [generate, generate + ["--delta", "0"], generate])
-    assert len(marked["tokens"]) == len(plain["tokens"]) == 200
+    assert len(marked["tokens"]) == len(plain["tokens"]) == 120
     assert again["tokens"] == marked["tokens"]  # the seed fixes the draws
     assert marked["tokens"] != plain["tokens"]
     found_marked, found_plain = outputs(loop, [["detect", marked["text"]], ["detect", plain["text"]]])
-    assert found_marked["scored"] >= 190 and found_plain["scored"] >= 190
+    assert found_marked["scored"] >= 110 and found_plain["scored"] >= 110
     assert found_marked["z"] >= 4, (found_marked, marked["z"])
     assert abs(found_plain["z"]) < 2, (found_plain, plain["z"])
     assert marked["z"] >= 4 and abs(plain["z"]) < 2  # also on the drawn tokens, before detokenizing
