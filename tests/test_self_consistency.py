@@ -16,7 +16,7 @@ import re
 from collections import Counter
 
 import pytest
-from harness import NUM_PAGES, assert_pools_full, messages, refused, run
+from harness import NUM_PAGES, assert_pools_full, control_loop, messages, refused, run, tiny_inference
 
 from oven.client.generate import PagedSequence
 from oven.control.tokenizer import Tokenizer
@@ -123,6 +123,19 @@ def test_a_pattern_group_and_ties_go_to_the_first_answer_given(loop, report):
     assert all(q["answer"] is None for q in none["paths"])
     scores = host_centrality(none["paths"])  # no answers: the paths' texts are compared
     assert none["central"] == {"index": scores.index(max(scores)), "centrality": scores}
+
+
+def test_the_consensus_of_64_long_paths_keeps_within_its_slices():
+    """64 paths whose keys are 64-character texts: about 8 million edit-distance steps, more than one
+    1000 ms slice holds; the inferlet computes a row per slice, so it is not stopped (it was, before)."""
+    with tiny_inference() as process, control_loop(process, None, PROGRAMS, max_kv_pages_per_instance=NUM_PAGES) as tiny:
+        (inst,) = run(tiny, "self-consistency", [["Once upon a time", "--n", "64", "--max-tokens", "24",
+                                                  "--pattern", "no path writes this"]], timeout_s=300)
+        assert (inst.exit_code, inst.error) == (0, None)
+        report = json.loads(messages(tiny, inst)[0])
+    assert min(len(q["text"].strip()) for q in report["paths"]) >= 64  # every key is a full 64 characters
+    scores = report["central"]["centrality"]
+    assert len(scores) == 64 and report["central"]["index"] == scores.index(max(scores))
 
 
 @pytest.mark.parametrize("args, error", [
