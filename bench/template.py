@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import string
 import sys
 from pathlib import Path
 
@@ -27,16 +28,15 @@ from library_loop import library_loop  # noqa: E402
 PROMPT = "Write a product sheet for a new kitchen gadget."
 TEMPLATE = ("PRODUCT SHEET\n=============\nProduct name: {name}\nCategory: {category}\nPrice in US dollars: "
             "{price:[0-9]{1,4}}\nWarranty in years: {warranty:[0-9]}\nOne-line description: {description}\n")
-HOLE = re.compile(r"\{(\w+)(?::((?:[^{}]|\{[^{}]*\})*))?\}")  # {name} or {name:REGEX}, one level of braces
-
-
 def whole_regex(template: str) -> str:
-    """The template as one regex: fixed text escaped, a one-line hole [^\\n]{1,60}, a pattern's hole as given."""
-    out, at = [], 0
-    for hole in HOLE.finditer(template):
-        out += [re.escape(template[at:hole.start()]), f"(?:{hole.group(2)})" if hole.group(2) else r"[^\n]{1,60}"]
-        at = hole.end()
-    return "".join(out) + re.escape(template[at:])
+    """The template as one regex: fixed text escaped, a one-line hole [^\\n]{1,60}, a pattern's hole as given
+    (holes read as the inferlet reads them: ``string.Formatter``'s fields)."""
+    out = []
+    for fixed, name, pattern, _ in string.Formatter().parse(template):
+        out.append(re.escape(fixed))
+        if name is not None:
+            out.append(f"(?:{pattern})" if pattern else r"[^\n]{1,60}")
+    return "".join(out)
 
 
 def parse_args():

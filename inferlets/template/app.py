@@ -87,33 +87,32 @@ async def main(args: list[str]) -> None:
     fixed, holes = pieces(opt.template)
     if not opt.prompt and not fixed[0]:
         ARGS.error("the first hole needs text before it: a PROMPT or fixed text at the template's start")
-    grammars = {}
-    for (name, pattern), before in zip(holes, fixed):
+    plans = []  # per hole: its name, the fixed text before it without its spaces, the spaces, when it ends
+    for (name, pattern), before, after in zip(holes, fixed, fixed[1:]):
+        text, space = split_space(before)
         if pattern:
             try:
                 inferlet.Grammar.regex(pattern).drop()  # alone first: an error quotes the pattern as given
-                # the spaces before the hole come first (split_space); " " and "\t" need no escape
-                grammars[name] = inferlet.Grammar.regex(split_space(before)[1] + f"(?:{pattern})")
+                grammar = inferlet.Grammar.regex(space + f"(?:{pattern})")  # " " and "\t" need no escape
             except inferlet.OvenError as err:
                 ARGS.error(f"the hole {name!r}: {err}")
+            stop, shape = inferlet.Stop(max_tokens=opt.max_tokens), inferlet.Shape(grammar=grammar)
+        else:
+            stop, shape = inferlet.Stop(max_tokens=opt.max_tokens, strings=ends(after)), None
+        plans.append((name, text, space, stop, shape))
     with inferlet.Context() as ctx:
         if opt.chat:
             ctx.fill_chat([{"role": "user", "content": opt.prompt}])
         elif opt.prompt:
             ctx.fill(opt.prompt)
-        report, fields, unfinished, fixed_tokens = [], {}, [], 0
-        for i, ((name, pattern), before, after) in enumerate(zip(holes, fixed, fixed[1:])):
-            text, space = split_space(before)
+        report, unfinished, fixed_tokens = [], [], 0
+        for i, (name, text, space, stop, shape) in enumerate(plans):
             piece = inferlet.encode(text)
             ctx.fill_tokens(piece)
             fixed_tokens += len(piece)
             context = ctx.tokens + ctx.pending
             sampler = (inferlet.Temperature(opt.temperature, opt.seed + i) if opt.temperature is not None
                        else inferlet.Greedy())
-            if pattern:
-                stop, shape = inferlet.Stop(max_tokens=opt.max_tokens), inferlet.Shape(grammar=grammars[name])
-            else:
-                stop, shape = inferlet.Stop(max_tokens=opt.max_tokens, strings=ends(after)), None
             written = await ctx.generate(sampler, stop, shape)
             drawn = list(ctx.generated)
             ended = bool(drawn) and drawn[-1] in inferlet.stop_tokens()
@@ -123,11 +122,10 @@ async def main(args: list[str]) -> None:
             ctx.truncate(len(context))
             ctx.fill_tokens(inferlet.encode(space + value))
             report.append({"name": name, "context": context, "tokens": drawn, "value": value})
-            fields[name] = value
-    filled = "".join(piece + (report[i]["value"] if i < len(report) else "") for i, piece in enumerate(fixed))
+    filled = "".join(before + hole["value"] for before, hole in zip(fixed, report)) + fixed[-1]
     print(filled)
-    inferlet.send(json.dumps({"text": filled, "fields": fields, "holes": report, "unfinished": unfinished,
-                              "fixed_tokens": fixed_tokens, "drawn_tokens": sum(len(h["tokens"]) for h in report)}))
-
+    inferlet.send(json.dumps({"text": filled, "fields": {hole["name"]: hole["value"] for hole in report},
+                              "holes": report, "unfinished": unfinished, "fixed_tokens": fixed_tokens,
+                              "drawn_tokens": sum(len(hole["tokens"]) for hole in report)}))
 
 WitWorld = inferlet.run(main)
