@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import seed_store
 
 from oven.client.rpc import OvenClient
 from oven.proto.endpoints import default_inference_endpoint
@@ -29,6 +30,7 @@ def keys(message: type) -> list[str]:
 def env(tmp_path_factory, tokenizer_donor) -> dict:
     """A user of a fresh server whose program store starts empty (library names of its own)."""
     home = tmp_path_factory.mktemp("cli-json")
+    seed_store(home / "programs", "echo")  # compiled already (no names: the store's names start empty)
     return {**os.environ, "OVEN_CONTROL_ENDPOINT": f"ipc://{home}/state/control.sock",
             "OVEN_STATE_DIR": str(home / "state"), "OVEN_PROGRAM_DIR": str(home / "programs"),
             "OVEN_CACHE_DIR": str(home / "cache"), "OVEN_TOKENIZER_DONOR": tokenizer_donor}

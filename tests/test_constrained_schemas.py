@@ -1,5 +1,5 @@
 """Every schema of tests/schemas.py through the Python SDK (``inferlets/constrained`` on SmolLM2, greedy,
-pipelined): each output parses and validates, formats included. The same schemas go through the
+pipelined): each output parses and validates, formats included. Every fourth of them goes through the
 ``openai`` client in test_openai_shaping.py."""
 
 from __future__ import annotations

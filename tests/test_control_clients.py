@@ -505,7 +505,7 @@ def test_a_launch_that_must_compile_again_stalls_nothing(control_server, monkeyp
     share one load. Both are answered once it is loaded; its compiled file is written again, and a later
     launch starts at once."""
     programs = control_server.loop.programs
-    digest = programs.add(fresh_program("echo"), "stale-echo")
+    digest = programs.add(fresh_program("hello-rust"), "stale-hello")  # (held: how long it compiles is moot)
     programs._components.pop(digest)  # a restarted server holds no code in memory
     programs._compiled_path(digest).write_bytes(b"compiled by some other wasmtime")
     loading, release, loads = threading.Event(), threading.Event(), []
@@ -519,7 +519,7 @@ def test_a_launch_that_must_compile_again_stalls_nothing(control_server, monkeyp
         return load_now(digest_)
     monkeypatch.setattr(programs, "load", held_load)
     first, second, other = (dealer_at(control_server.endpoint, name) for name in (b"first", b"second", b"other"))
-    first.send(c.CODEC.encode(c.Launch("stale-echo", []), 1))
+    first.send(c.CODEC.encode(c.Launch("stale-hello", []), 1))
     second.send(c.CODEC.encode(c.Launch(digest, []), 1))
     turn_until(control_server, first, loading.is_set)
     theirs = request(control_server, other, c.Launch("echo", []), 1).instance_id
