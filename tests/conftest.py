@@ -105,5 +105,7 @@ def loop(inference, loop_config, request):
     """A ControlLoop over ``inference`` holding the module's ``PROGRAMS``."""
     from harness import control_loop
 
-    with control_loop(inference, None, getattr(request.module, "PROGRAMS", []), **loop_config) as control:
+    config = dict(loop_config)
+    with control_loop(inference, config.pop("program_dir", None), getattr(request.module, "PROGRAMS", []),
+                      **config) as control:
         yield control

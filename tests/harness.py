@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,12 @@ def built(name: str) -> bytes:
     if not inferlet.up_to_date():
         pytest.fail(f"{inferlet.output} is older than its sources: run setup.sh (or `oven build inferlets/{name}`)")
     return inferlet.output.read_bytes()
+
+
+def fresh_program(name: str) -> bytes:
+    """Built program ``name`` with a custom section appended: the same code under a digest no store has."""
+    body = bytes([9]) + b"oven-test" + secrets.token_bytes(16)
+    return built(name) + b"\x00" + bytes([len(body)]) + body
 
 
 def seed_store(folder: Path, *names: str) -> Path:

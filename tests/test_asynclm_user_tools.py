@@ -9,7 +9,6 @@ package's MCPServer (FastMCP before mcp 2) and started by the client as a subpro
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -22,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from harness import OVEN, PROGRAM_DIR, Server
+from harness import OVEN, Server
 
 from oven.client.asynclm.session import run_session, session_spec, tools_workload
 from oven.client.asynclm.tools import ToolError, ToolExecutor, ToolRegistry
@@ -392,15 +391,8 @@ def test_an_mcp_server_that_is_no_server_is_one_line(folder):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`oven serve` on the tiny model, given the compiled asynclm where earlier tests left it in PROGRAM_DIR."""
-    root = tmp_path_factory.mktemp("user-tools-server")
-    store = root / "programs"
-    store.mkdir(mode=0o700)
-    digest = hashlib.sha256(library_program("asynclm").path.read_bytes()).hexdigest()
-    for cached in [Path(PROGRAM_DIR) / "code.key", *Path(PROGRAM_DIR).glob(f"{digest}.*")]:
-        if cached.exists():
-            os.link(cached, store / cached.name)
-    server = Server(root)
+    """`oven serve` on the tiny model, its store seeded with the compiled asynclm."""
+    server = Server(tmp_path_factory.mktemp("user-tools-server"), programs=("asynclm",))
     yield server
     server.stop()
 

@@ -62,6 +62,13 @@ def rust_wasm(workdir) -> Path:
 PROGRAMS = []  # stored in the module's ControlLoop (the `loop` fixture, conftest.py)
 
 
+@pytest.fixture(scope="module")
+def loop_config(tmp_path_factory) -> dict:
+    """The loop's own program store: a build here differs from every earlier one (componentize-py's
+    output differs run to run), so the shared PROGRAM_DIR would keep a 55 MB copy of each."""
+    return {"program_dir": str(tmp_path_factory.mktemp("programs"))}
+
+
 def expected_text(inference, loop) -> str:
     """What greedy decoding straight on the inference process makes of the chat prompt."""
     tokenizer = Tokenizer(loop.info.tokenizer)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import PROGRAM_DIR
+from harness import fresh_program, seed_store
 
 from oven.client.programs import library_program
 from oven.client.rpc import OvenClient
@@ -45,10 +45,12 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(home) -> dict:
-    """The user's environment: where their server is, for every verb, serve included."""
+    """The user's environment: where their server is, for every verb, serve included. Its program store is
+    its own (the programs built here are new each run), seeded with the library programs it runs."""
     state = home / "state"
+    programs = seed_store(home / "programs", "echo", "chat-completion", "asynclm")
     return {**os.environ, "OVEN_CONTROL_ENDPOINT": f"ipc://{state}/control.sock", "OVEN_STATE_DIR": str(state),
-            "OVEN_PROGRAM_DIR": PROGRAM_DIR}
+            "OVEN_PROGRAM_DIR": str(programs)}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +164,9 @@ def test_upload_by_name_then_run_by_name_and_a_typo(home, env, server):
 
 
 def test_a_dropped_program_is_gone(home, env, server):
-    digest = oven("upload", "echo", "--name", "to-drop", cwd=home, env=env).stdout.strip()
+    # A digest of its own: dropping a program deletes its files, and the store's other programs are seeded.
+    (home / "to-drop.wasm").write_bytes(fresh_program("hello-rust"))
+    digest = oven("upload", "to-drop.wasm", cwd=home, env=env).stdout.strip()
     assert "to-drop" in oven("ps", "--programs", cwd=home, env=env).stdout
     assert oven("ps", "--programs", "--drop", "to-drop", cwd=home, env=env).stdout == "dropped to-drop\n"
     assert digest[:16] not in oven("ps", "--programs", cwd=home, env=env).stdout  # no client had it any more

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import PROGRAM_DIR, Server
+from harness import Server
 
 from oven.client.programs import library_program
 from oven.client.rpc import ControlRequestError, InstanceTimeout, OvenClient, ProgramNotFound
@@ -32,15 +32,9 @@ def wasm(name: str) -> bytes:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A server with a program store of its own (no client has a name or a right there from an earlier
-    run), given the compiled code of the inferlets used here where earlier tests left it in PROGRAM_DIR."""
+    run), seeded with the compiled code of the inferlets used here."""
     root = tmp_path_factory.mktemp("client-library")
-    store = root / "programs"
-    store.mkdir(mode=0o700)
-    digests = [hashlib.sha256(wasm(name)).hexdigest() for name in ("text-completion", "echo")]
-    for cached in [Path(PROGRAM_DIR) / "code.key", *(f for d in digests for f in Path(PROGRAM_DIR).glob(f"{d}.*"))]:
-        if cached.exists():
-            os.link(cached, store / cached.name)
-    server = Server(root)
+    server = Server(root, programs=("text-completion", "echo"))
     yield server
     server.stop()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-import secrets
 import threading
 import time
 
@@ -26,7 +25,7 @@ from oven.control.runtime.loop import ControlLoop
 from oven.control.server import ControlServer
 from oven.proto import control as c
 
-from harness import PROGRAM_DIR, built
+from harness import PROGRAM_DIR, built, fresh_program
 
 PROGRAMS = ["echo"]
 _endpoints = itertools.count()
@@ -418,12 +417,6 @@ def test_a_client_whose_lease_lapsed_is_told_what_it_lost(control_server, monkey
     assert control_server.loop.record(detached) is not None  # detached: only its watchers went
     for dealer in (owner, watcher, again, idle, forgotten):
         dealer.close(0)
-
-
-def fresh_program(name: str) -> bytes:
-    """Built program ``name`` with a custom section appended: the same code under a digest no store has."""
-    body = bytes([9]) + b"oven-test" + secrets.token_bytes(16)
-    return built(name) + b"\x00" + bytes([len(body)]) + body
 
 
 def upload_chunk(data: bytes, name: str) -> c.UploadChunk:

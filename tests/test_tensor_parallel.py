@@ -31,7 +31,7 @@ from oven.inference.tensor_parallel import EXIT_RANK_DIED
 from oven.proto import inference as p
 from oven.proto.endpoints import private_endpoint
 
-NUM_PAGES, NUM_HOST, NUM_STEPS = 64, 8, 64
+NUM_PAGES, NUM_HOST, NUM_STEPS = 64, 8, 32  # 32 steps: the 11-token prompt grows over three pages
 PAGES_PER_SEQUENCE = 32
 PROMPT = [1, 504, 2988, 314, 42, 476, 57, 5248, 2567, 1109, 28]
 ASYNCLM_ADAPTER = Path(oven.client.asynclm.__file__).parent / "adapter"
