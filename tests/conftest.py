@@ -27,6 +27,13 @@ SLOWEST_FIRST = ["test_build", "test_cli_journey", "test_openai_shaping", "test_
                  "test_discard", "test_self_correct", "test_skeleton_of_thought"]
 
 
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller (or -n 0), before any worker starts
+        from harness import prune_program_dir
+
+        prune_program_dir()
+
+
 @pytest.hookimpl(trylast=True)  # after pytest groups the tests that share a parametrized session fixture
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from oven.control.inference_process import start_inference_process
 from oven.proto.endpoints import private_endpoint
 from oven.control.inference_client import InferenceClient
 from oven.control.runtime.loop import ControlLoop
-from oven.control.runtime.programs import ProgramStore, engine_config
+from oven.control.runtime.programs import DIGEST, ProgramStore, engine_config
 from oven.proto.auth import private_dir, write_private_file
 from oven.control.tokenizer import Tokenizer
 from oven.inference.config import InferenceConfig
@@ -43,6 +44,24 @@ def built(name: str) -> bytes:
     if not inferlet.up_to_date():
         pytest.fail(f"{inferlet.output} is older than its sources: run setup.sh (or `oven build inferlets/{name}`)")
     return inferlet.output.read_bytes()
+
+
+def prune_program_dir() -> None:
+    """Delete PROGRAM_DIR's programs but the library inferlets as built now: it keeps them between runs,
+    and every older build of each (an SDK change rebuilds them all: about 1.6 GB) and every program a
+    test made would otherwise stay there for good."""
+    root = Path(PROGRAM_DIR)
+    if not root.is_dir():
+        return
+    keep = set()
+    for folder in inferlets_dir().iterdir():
+        output = folder / f"{folder.name}.wasm"
+        if output.is_file():
+            keep.add(hashlib.sha256(output.read_bytes()).hexdigest())
+    for path in root.iterdir():
+        digest = path.name.split(".", 1)[0]
+        if DIGEST.match(digest) and digest not in keep:
+            path.unlink(missing_ok=True)
 
 
 def fresh_program(name: str) -> bytes:
