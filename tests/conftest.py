@@ -18,26 +18,11 @@ from oven.inference.engine import Engine  # noqa: E402
 
 MODELS = ["tiny", "smollm2-135m-instruct"]
 
-# The slowest modules (each 30-110 s on 2 cores, measured 2026-11-29), started first: pytest-xdist hands
-# out whole modules in collection order (pyproject: --dist loadfile --no-loadscope-reorder), and a long
-# module taken last keeps one worker busy while the other has nothing left.
-SLOWEST_FIRST = ["test_build", "test_cli_journey", "test_openai_shaping", "test_asynclm", "test_security",
-                 "test_data_parallel", "test_constrained_schemas", "test_asynclm_training", "test_tensor_parallel",
-                 "test_jacobi_decoding", "test_watermark", "test_control_server", "test_installed_package",
-                 "test_discard", "test_self_correct", "test_skeleton_of_thought"]
-
-
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # the controller (or -n 0), before any worker starts
         from harness import prune_program_dir
 
         prune_program_dir()
-
-
-@pytest.hookimpl(trylast=True)  # after pytest groups the tests that share a parametrized session fixture
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
 
 
 def make_engine(model: str, **overrides) -> Engine:
