@@ -18,6 +18,7 @@ from oven.inference.engine import Engine  # noqa: E402
 
 MODELS = ["tiny", "smollm2-135m-instruct"]
 
+
 def pytest_sessionstart(session):
     if not hasattr(session.config, "workerinput"):  # the controller (or -n 0), before any worker starts
         from harness import prune_program_dir
