@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from conftest import hf_reference, make_engine
-from harness import assert_pools_full, messages, refused, run
+from harness import assert_pools_full, control_loop, messages, refused, run, tiny_inference
 from oven.control.tokenizer import Tokenizer
 
 PROMPT = "Once upon a time, in a land far away"
@@ -114,7 +114,8 @@ def test_identical_candidates_rank_in_index_order_with_full_overlap(loop, hf):
 
 @pytest.mark.parametrize("args, error", [
     ([], "the following arguments are required: PROMPT"),
-    (["p", "--n", "0"], "argument --n: expected a whole number >= 1, not '0'"),
+    (["p", "--n", "0"], "argument --n: expected a whole number from 1 to 64, not '0'"),
+    (["p", "--n", "65"], "argument --n: expected a whole number from 1 to 64, not '65'"),
     (["p", "--top-p", "1.5"], "argument --top-p: expected a number > 0 and <= 1, not '1.5'"),
     (["p", "--temperature"], "argument --temperature: expected one argument"),
     (["p", "--beam", "2"], "unrecognized arguments: --beam 2"),
@@ -125,3 +126,18 @@ def test_bad_arguments_are_refused(loop, args, error):
     assert stderr.startswith("usage: best-of-n [-h] [--n N] [--max-tokens M]")
     assert stderr.endswith(f"best-of-n: error: {error}\n")
     assert_pools_full(loop)
+
+
+def test_64_long_candidates_are_ranked_within_their_slices():
+    """64 candidates of 64 tokens (their seeds draw no end token): the ranking that made the G-grams of
+    every candidate again for each pair (N³ sets) ran past a 1000 ms slice and was stopped; it now makes
+    them once and yields each round."""
+    with tiny_inference(num_kv_pages=1024) as process, \
+            control_loop(process, None, PROGRAMS, max_kv_pages_per_instance=1024) as tiny:
+        (inst,) = run(tiny, "best-of-n", [[PROMPT, "--n", "64", "--max-tokens", "64"]], timeout_s=300)
+        assert (inst.exit_code, inst.error) == (0, None)
+        (report,) = [json.loads(m) for m in messages(tiny, inst)]
+    ranking = report["ranking"]
+    assert sorted(c["index"] for c in ranking) == list(range(64)) and {len(c["tokens"]) for c in ranking} == {64}
+    # each next is the best score left: scores never rise down the ranking, and equal ones go by index
+    assert all((a["score"], -a["index"]) > (b["score"], -b["index"]) for a, b in zip(ranking, ranking[1:]))

@@ -22,7 +22,7 @@ from inferlet.arguments import number, text, whole
 
 ARGS = inferlet.ArgumentParser("best-of-n", __doc__)
 ARGS.add_argument("prompt", metavar="PROMPT", type=text, help="the text to continue")
-ARGS.add_argument("--n", metavar="N", type=whole(1), default=4, help="candidates sampled (default %(default)s)")
+ARGS.add_argument("--n", metavar="N", type=whole(1, 64), default=4, help="candidates sampled (default %(default)s)")
 ARGS.add_argument("--max-tokens", metavar="M", type=whole(1), default=32,
                   help="tokens at most per candidate (default %(default)s)")
 ARGS.add_argument("--temperature", metavar="T", type=number(0), default=0.8,
@@ -42,23 +42,23 @@ def ngrams(tokens: list[int], size: int) -> set[tuple[int, ...]]:
     return {tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)}
 
 
-def overlap(tokens: list[int], above: list[list[int]], size: int) -> float:
-    """The largest share of ``tokens``' G-grams that one candidate ranked above also has."""
-    own = ngrams(tokens, size)
-    if not own:
-        return 0.0
-    return max((len(own & ngrams(a, size)) / len(own) for a in above), default=0.0)
-
-
-def rank(candidates: list[dict], size: int, weight: float) -> list[dict]:
-    """Maximal marginal relevance: each next, the remaining candidate of highest score (lower index on a tie)."""
-    left, ranked = list(candidates), []
+async def rank(candidates: list[dict], size: int, weight: float) -> list[dict]:
+    """Maximal marginal relevance: each next, the remaining candidate of highest score (lower index on a
+    tie), its overlap being the largest share of its G-grams that one candidate ranked above it also has.
+    Each candidate's G-grams are made once and its overlap kept up to date as the others are ranked: N²
+    set intersections, not N³."""
+    grams = [ngrams(c["tokens"], size) for c in candidates]
+    shared = [0.0] * len(candidates)
+    left, ranked = list(range(len(candidates))), []
     while left:
-        scored = [(c["quality"] - weight * o, c, o)
-                  for c, o in ((c, overlap(c["tokens"], [r["tokens"] for r in ranked], size)) for c in left)]
-        score, best, shared = max(scored, key=lambda s: (s[0], -s[1]["index"]))
-        ranked.append({**best, "overlap": shared, "score": score})
+        best = max(left, key=lambda i: (candidates[i]["quality"] - weight * shared[i], -candidates[i]["index"]))
         left.remove(best)
+        ranked.append({**candidates[best], "overlap": shared[best],
+                       "score": candidates[best]["quality"] - weight * shared[best]})
+        for i in left:
+            if grams[i]:
+                shared[i] = max(shared[i], len(grams[i] & grams[best]) / len(grams[i]))
+        await inferlet.sleep(0)  # many long candidates: the ranking must not run a slice past its deadline
     return ranked
 
 
@@ -80,7 +80,7 @@ async def main(args: list[str]) -> None:
             prompt.fill(opt.prompt)
         await prompt.flush()  # all but the last token: each fork feeds that one itself
         candidates = await inferlet.gather(*(candidate(prompt, i, opt) for i in range(opt.n)))
-    ranking = rank(candidates, opt.ngram, opt.diversity)
+    ranking = await rank(candidates, opt.ngram, opt.diversity)
     inferlet.send(json.dumps({"best": ranking[0], "ranking": ranking}))
 
 
