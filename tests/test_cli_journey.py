@@ -164,7 +164,8 @@ def test_upload_by_name_then_run_by_name_and_a_typo(home, env, server):
 
 
 def test_a_dropped_program_is_gone(home, env, server):
-    # A digest of its own: dropping a program deletes its files, and the store's other programs are seeded.
+    # A digest no other step uses: a drop deletes the program's files, and echo's (seeded) would then be
+    # compiled again by the steps after this one.
     (home / "to-drop.wasm").write_bytes(fresh_program("hello-rust"))
     digest = oven("upload", "to-drop.wasm", cwd=home, env=env).stdout.strip()
     assert "to-drop" in oven("ps", "--programs", cwd=home, env=env).stdout
