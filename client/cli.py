@@ -195,6 +195,7 @@ positive_int, positive_float = _positive(int), _positive(float)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     from .build import BuildError, build
@@ -202,15 +203,21 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.output and len(args.dirs) > 1:
         print("oven build: -o/--output takes one DIR", file=sys.stderr)
         return EXIT_USAGE
-    failed = []
-    for folder in args.dirs:
+
+    def build_one(folder: str) -> bool:
         try:
             built = build(Path(folder), Path(args.output) if args.output else None, force=args.force, log=_say)
             if not built and not args.quiet:
                 _say(f"{folder}: up to date")
+            return True
         except BuildError as exc:
             print(f"oven: error: {exc}", file=sys.stderr, flush=True)
-            failed.append(folder)
+            return False
+
+    # Each build is a componentize-py or cargo process of its own (one core, ~400 MB): a thread waits on each.
+    jobs = args.jobs or min(4, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(min(jobs, len(args.dirs))) as pool:
+        failed = [folder for folder, ok in zip(args.dirs, pool.map(build_one, args.dirs)) if not ok]
     if failed and len(args.dirs) > 1:
         print(f"oven: {len(failed)} of {len(args.dirs)} failed: {' '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -443,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("-o", "--output", metavar="OUT", help="write the component here (one DIR only)")
     build.add_argument("--force", action="store_true", help="build even when the output is up to date")
     build.add_argument("-q", "--quiet", action="store_true", help="say nothing about up-to-date folders")
+    build.add_argument("-j", "--jobs", type=positive_int, metavar="N",
+                       help="build N folders at once (default: this machine's cores, up to 4)")
     build.set_defaults(func=cmd_build)
 
     new = sub.add_parser(

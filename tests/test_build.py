@@ -166,6 +166,22 @@ def test_an_import_the_sandbox_cannot_serve_fails_before_building(tmp_path, line
     assert failed.stderr.startswith("oven: error: " + message), failed.stderr
 
 
+def test_folders_build_side_by_side_and_each_failure_is_named(python_wasm, workdir):
+    """-j 2: an up-to-date folder beside one whose import check fails (neither runs componentize-py); the
+    summary names the failed folder. -j takes a positive count."""
+    assert oven("new", "needs-numpy", "--dir", str(workdir), cwd=workdir).returncode == 0
+    app = workdir / "needs-numpy" / "app.py"
+    app.write_text("import inferlet\nimport numpy\n" + app.read_text())
+    done = oven("build", "-j", "2", "chat-py", "needs-numpy", cwd=workdir, OVEN_COMPONENTIZE_PY="/nonexistent")
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == "oven: 1 of 2 failed: needs-numpy"
+    assert "oven: chat-py: up to date" in done.stderr.splitlines()
+    assert "oven: error: needs-numpy/app.py:2: import numpy: no module 'numpy'" in done.stderr
+    refused = oven("build", "-j", "0", "chat-py", cwd=workdir)
+    assert (refused.returncode, refused.stderr.splitlines()[-1]) == (
+        2, "oven build: error: argument -j/--jobs: invalid positive int value: '0'")
+
+
 def test_cargo_errors_are_shown(rust_wasm, tmp_path):
     broken = tmp_path / "broken-rs"
     shutil.copytree(rust_wasm.parent, broken)  # with its target/: the SDK is not compiled again
