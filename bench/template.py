@@ -28,6 +28,8 @@ from library_loop import library_loop  # noqa: E402
 PROMPT = "Write a product sheet for a new kitchen gadget."
 TEMPLATE = ("PRODUCT SHEET\n=============\nProduct name: {name}\nCategory: {category}\nPrice in US dollars: "
             "{price:[0-9]{1,4}}\nWarranty in years: {warranty:[0-9]}\nOne-line description: {description}\n")
+
+
 def whole_regex(template: str) -> str:
     """The template as one regex: fixed text escaped, a one-line hole [^\\n]{1,60}, a pattern's hole as given
     (holes read as the inferlet reads them: ``string.Formatter``'s fields)."""

@@ -16,6 +16,7 @@ import wasmtime
 
 from oven.client.build import Inferlet
 from oven.client.paths import inferlets_dir
+from oven.client.programs import ProgramNotFound, library_names, library_program
 from oven.control.config import ControlConfig, default_program_dir
 from oven.client.generate import greedy_generate
 from oven.client.rpc import OvenClient
@@ -54,10 +55,11 @@ def prune_program_dir() -> None:
     if not root.is_dir():
         return
     keep = set()
-    for folder in inferlets_dir().iterdir():
-        output = folder / f"{folder.name}.wasm"
-        if output.is_file():
-            keep.add(hashlib.sha256(output.read_bytes()).hexdigest())
+    for name in library_names():
+        try:
+            keep.add(hashlib.sha256(library_program(name).path.read_bytes()).hexdigest())
+        except ProgramNotFound:  # not an inferlet, or not built
+            pass
     for path in root.iterdir():
         digest = path.name.split(".", 1)[0]
         if DIGEST.match(digest) and digest not in keep:

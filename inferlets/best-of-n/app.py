@@ -50,11 +50,14 @@ async def rank(candidates: list[dict], size: int, weight: float) -> list[dict]:
     grams = [ngrams(c["tokens"], size) for c in candidates]
     shared = [0.0] * len(candidates)
     left, ranked = list(range(len(candidates))), []
+
+    def score(i: int) -> float:
+        return candidates[i]["quality"] - weight * shared[i]
+
     while left:
-        best = max(left, key=lambda i: (candidates[i]["quality"] - weight * shared[i], -candidates[i]["index"]))
+        best = max(left, key=lambda i: (score(i), -candidates[i]["index"]))
         left.remove(best)
-        ranked.append({**candidates[best], "overlap": shared[best],
-                       "score": candidates[best]["quality"] - weight * shared[best]})
+        ranked.append({**candidates[best], "overlap": shared[best], "score": score(best)})
         for i in left:
             if grams[i]:
                 shared[i] = max(shared[i], len(grams[i] & grams[best]) / len(grams[i]))

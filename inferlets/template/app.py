@@ -128,4 +128,5 @@ async def main(args: list[str]) -> None:
                               "holes": report, "unfinished": unfinished, "fixed_tokens": fixed_tokens,
                               "drawn_tokens": sum(len(hole["tokens"]) for hole in report)}))
 
+
 WitWorld = inferlet.run(main)
