@@ -74,6 +74,31 @@ def test_spinning_launches_of_one_client_hold_up_nothing_of_another(loop, expect
     assert 0 < alice_cpu_s < min(loop.ended(s.instance_id).cpu_s for s in spinners)
 
 
+def test_a_clients_launches_wait_behind_its_running_instances(loop, expected):
+    """Thirty launches ordered while alice's decode waits for the device: the slice its next token wakes
+    runs before the last of them. A Python launch takes 5-30 ms of the runner's one thread; run in the
+    order they were ordered, every token of a running decode waited for every launch queued before it,
+    and the launches' slices held the device's next batch back (512 launches of one client made 10 s in
+    which its running instances could not call the device)."""
+    decode = loop.launch("hello-python", [PROMPT, str(NUM_TOKENS)], owner="alice")
+    assert loop.run_until(lambda: decode.started and decode.state is State.WAITING, 60)
+    ran, slices_ran = [], loop._slices_ran
+
+    def record(runner, results):  # the order alice's runner ran slices in
+        ran.extend(x.instance_id for x in results)
+        slices_ran(runner, results)
+
+    loop._slices_ran = record
+    try:
+        launched = [loop.launch("hello-python", [PROMPT, "1"], owner="alice") for _ in range(30)]
+        assert loop.run_until(lambda: not decode.alive and not any(x.alive for x in launched), 120)
+    finally:
+        del loop._slices_ran
+    assert (decode.state, messages(loop, decode)) == (State.FINISHED, [expected])
+    last_launch = max(ran.index(x.instance_id) for x in launched)
+    assert ran.index(decode.instance_id) < last_launch
+
+
 def test_a_tokenize_past_the_limit_fails_alone(loop, expected):
     big = loop.launch("hostile", ["tokenize", str(60 << 10)], owner="mallory")
     small = loop.launch("hostile", ["tokenize", "64"], owner="mallory")

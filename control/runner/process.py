@@ -7,8 +7,9 @@ space, priority) are set by the control process before it starts (``control/runt
 wasmtime engine, epoch ticker and store limits are its own, so whatever its guests do, they do to
 this process alone. It keeps its client's instances to their memory share itself (``memory.py``).
 
-Results go back in one :class:`SlicesRan` per order, or sooner when a slice ran long, so that one
-instance's long slice does not hold back the calls of the others.
+Slices are queued as they are ordered and run resumes first (``Runner._run``). Results go back in a
+:class:`SlicesRan` once a millisecond of slices has run, or the queue is empty, so that one instance's
+long slice does not hold back the calls of the others.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ log = logging.getLogger("oven.runner")
 
 EPOCH_TICK_S = 0.005
 NO_CALLS = msgpack.packb([])
-FLUSH_AFTER_S = 0.001  # results go out once this much of an order has run, before its other slices run
+FLUSH_AFTER_S = 0.001  # results go out once this much of the queue has run, before the rest runs
 
 
 class Runner:
@@ -56,37 +57,62 @@ class Runner:
         self.guests: dict[str, Guest] = {}
         self._slice_ticks = max(1, int(setup.slice_ms / 1000 / EPOCH_TICK_S))
         self._held: deque = deque()  # orders that arrived while a slice waited for an answer
+        self._launches: deque[r.Launch] = deque()  # ordered, not run yet
+        self._resumes: deque[r.Resume] = deque()
+        self._results: list[r.SliceResult] = []  # run, not sent yet
+        self._since = 0.0  # when the first of them started
         threading.Thread(target=self._tick_epochs, daemon=True, name="oven-epoch").start()
         self._own_bytes = data_bytes()  # the runner's own data: what its instances add is their share's
 
     def serve(self) -> None:
         while parent_alive():
-            if self._held:
-                message = self._held.popleft()
-            elif self.sock.poll(1000):
-                message = r.CODEC.decode(self.sock.recv()).message
-            else:
-                continue
-            if isinstance(message, r.RunSlices):
-                self._run(message)
-            elif isinstance(message, r.Forget):
-                for instance_id in message.instance_ids:
-                    if (guest := self.guests.pop(instance_id, None)) is not None:
-                        guest.release()
+            if self._resumes or self._launches or self._held or self.sock.poll(1000):
+                self._take_orders()
+                self._run()
 
-    def _run(self, order: r.RunSlices) -> None:
-        results: list[r.SliceResult] = []
-        since = time.monotonic()  # the first slice whose result waits in ``results`` started then
-        for work in [*order.launches, *order.resumes]:
-            results.append(self._launch(work) if isinstance(work, r.Launch) else self._resume(work))
-            evicted = self._keep_share()
-            if evicted or time.monotonic() - since > FLUSH_AFTER_S:  # an evicted one's last slice goes first
-                self._send(r.SlicesRan(results))
-                results, since = [], time.monotonic()
+    def _take_orders(self) -> None:
+        """Queue every order that has arrived (held ones first); forget what the control process ended."""
+        while self._held or self.sock.poll(0):
+            message = self._held.popleft() if self._held else r.CODEC.decode(self.sock.recv()).message
+            if isinstance(message, r.RunSlices):
+                self._launches.extend(message.launches)
+                self._resumes.extend(message.resumes)
+            elif isinstance(message, r.Forget):
+                self._forget(set(message.instance_ids))
+
+    def _forget(self, instance_ids: set[str]) -> None:
+        for instance_id in instance_ids:
+            if (guest := self.guests.pop(instance_id, None)) is not None:
+                guest.release()
+        # A launch still queued is answered without being run (every slice ordered is answered).
+        if dropped := [launch for launch in self._launches if launch.instance_id in instance_ids]:
+            self._launches = deque(launch for launch in self._launches if launch.instance_id not in instance_ids)
+            self._send(r.SlicesRan([r.SliceResult(launch.instance_id, NO_CALLS, [], "ended", 1, 0, 0, 0, 0)
+                                    for launch in dropped]))
+
+    def _run(self) -> None:
+        """Run the queued slices in rounds: the resumes queued when a round starts, then one launch. A launch
+        (a Python inferlet's takes 15-30 ms) then holds back the instances already running, whose calls
+        fill the device's next batch, by one launch at most, and a stream of resumes cannot starve the
+        launches. Orders that arrive meanwhile are queued each time results go out."""
+        self._results, self._since = [], time.monotonic()
+        while self._resumes or self._launches:
+            for _ in range(len(self._resumes)):
+                self._ran(self._resume(self._resumes.popleft()))
+            if self._launches:
+                self._ran(self._launch(self._launches.popleft()))
+        if self._results:
+            self._send(r.SlicesRan(self._results))
+
+    def _ran(self, result: r.SliceResult) -> None:
+        self._results.append(result)
+        evicted = self._keep_share()
+        if evicted or time.monotonic() - self._since > FLUSH_AFTER_S:  # an evicted one's last slice goes first
+            self._send(r.SlicesRan(self._results))
+            self._results, self._since = [], time.monotonic()
             for message in evicted:
                 self._send(message)
-        if results:
-            self._send(r.SlicesRan(results))
+            self._take_orders()
 
     def _launch(self, launch: r.Launch) -> r.SliceResult:
         started = time.thread_time_ns()

@@ -77,7 +77,10 @@ log = logging.getLogger(__name__)
 # The adaptive policy waits for the slices of instances a batch reply woke (or a launch started), so
 # that a batch holds every instance one reply woke, while their runner makes progress (Runner.progressing)
 # and for WAVE_WAIT_S at most: a slow or spinning slice holds up other clients' batches by a few
-# milliseconds, and a client's many slices by WAVE_WAIT_S at most.
+# milliseconds, and a client's many slices by WAVE_WAIT_S at most. A batch the policy would send is held
+# back by the wave for WAVE_WAIT_S at most too (Replica.dispatch): a client launching hundreds of instances
+# orders a new slice every few milliseconds, and the wave of each held back the next, which kept the device
+# idle for seconds while the commands of the client's running instances waited.
 WAVE_WAIT_S = 0.05
 RECHECK_S = 0.001  # how soon to look again at a silent runner that may still be progressing
 MAX_RUNNER_MESSAGES_PER_TURN = 8  # from one runner, so that one client's output cannot fill every turn
@@ -354,6 +357,8 @@ class ControlLoop:
             # when the slices the policy waits for stop counting
             candidates += [min(ordered_at + WAVE_WAIT_S, max(runner.heard_at + SILENT_S, now + RECHECK_S)) - now
                            for ordered_at, runner in self._wave.values()]
+            candidates += [replica.wave_held_since + WAVE_WAIT_S - now for replica in self.replicas
+                           if replica.wave_held_since is not None]
         return max(0.0, min(candidates))
 
     def _runnable(self, inst: Instance) -> bool:
@@ -497,10 +502,11 @@ class ControlLoop:
         wave, now = self._wave, time.monotonic()
         while wave and next(iter(wave.values()))[0] < now - WAVE_WAIT_S:  # oldest first
             del wave[next(iter(wave))]
+        progressing = {runner: runner.progressing(now) for _, runner in wave.values()}  # each reads /proc
         to_run = Counter(self.instances[instance_id].replica.index for instance_id, (_, runner) in wave.items()
-                         if instance_id in self.instances and runner.progressing(now))
+                         if instance_id in self.instances and progressing[runner])
         for replica in self.replicas:
-            replica.dispatch(to_run[replica.index], time.monotonic)
+            replica.dispatch(to_run[replica.index], time.monotonic, WAVE_WAIT_S)
 
     # -- a dead or hung inference process -------------------------------------------------------
 

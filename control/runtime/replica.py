@@ -58,6 +58,7 @@ class Replica:
         self._info_request: int | None = None  # a restarted process answers this once it serves
         self._restarted_at = 0.0
         self.scheduler = BatchScheduler()
+        self.wave_held_since: float | None = None  # since when the wave holds back a batch (dispatch)
         # The host tier copies on a side stream on CUDA only (inference/memory.py); elsewhere between steps.
         self.profiler = CostProfiler(copies_overlap=self.info.device.startswith("cuda"))
         self.profile_logged = self.profiler.measured  # what the loop last logged of it
@@ -96,18 +97,26 @@ class Replica:
 
     # -- batches ---------------------------------------------------------------------------------
 
-    def dispatch(self, instances_to_run: int, now: Callable[[], float]) -> None:
+    def dispatch(self, instances_to_run: int, now: Callable[[], float], max_wave_wait_s: float) -> None:
         """Send the batches the dispatch policy asks for now; ``instances_to_run``: slices of this
-        replica's instances that may still add a call (the loop's wave)."""
+        replica's instances that may still add a call (the loop's wave), which hold back a batch the
+        policy would otherwise send for ``max_wave_wait_s`` at most (:attr:`wave_held_since`)."""
         if not self.serving:
             return
         policy, scheduler, calls = self.config.dispatch, self.scheduler, self.calls
         while True:
             t = now()
             in_flight = calls.num_in_flight
-            if not policy.should_dispatch(t, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight,
-                                          in_flight, instances_to_run, scheduler.num_pending_chained):
+            state = (t, scheduler.num_pending, scheduler.oldest_enqueued_at, not in_flight, in_flight)
+            if not policy.should_dispatch(*state, 0, scheduler.num_pending_chained):
+                self.wave_held_since = None
                 return
+            if instances_to_run and not policy.should_dispatch(*state, instances_to_run, scheduler.num_pending_chained):
+                if self.wave_held_since is None:
+                    self.wave_held_since = t
+                if t - self.wave_held_since < max_wave_wait_s:
+                    return
+            self.wave_held_since = None
             if drops := calls.decoder_ids.take_drops():  # after every item naming them (their commands settled)
                 self.client.send(p.DropDecodersRequest(drops))
             batch = scheduler.form_batch(t, self.info.max_batch_items, self.info.max_batch_tokens)
