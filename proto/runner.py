@@ -7,9 +7,11 @@ control process binds one per runner, its runner connects. Every frame is one en
 The control process owns every instance's bookkeeping (futures, queues, pages, inbox) and decides
 when each instance runs; a runner holds the instances' wasmtime stores and runs their slices. One
 :class:`RunSlices` per runner per turn carries every slice the control process wants run there; the
-runner answers with :class:`SlicesRan` (one or more, in order), each :class:`SliceResult` carrying the
-host calls the slice made that the control process answers (``calls``), in the order the guest made
-them, for the control process to apply as if they had been made on its own thread.
+runner queues them and answers each slice once, in :class:`SlicesRan` messages in the order it ran them
+(not the order they were ordered: resumes go ahead of launches, control/runner/process.py), each
+:class:`SliceResult` carrying the host calls the slice made that the control process answers (``calls``),
+in the order the guest made them, for the control process to apply as if they had been made on its own
+thread. A :class:`Forget` drops an instance's queued launch, which is answered without being run.
 
 Host calls answered in the runner itself (poll, take-*, arguments, clocks, tokenize) never cross.
 Calls that return a future get their handle from the runner at once; the control process creates its
@@ -85,7 +87,7 @@ class RunSlices:
 
 @dataclass(frozen=True, slots=True)
 class Forget:
-    """control -> runner: drop these instances' stores (ended from outside)."""
+    """control -> runner: drop these instances' stores, and their launches not run yet (ended from outside)."""
 
     instance_ids: list[str]
 

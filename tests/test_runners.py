@@ -99,6 +99,25 @@ def test_a_clients_launches_wait_behind_its_running_instances(loop, expected):
     assert ran.index(decode.instance_id) < last_launch
 
 
+def test_launches_ended_before_they_ran_are_answered_without_running(loop, expected):
+    """Six launches queued behind a spinning one and ended meanwhile: the runner drops them when it hears
+    so and answers each (every slice ordered is answered, else the runner would look hung); the runner
+    serves on, and alice's decode is exact."""
+    spinner = loop.launch("hostile", ["spin"], owner="mallory")
+    queued = [loop.launch("hello-python", [PROMPT, "1"], owner="mallory") for _ in range(6)]
+    loop.step(0)  # every launch ordered: the spinner's first, so the others wait in the runner's queue
+    assert spinner.in_slice and all(x.in_slice for x in queued)
+    runner = spinner.runner
+    for inst in queued:
+        loop.terminate(inst.instance_id, "ended by its client")
+    alice_runs(loop, expected)
+    assert loop.run_until(lambda: not spinner.alive and runner.num_in_slice == 0, 60)
+    assert all((x.state, x.error, messages(loop, x)) == (State.KILLED, "ended by its client", []) for x in queued)
+    again = loop.launch("hello-python", [PROMPT, "1"], owner="mallory")
+    assert loop.run_until(lambda: not again.alive, 60)
+    assert (again.state, again.runner, runner.proc.poll()) == (State.FINISHED, runner, None)
+
+
 def test_a_tokenize_past_the_limit_fails_alone(loop, expected):
     big = loop.launch("hostile", ["tokenize", str(60 << 10)], owner="mallory")
     small = loop.launch("hostile", ["tokenize", "64"], owner="mallory")

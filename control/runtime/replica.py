@@ -102,6 +102,7 @@ class Replica:
         replica's instances that may still add a call (the loop's wave), which hold back a batch the
         policy would otherwise send for ``max_wave_wait_s`` at most (:attr:`wave_held_since`)."""
         if not self.serving:
+            self.wave_held_since = None
             return
         policy, scheduler, calls = self.config.dispatch, self.scheduler, self.calls
         while True:
