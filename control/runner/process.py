@@ -7,9 +7,9 @@ space, priority) are set by the control process before it starts (``control/runt
 wasmtime engine, epoch ticker and store limits are its own, so whatever its guests do, they do to
 this process alone. It keeps its client's instances to their memory share itself (``memory.py``).
 
-Slices are queued as they are ordered and run resumes first (``Runner._run``). Results go back in a
-:class:`SlicesRan` once a millisecond of slices has run, or the queue is empty, so that one instance's
-long slice does not hold back the calls of the others.
+Slices are queued as they are ordered and run in rounds, resumes first (``Runner._run``). Results go
+back in a :class:`SlicesRan` once a millisecond of slices has run, or the queue is empty, so that one
+instance's long slice does not hold back the calls of the others.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Runner:
 
     def _run(self) -> None:
         """Run the queued slices in rounds: the resumes queued when a round starts, then one launch. A launch
-        (a Python inferlet's takes 15-30 ms) then holds back the instances already running, whose calls
+        (a Python inferlet's takes 5-30 ms) then holds back the instances already running, whose calls
         fill the device's next batch, by one launch at most, and a stream of resumes cannot starve the
         launches. Orders that arrive meanwhile are queued each time results go out."""
         self._results, self._since = [], time.monotonic()
