@@ -66,7 +66,7 @@ class Runner:
 
     def serve(self) -> None:
         while parent_alive():
-            if self._resumes or self._launches or self._held or self.sock.poll(1000):
+            if self._held or self.sock.poll(1000):  # (_run leaves the queues empty)
                 self._take_orders()
                 self._run()
 
