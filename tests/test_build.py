@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness import assert_pools_full, direct_greedy, events_of, messages
+from oven.client import build, pycheck
 from oven.client.build import Inferlet
 from oven.client.paths import sdk_dir, wit_dir
 from oven.control.tokenizer import Tokenizer
@@ -113,12 +114,13 @@ def test_an_up_to_date_build_is_skipped_unless_forced(python_wasm, workdir):
     assert python_wasm.stat().st_mtime_ns == built_at  # a failed build leaves the output alone
 
 
-def test_sources_include_the_folder_the_sdk_and_the_wit(python_wasm):
+def test_sources_include_the_folder_the_sdk_the_wit_and_the_build_tooling(python_wasm):
     inferlet = Inferlet.at(python_wasm.parent)
     sources = set(inferlet.sources())
     assert python_wasm.parent / "app.py" in sources and python_wasm not in sources
     assert sdk_dir() / "python" / "inferlet" / "context.py" in sources
     assert any(path.parent == wit_dir() for path in sources)
+    assert {Path(build.__file__), Path(pycheck.__file__), Path(sys.executable).parent / "componentize-py"} <= sources
     assert inferlet.up_to_date()
     app = python_wasm.parent / "app.py"
     later = python_wasm.stat().st_mtime + 10

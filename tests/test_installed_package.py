@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def test_the_cli_imports_from_site_packages_without_torch(installed, tmp_path):
                 cwd=tmp_path, env=env).stdout.splitlines()
     assert all(str(bin_dir.parent) in line for line in where[:2]) and where[2] == "False"
     assert "oven: a programmable LLM serving system." in run(bin_dir / "oven", "--help", cwd=tmp_path, env=env).stdout
+    assert run(bin_dir / "oven", "--version", cwd=tmp_path, env=env).stdout == f"oven {metadata.version('oven')}\n"
 
 
 def test_new_and_build_a_python_inferlet(installed, tmp_path):
