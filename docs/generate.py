@@ -96,7 +96,7 @@ def cli_reference() -> str:
     summaries = {choice.dest: choice.help or "" for choice in verbs._choices_actions}
     lines = ["# The `oven` command line", "", GENERATED, "",
              f"{prose(parser.description)} Every verb takes `-h`/`--help`; a mistake is one `oven: ...` line on stderr "
-             "and status 2 (a usage error) or 1 (a failure).", "",
+             "and status 2 (a usage error) or 1 (a failure); `oven --version` prints oven's version.", "",
              "| verb | what it does |", "|---|---|"]
     lines += [f"| [`oven {name}`](#oven-{name}) | {cell(help)} |" for name, help in summaries.items()]
     lines.append("")
