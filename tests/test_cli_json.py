@@ -68,7 +68,11 @@ def server(env):
 def test_ps_json(env, server):
     instance_id = oven("run", "echo", "--detach", env=env).stdout.strip()
     try:
-        (entry,) = [i for i in as_json("ps", env=env)["instances"] if i["instance_id"] == instance_id]
+        deadline = time.monotonic() + 60
+        while True:  # detached, it is "ready" until its runner has run it to its wait for a message
+            (entry,) = [i for i in as_json("ps", env=env)["instances"] if i["instance_id"] == instance_id]
+            if entry["state"] != "ready" or time.monotonic() > deadline:
+                break
         assert list(entry) == keys(c.InstanceEntry)
         assert {k: entry[k] for k in ("program", "state", "exit_code", "error", "owner", "replica")} == {
             "program": "echo", "state": "waiting", "exit_code": None, "error": "", "owner": "operator", "replica": 0}
