@@ -196,6 +196,7 @@ positive_int, positive_float = _positive(int), _positive(float)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    import threading
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
@@ -205,14 +206,20 @@ def cmd_build(args: argparse.Namespace) -> int:
         print("oven build: -o/--output takes one DIR", file=sys.stderr)
         return EXIT_USAGE
 
+    lock = threading.Lock()
+
+    def say(message: str) -> None:  # a line at a time: print() writes the newline apart, and builds run side by side
+        with lock:
+            _say(message)
+
     def build_one(folder: str) -> bool:
         try:
-            built = build(Path(folder), Path(args.output) if args.output else None, force=args.force, log=_say)
+            built = build(Path(folder), Path(args.output) if args.output else None, force=args.force, log=say)
             if not built and not args.quiet:
-                _say(f"{folder}: up to date")
+                say(f"{folder}: up to date")
             return True
         except BuildError as exc:
-            print(f"oven: error: {exc}", file=sys.stderr, flush=True)
+            say(f"error: {exc}")
             return False
 
     # Each build is a componentize-py or cargo process of its own (one core, ~400 MB): a thread waits on each.
