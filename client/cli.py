@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.metadata
 import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from oven.inference.config import DEFAULT_MODEL, InferenceConfig
@@ -171,8 +171,29 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     return 0
 
 
+_SAY_LOCK = threading.Lock()
+
+
 def _say(message: str) -> None:
-    print(f"oven: {message}", file=sys.stderr, flush=True)
+    """One line on stderr, whole: print() writes the newline apart, and `oven build -j` says things from
+    several threads."""
+    with _SAY_LOCK:
+        print(f"oven: {message}", file=sys.stderr, flush=True)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, read only when asked (importing
+    importlib.metadata would add about 50 ms to every verb)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS,
+                         help="print oven's version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        print(f"oven {version('oven')}")
+        parser.exit()
 
 
 def _naming(spec: str, message: str) -> str:
@@ -196,7 +217,6 @@ positive_int, positive_float = _positive(int), _positive(float)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    import threading
     from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
@@ -206,20 +226,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         print("oven build: -o/--output takes one DIR", file=sys.stderr)
         return EXIT_USAGE
 
-    lock = threading.Lock()
-
-    def say(message: str) -> None:  # a line at a time: print() writes the newline apart, and builds run side by side
-        with lock:
-            _say(message)
-
     def build_one(folder: str) -> bool:
         try:
-            built = build(Path(folder), Path(args.output) if args.output else None, force=args.force, log=say)
+            built = build(Path(folder), Path(args.output) if args.output else None, force=args.force, log=_say)
             if not built and not args.quiet:
-                say(f"{folder}: up to date")
+                _say(f"{folder}: up to date")
             return True
         except BuildError as exc:
-            say(f"error: {exc}")
+            _say(f"error: {exc}")
             return False
 
     # Each build is a componentize-py or cargo process of its own (one core, ~400 MB): a thread waits on each.
@@ -251,7 +265,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oven", description="oven: a programmable LLM serving system.")
-    parser.add_argument("--version", action="version", version=f"oven {importlib.metadata.version('oven')}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="greedy chat completion, streamed",
