@@ -3,7 +3,8 @@
 A new program is compiled on a worker thread (seconds for a Python inferlet), so a client's upload
 never stalls the inferlets the control loop runs; its last chunk is answered (``LATER``) once the
 program is stored. Every buffer has a cap (``upload_busy`` past it): half-finished uploads per client
-and in all, and programs compiling or waiting to, one per client and MAX_COMPILING in all. A launch of
+and in all, and programs compiling or waiting to, one per client and MAX_COMPILING in all; uploads of a
+program that is compiling already wait for that compile rather than start another. A launch of
 a stored program whose code is not in memory (the server restarted, or wasmtime changed and its
 compiled file must be compiled again) is answered once a loader thread has loaded it.
 """
@@ -31,6 +32,7 @@ class ProgramRequests:
         # (route, client name, sha256) -> bytes so far: a connection's, counted against its client
         self._uploads: dict[tuple[bytes, str, str], bytearray] = {}
         self._compiling: set[str] = set()  # clients with a program compiling (one each)
+        self._compiles: dict[str, Future] = {}  # sha256 -> its compile: later uploads of it share it
         # digest -> the launches waiting for its code: (what sends the answer, what makes it)
         self._loading: dict[str, list[tuple[Callable[[object], None], Callable[[], object]]]] = {}
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="oven-compile")
@@ -67,7 +69,7 @@ class ProgramRequests:
                     programs.check_room_for(caller.name, req.total_bytes)
                 except ProgramError as exc:
                     raise RequestFailed("program_quota", str(exc)) from None
-            if req.offset + len(req.data) == req.total_bytes:
+            if req.offset + len(req.data) == req.total_bytes and req.sha256 not in self._compiles:
                 self._check_compile_slot(caller)  # refused before the last chunk is taken: only it is resent
             data = self._buffer_chunk(caller, req)
             if data is None:
@@ -88,12 +90,20 @@ class ProgramRequests:
 
     def _compile_later(self, caller: Caller, req: c.UploadChunk, data: bytes, namespace: str):
         """Compile ``data`` on the worker thread, then store it and answer, on the loop thread (``_upload``
-        checked the compile slot before it took the last chunk)."""
-        self._compiling.add(caller.name)
+        checked the compile slot before it took the last chunk). An upload of a program that is compiling
+        already (another client's, or this one's sent again) takes no slot and waits for that compile."""
         reply = self._reply_later()
+        future = self._compiles.get(req.sha256)
+        if future is None:
+            self._compiling.add(caller.name)
+            future = self._compiles[req.sha256] = self._compiler.submit(self.loop.programs.compile, data)
+
+            def finished(_done: Future) -> None:  # on the loop thread, before the uploaders' answers
+                self._compiling.discard(caller.name)
+                del self._compiles[req.sha256]
+            future.add_done_callback(lambda done: self.loop.post(lambda: finished(done)))
 
         def store(compiled: Future) -> None:  # on the loop thread
-            self._compiling.discard(caller.name)
             try:
                 digest = self.loop.programs.add_compiled(compiled.result(), req.name or None, uploader=caller.name,
                                                          namespace=namespace)
@@ -104,7 +114,6 @@ class ProgramRequests:
             else:
                 reply(c.UploadReply(digest, len(data), True))
 
-        future = self._compiler.submit(self.loop.programs.compile, data)
         future.add_done_callback(lambda done: self.loop.post(lambda: store(done)))
         return LATER
 

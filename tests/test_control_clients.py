@@ -24,6 +24,7 @@ from oven.control.runtime.instance import State
 from oven.control.runtime.loop import ControlLoop
 from oven.control.server import ControlServer
 from oven.proto import control as c
+from oven.proto.auth import OPERATOR
 
 from harness import PROGRAM_DIR, built, fresh_program
 
@@ -488,6 +489,43 @@ def test_a_compile_stalls_neither_the_server_nor_its_uploaders_lease(control_ser
     assert reply == c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True) and programs.has(reply.sha256)
     assert isinstance(request(control_server, uploader, c.Launch(reply.sha256, []), 3), c.Launched)
     for dealer in (uploader, other):
+        dealer.close(0)
+
+
+def test_uploads_of_a_program_that_is_compiling_share_its_compile(control_server, monkeypatch):
+    """A second upload of a program whose compile is under way (a retry, or another connection) takes no
+    compile slot and starts no compile of its own: it is answered, with the first, once that one compile
+    is stored. A different program of the same client is still ``upload_busy`` meanwhile."""
+    programs = control_server.loop.programs
+    compiling, release, compiles = threading.Event(), threading.Event(), []
+    compile_now = programs.compile
+
+    def held_compile(wasm: bytes):
+        compiles.append(hashlib.sha256(wasm).hexdigest())
+        compiling.set()
+        assert release.wait(120)
+        return compile_now(wasm)
+    monkeypatch.setattr(programs, "compile", held_compile)
+    wasm, other_wasm = fresh_program("hello-rust"), fresh_program("hello-rust")
+    first, again, third = (dealer_at(control_server.endpoint, name) for name in (b"first", b"again", b"third"))
+    first.send(c.CODEC.encode(upload_chunk(wasm, "hello-first"), 1))
+    turn_until(control_server, first, compiling.is_set)
+    again.send(c.CODEC.encode(upload_chunk(wasm, "hello-again"), 1))
+    reply = request(control_server, third, upload_chunk(other_wasm, "hello-other"), 1)
+    assert reply.code == "upload_busy"  # (in-process peers are all the operator: one client)
+    for dealer in (first, again):  # nothing but the answers to heartbeats yet
+        while dealer.poll(0):
+            assert isinstance(c.CODEC.decode(dealer.recv()).message, c.Alive)
+    release.set()
+    expected = c.UploadReply(hashlib.sha256(wasm).hexdigest(), len(wasm), True)
+    assert [next_reply(control_server, dealer) for dealer in (first, again)] == [expected, expected]
+    assert compiles == [expected.sha256]
+    assert programs.resolve("hello-first", OPERATOR) == programs.resolve("hello-again", OPERATOR) == expected.sha256
+    third.send(c.CODEC.encode(upload_chunk(other_wasm, "hello-other"), 2))  # a compile slot is free again
+    reply = next_reply(control_server, third)
+    assert reply == c.UploadReply(hashlib.sha256(other_wasm).hexdigest(), len(other_wasm), True)
+    assert compiles == [expected.sha256, reply.sha256]
+    for dealer in (first, again, third):
         dealer.close(0)
 
 
