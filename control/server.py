@@ -310,6 +310,7 @@ class ControlServer(AdapterRequests, ProgramRequests):
                                  info.num_embeds, info.device, self.loop.config.dispatch_policy,
                                  self.loop.num_instances(), self.loop.config.lease_s, self.server_id, caller.name,
                                  info.max_position, self.loop.max_kv_pages_per_instance,
+                                 0 if self.loop.config.prefill_chunk_tokens else  # chunked: any length
                                  min(r.info.max_batch_tokens for r in self.loop.replicas))
 
     def _metrics(self, _caller, _req) -> c.MetricsReply:

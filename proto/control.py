@@ -193,7 +193,9 @@ class ServerInfoReply:
     client: str  # the name the server knows the caller by
     max_context: int = 0  # the model's positions: a prompt and its completion together take at most this many tokens
     max_kv_pages_per_instance: int = 0  # the KvPages one instance may hold (its quota, within the smallest pool)
-    max_batch_tokens: int = 0  # the most input tokens one forward may carry (a longer prompt cannot be forwarded)
+    # the most input tokens one forward may carry (a longer prompt cannot be forwarded); 0: no such limit (the
+    # server forwards a longer one in chunks)
+    max_batch_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

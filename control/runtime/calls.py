@@ -4,7 +4,9 @@ An instance's call becomes a :class:`Command` in one of its scheduler queues
 (:meth:`InferenceCalls.submit`); the loop sends the batches the scheduler forms
 (:meth:`~InferenceCalls.sent`) and hands each reply back
 (:meth:`~InferenceCalls.settle`), which completes or fails the futures of the
-batch's calls in order. Command and request ids never leave this module.
+batch's calls in order. A forward of more than ``chunk_tokens`` inputs is queued
+as chunks (:mod:`oven.control.scheduling.chunks`) whose results gather into its
+one future. Command and request ids never leave this module.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from oven.control.scheduling.batcher import Batch, BatchScheduler
+from oven.control.scheduling.chunks import split_forward
 from oven.control.scheduling.commands import Command
 from oven.control.scheduling.footprint import Resource
 from oven.proto import inference as p
@@ -48,11 +51,15 @@ class InferenceCalls:
     calls raised: a bookkeeping bug costs that instance, never the loop.
     ``on_batch(call_type, num_items, num_tokens, seconds)`` hears of every answered
     batch and how long the device took over it (the cost profiler's input).
+    ``chunk_tokens``: a forward of more inputs is split into chunks of that many (0: never), over
+    pages of ``page_size`` tokens.
     """
 
     def __init__(self, scheduler: BatchScheduler, on_broken: Callable[[Instance, str], None],
-                 on_batch: Callable[[str, int, int, float], None] | None = None):
+                 on_batch: Callable[[str, int, int, float], None] | None = None, chunk_tokens: int = 0,
+                 page_size: int = 16):
         self.scheduler = scheduler
+        self.chunk_tokens, self.page_size = chunk_tokens, page_size
         self._on_broken, self._on_batch = on_broken, on_batch
         self._last_settled_at = 0.0
         # Seconds the inference process took over every batch, and the share of the forward-text items that
@@ -61,7 +68,8 @@ class InferenceCalls:
         # instance in it holds while the recompute lengthens its step.
         self.device_s = self.rewrite_s = self.rewrite_page_s = 0.0
         self._rewrite_command_ids: set[int] = set()
-        self._by_command_id: dict[int, tuple[Instance, Future]] = {}
+        # command id -> whose call, its future, and for a chunk of a split forward what gathers its results
+        self._by_command_id: dict[int, tuple[Instance, Future, _Gather | None]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
         self.token_slots = TokenSlots()  # the inference process's token future slots in use
@@ -102,18 +110,27 @@ class InferenceCalls:
         """Queue one call on ``inst``'s queue ``q``; ``fut`` settles with its outcome (see :class:`Command`
         for the other arguments). ValueError for an unknown queue."""
         state = inst.queue(q)
-        command = Command(command_id=next(self._command_ids), queue_id=state.scheduler_queue_id,
-                          call_type=call_type, item=item, enqueued_at=time.monotonic(),
-                          num_tokens=max(1, num_tokens), reads=reads, writes=writes, kv_context=kv_context)
-        self._by_command_id[command.command_id] = (inst, fut)
-        if call_type == "forward_text" and _rewrites(inst, item):
-            self._rewrite_command_ids.add(command.command_id)
+        rewrites = call_type == "forward_text" and _rewrites(inst, item)
+        now = time.monotonic()
+        if call_type in CHUNKED and 0 < self.chunk_tokens < num_tokens:
+            chunks = split_forward(item, self.page_size, self.chunk_tokens)
+            gather = _Gather(len(chunks), len(item.output_indices))
+            calls = [(c.item, c.num_tokens, c.reads, c.writes, c.kv_context, (gather, c.outputs)) for c in chunks]
+        else:
+            calls = [(item, num_tokens, reads, writes, kv_context, None)]
+        for item, num_tokens, reads, writes, kv_context, part in calls:
+            command = Command(command_id=next(self._command_ids), queue_id=state.scheduler_queue_id,
+                              call_type=call_type, item=item, enqueued_at=now,
+                              num_tokens=max(1, num_tokens), reads=reads, writes=writes, kv_context=kv_context)
+            self._by_command_id[command.command_id] = (inst, fut, part)
+            if rewrites:
+                self._rewrite_command_ids.add(command.command_id)
+            self.scheduler.submit(command)
         state.track(fut)
-        self.scheduler.submit(command)
 
     def has_calls(self, inst: Instance) -> bool:
         """Whether ``inst`` has a call queued or in flight."""
-        return any(owner is inst for owner, _ in self._by_command_id.values())
+        return any(owner is inst for owner, _, _ in self._by_command_id.values())
 
     # -- batches ---------------------------------------------------------------------------------
 
@@ -156,13 +173,12 @@ class InferenceCalls:
         self._last_settled_at = now
         metrics = self.metrics
         for i, command in enumerate(batch.commands):
-            inst, fut = self._by_command_id.pop(command.command_id, (None, None))
+            inst, fut, part = self._by_command_id.pop(command.command_id, (None, None, None))
             if inst is None:
                 continue
             try:
-                _settle(inst, fut, reply, i)
-                if metrics is not None and fut.kind in (TOKEN, DISTS) and not isinstance(reply, p.ErrorReply) \
-                        and reply.errors[i] is None:
+                done = _settle(inst, fut, reply, i) if part is None else _settle_chunk(inst, fut, part, reply, i)
+                if metrics is not None and done and fut.kind in (TOKEN, DISTS):
                     metrics.output(inst.instance_id, now)
             except Exception as exc:  # a bookkeeping bug hits one instance, never the loop
                 log.exception("completing a %s call of %s failed", command.call_type, inst.instance_id)
@@ -181,9 +197,16 @@ class InferenceCalls:
     def _fail(self, commands: list[Command], error: str) -> None:
         for command in commands:
             self._rewrite_command_ids.discard(command.command_id)
-            inst, fut = self._by_command_id.pop(command.command_id, (None, None))
-            if inst is not None:
+            inst, fut, part = self._by_command_id.pop(command.command_id, (None, None, None))
+            if inst is None:
+                continue
+            if part is None:
                 inst.futures.fail(fut, error)
+            else:
+                part[0].settled(inst, fut, error)
+
+
+CHUNKED = ("forward", "forward_text")  # the call types a long one of which is split
 
 
 def _rewrites(inst: Instance, item: p.ForwardTextItem) -> bool:
@@ -196,21 +219,82 @@ def _rewrites(inst: Instance, item: p.ForwardTextItem) -> bool:
     return True
 
 
-def _settle(inst: Instance, fut: Future, reply, i: int) -> None:
-    """Complete item ``i``'s future from a batch reply."""
+class _Gather:
+    """A split forward's results so far, for its one future. The future settles once every chunk has, as
+    an unsplit call's does with its one command: until then the token slot it samples into is held."""
+
+    __slots__ = ("pending", "dists", "token", "failure")
+
+    def __init__(self, num_chunks: int, num_outputs: int):
+        self.pending = num_chunks
+        self.dists: list[p.TopKDist | None] = [None] * num_outputs  # in the call's output order
+        self.token = None  # a TOKEN future's value, from the chunk that samples
+        self.failure: str | None = None  # the first chunk's that failed
+
+    def settled(self, inst: Instance, fut: Future, failure: str | None) -> bool:
+        """One more chunk settled (``failure``: how it failed); settle the future after the last. Whether
+        it completed."""
+        self.failure = self.failure or failure
+        self.pending -= 1
+        if self.pending:
+            return False
+        if self.failure is not None:
+            inst.futures.fail(fut, self.failure)
+            return False
+        _complete(inst, fut, self.token, self.dists)
+        return True
+
+
+def _failure(reply, i: int) -> str | None:
     if isinstance(reply, p.ErrorReply):
-        inst.futures.fail(fut, f"{reply.code}: {reply.message}")
-    elif reply.errors[i] is not None:
-        inst.futures.fail(fut, f"{reply.errors[i].code}: {reply.errors[i].message}")
-    elif fut.kind == TOKEN:
-        logprobs = reply.logprobs[i] if reply.logprobs else None
-        inst.futures.complete(fut, reply.sampled[i] if logprobs is None else [
-            reply.sampled[i], logprobs.logprob, *_decode_dist(p.TopKDist(logprobs.top_ids, logprobs.top_logprobs))])
+        return f"{reply.code}: {reply.message}"
+    if reply.errors[i] is not None:
+        return f"{reply.errors[i].code}: {reply.errors[i].message}"
+    return None
+
+
+def _token(reply, i: int):
+    """A TOKEN future's value: the sampled token, or with log-probabilities [token, logprob, ids, probs]."""
+    logprobs = reply.logprobs[i] if reply.logprobs else None
+    return reply.sampled[i] if logprobs is None else [
+        reply.sampled[i], logprobs.logprob, *_decode_dist(p.TopKDist(logprobs.top_ids, logprobs.top_logprobs))]
+
+
+def _dists(reply, i: int) -> list[p.TopKDist]:
+    return reply.dists[i] if isinstance(reply.dists[i], list) else [reply.dists[i]]
+
+
+def _settle(inst: Instance, fut: Future, reply, i: int) -> bool:
+    """Complete or fail item ``i``'s future from a batch reply; whether it completed."""
+    if (failure := _failure(reply, i)) is not None:
+        inst.futures.fail(fut, failure)
+        return False
+    _complete(inst, fut, _token(reply, i) if fut.kind == TOKEN else None,
+              _dists(reply, i) if fut.kind == DISTS else None)
+    return True
+
+
+def _complete(inst: Instance, fut: Future, token, dists: list[p.TopKDist] | None) -> None:
+    """Complete ``fut`` with what its kind gives: a TOKEN future's ``token``, a DISTS future's ``dists``."""
+    if fut.kind == TOKEN:
+        inst.futures.complete(fut, token)
     elif fut.kind == DISTS:
-        dists = reply.dists[i] if isinstance(reply.dists[i], list) else [reply.dists[i]]
         inst.futures.complete(fut, [_decode_dist(d) for d in dists])
     else:
         inst.futures.complete(fut)
+
+
+def _settle_chunk(inst: Instance, fut: Future, part: tuple[_Gather, list[int]], reply, i: int) -> bool:
+    """Gather item ``i``, a chunk of a split forward (``part``: its gather, and where its outputs sit
+    among the forward's); whether the forward's future completed with it."""
+    gather, outputs = part
+    failure = _failure(reply, i)
+    if failure is None and fut.kind == DISTS:
+        for j, dist in zip(outputs, _dists(reply, i)):
+            gather.dists[j] = dist
+    elif failure is None and fut.kind == TOKEN and reply.sampled and reply.sampled[i] is not None:
+        gather.token = _token(reply, i)  # the chunk that samples
+    return gather.settled(inst, fut, failure)
 
 
 def _decode_dist(dist: p.TopKDist) -> tuple[list[int], list[float]]:

@@ -63,8 +63,13 @@ class Replica:
         self.profiler = CostProfiler(copies_overlap=self.info.device.startswith("cuda"))
         self.profile_logged = self.profiler.measured  # what the loop last logged of it
         # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
+        # Chunked prefill: a longer forward goes as chunks, batches hold at most two chunks' worth (the
+        # rest decode steps or a second prompt's chunk), however large the process would take them.
+        chunk = min(config.prefill_chunk_tokens, info.max_batch_tokens)
+        self.batch_tokens = min(2 * chunk, info.max_batch_tokens) if chunk else info.max_batch_tokens
         self.calls = InferenceCalls(self.scheduler, on_broken=kill,
-                                    on_batch=lambda *batch: self.interceptions.observe_batch(*batch))
+                                    on_batch=lambda *batch: self.interceptions.observe_batch(*batch),
+                                    chunk_tokens=chunk, page_size=info.page_size)
         self.kv_pool = PhysicalPool("kvpage", self.info.num_kv_pages)
         self.embed_pool = PhysicalPool("embed", self.info.num_embeds)
         self.host_pool = PhysicalPool("host slot", self.info.num_host_pages)
@@ -120,7 +125,7 @@ class Replica:
             self.wave_held_since = None
             if drops := calls.decoder_ids.take_drops():  # after every item naming them (their commands settled)
                 self.client.send(p.DropDecodersRequest(drops))
-            batch = scheduler.form_batch(t, self.info.max_batch_items, self.info.max_batch_tokens)
+            batch = scheduler.form_batch(t, self.info.max_batch_items, self.batch_tokens)
             if batch is None:
                 return
             calls.sent(self.client.send(batch.to_request()), batch, t)

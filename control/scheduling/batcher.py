@@ -87,9 +87,11 @@ class BatchScheduler:
        call type. The anchor is always in the batch, so every command is
        eventually dispatched whatever the priorities.
     2. **Horizontal.** Heads of that call type across queues join, by queue
-       priority (highest first) then age, first fit: a head that would overflow
-       ``max_tokens`` stays for a later batch and smaller heads behind it may
-       still join.
+       priority (highest first), then size (fewest tokens first: a decode step
+       before a chunk of a long prompt, so that decoding instances step in every
+       batch whatever prompts are being forwarded beside them), then age, first
+       fit: a head that would overflow ``max_tokens`` stays for a later batch and
+       smaller heads behind it may still join.
     3. **Vertical.** Then, queue by queue in the same order, the commands right
        behind each chosen head join while they are of the same call type, fit,
        and do not conflict with what the batch already took from that queue
@@ -220,7 +222,7 @@ class BatchScheduler:
     def _plan(self, anchor: CommandQueue, call_type: str, max_items: int, max_tokens: int) -> dict[int, int]:
         """How many commands to take from the front of each queue: queue id -> count."""
         candidates = sorted((q for q in self._nonempty.values() if q.head.call_type == call_type),
-                            key=lambda q: (-q.priority, q.head.enqueued_at, q.queue_id))
+                            key=lambda q: (-q.priority, q.head.num_tokens, q.head.enqueued_at, q.queue_id))
         num_items, num_tokens = 1, anchor.head.num_tokens
         runs = {anchor.queue_id: 1}
         for q in candidates:

@@ -1,0 +1,79 @@
+"""Chunked prefill: a forward of many tokens split into forwards of at most ``chunk_tokens`` each.
+
+One forward is one batch's worth of device time, and every instance whose decode step shares that
+batch waits for all of it: a prompt of 8,000 tokens stalls everybody's next token for as long as its
+prefill takes (a minute for SmolLM2 on one CPU core). Split, its chunks go out in turn through the
+same queue, each in a batch of its own bounded size, and other instances' decode steps join each of
+those batches (Sarathi-Serve's chunked prefill; vLLM's ``--enable-chunked-prefill``).
+
+A chunk covers input tokens ``[a, b)`` of the call: its context is the call's context cut after
+token ``b`` (the pages up to there, the last one filled that far), its rows of the attention mask are
+cut to that context, and it keeps the outputs that fall in it. Attention is causal, so each token
+sees exactly what it would have seen in the whole forward: the chunks before it wrote their K/V
+first (the queue keeps their order; chunks of one call that share a batch are vertical batching,
+which writes every item's K/V before any item attends). A sample goes with the chunk holding the
+call's last output, as does a grammar or log-probabilities it carries.
+
+Pure functions: :class:`~oven.control.runtime.calls.InferenceCalls` splits, queues the chunks and
+gathers their results into the call's one future.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from oven.proto import inference as p
+
+from .footprint import Embed, Resource, TokenSlot
+
+__all__ = ["Chunk", "split_forward"]
+
+
+class Chunk(NamedTuple):
+    """One chunk of a split forward: its item and what its command names (as ``Command``), and
+    ``outputs``: where its outputs sit among the call's (``output_indices`` positions)."""
+
+    item: p.ForwardItem | p.ForwardTextItem
+    num_tokens: int
+    reads: frozenset[Resource]
+    writes: frozenset[Resource]
+    kv_context: tuple[list[int], int, int, int]
+    outputs: list[int]
+
+
+def split_forward(item: p.ForwardItem | p.ForwardTextItem, page_size: int, chunk_tokens: int) -> list[Chunk]:
+    """``item``'s inputs in chunks of ``chunk_tokens`` (the last may hold fewer), in order. The item is
+    as the control layer built it (its context covers its inputs); ``chunk_tokens`` is at least 1."""
+    text = isinstance(item, p.ForwardTextItem)
+    num_inputs = len(item.token_ids if text else item.input_embed_ids)
+    base = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len - num_inputs  # tokens before them
+    last_output = len(item.output_indices) - 1
+    chunks = []
+    for start in range(0, num_inputs, chunk_tokens):
+        stop = min(start + chunk_tokens, num_inputs)
+        kv_len = base + stop
+        pages = item.kv_page_ids[:(kv_len + page_size - 1) // page_size]
+        last_page_len = kv_len - (len(pages) - 1) * page_size
+        outputs = [j for j, index in enumerate(item.output_indices) if start <= index < stop]
+        mask = None if item.attention_mask is None else [
+            row[:(kv_len + 7) // 8] for row in item.attention_mask[start:stop]]
+        common = dict(kv_page_ids=pages, kv_last_page_len=last_page_len, attention_mask=mask,
+                      output_indices=[item.output_indices[j] - start for j in outputs])
+        if text:
+            futures = None if item.token_futures is None else item.token_futures[start:stop]
+            sample = item.sample if last_output in outputs else None
+            chunk = dataclasses.replace(item, token_ids=item.token_ids[start:stop],
+                                        positions=item.positions[start:stop], **common,
+                                        token_futures=futures if futures and any(s != -1 for s in futures) else None,
+                                        sample=sample)
+            reads = frozenset(TokenSlot(s) for s in chunk.token_futures or () if s != -1)
+            writes = frozenset({TokenSlot(sample.future_id)}) if sample is not None else frozenset()
+        else:
+            chunk = dataclasses.replace(item, input_embed_ids=item.input_embed_ids[start:stop],
+                                        output_embed_ids=[item.output_embed_ids[j] for j in outputs], **common)
+            reads = frozenset(Embed(e) for e in chunk.input_embed_ids)
+            writes = frozenset(Embed(e) for e in chunk.output_embed_ids)
+        chunks.append(Chunk(chunk, stop - start, reads, writes, (pages, last_page_len, stop - start, page_size),
+                            outputs))
+    return chunks
