@@ -11,6 +11,7 @@ import os
 import platform
 import statistics
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -155,6 +156,34 @@ def iqr(values: list[float]) -> float:
     """Interquartile range: the spread of the middle half of the samples."""
     quartiles = statistics.quantiles(values, n=4)
     return quartiles[2] - quartiles[0]
+
+
+class TokenTimes:
+    """When each token future of each instance settled, by wrapping ``calls._settle`` in this process
+    (a ControlLoop here): decode steps are never split into chunks, so they settle there."""
+
+    def __init__(self):
+        from oven.control.runtime import calls
+        from oven.control.runtime.futures import TOKEN
+
+        self.by_instance: dict[str, list[float]] = defaultdict(list)
+        original = calls._settle
+
+        def timed(inst, fut, reply, i):
+            done = original(inst, fut, reply, i)
+            if fut.kind == TOKEN:
+                self.by_instance[inst.instance_id].append(time.monotonic())
+            return done
+
+        calls._settle = timed
+
+    def gaps_ms(self, instances) -> list[float]:
+        """The times (ms) between consecutive tokens of each of ``instances``, ascending (and forgets them)."""
+        out = []
+        for inst in instances:
+            times = self.by_instance.pop(inst.instance_id, [])
+            out += [(b - a) * 1000 for a, b in zip(times, times[1:])]
+        return sorted(out)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -22,19 +22,16 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import doc_parser, machine_lines, markdown_table, percentile, write_results  # noqa: E402
+from benchlib import TokenTimes, doc_parser, machine_lines, markdown_table, percentile, write_results  # noqa: E402
 
 from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig  # noqa: E402
 from oven.control.inference_process import start_inference_process  # noqa: E402
-from oven.control.runtime import calls as calls_module  # noqa: E402
-from oven.control.runtime.futures import TOKEN  # noqa: E402
 from oven.control.runtime.loop import ControlLoop  # noqa: E402
 from oven.control.runtime.programs import LIBRARY  # noqa: E402
 from oven.inference.config import InferenceConfig  # noqa: E402
@@ -43,28 +40,6 @@ from oven.proto.endpoints import private_endpoint  # noqa: E402
 PROMPT = "Once upon a time"
 GOAL = 1.5
 NUM_PAGES = 1024
-
-
-class TokenTimes:
-    """When each token future of each instance settled, by wrapping calls._settle (this process)."""
-
-    def __init__(self):
-        self.by_instance: dict[str, list[float]] = defaultdict(list)
-        original = calls_module._settle
-
-        def timed(inst, fut, reply, i):
-            original(inst, fut, reply, i)
-            if fut.kind == TOKEN:
-                self.by_instance[inst.instance_id].append(time.monotonic())
-
-        calls_module._settle = timed
-
-    def gaps_ms(self, instances) -> list[float]:
-        out = []
-        for inst in instances:
-            times = self.by_instance.pop(inst.instance_id, [])
-            out += [(b - a) * 1000 for a, b in zip(times, times[1:])]
-        return sorted(out)
 
 
 def many_memories(folder: Path) -> bytes:

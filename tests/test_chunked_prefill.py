@@ -50,7 +50,8 @@ def test_chunks_cut_the_context_the_mask_and_the_outputs():
     assert [c.item.sample for c in chunks] == [None, item.sample, None]  # the last output is index 20
     assert [c.item.token_futures for c in chunks] == [None, None, [-1] * 7 + [11]]
     assert [(c.reads, c.writes) for c in chunks] == [
-        (frozenset(), frozenset()), (frozenset(), frozenset({TokenSlot(12)})), (frozenset({TokenSlot(11)}), frozenset())]
+        (frozenset(), frozenset()), (frozenset(), frozenset({TokenSlot(12)})),
+        (frozenset({TokenSlot(11)}), frozenset())]
     assert {(c.item.top_k, c.item.adapter_id) for c in chunks} == {(5, 2)}
 
 
