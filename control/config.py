@@ -9,6 +9,7 @@ from oven.control.adapter_store import default_adapter_dir
 from oven.control.resources.exhaustion import POLICY_NAMES as EXHAUSTION_POLICIES
 from oven.control.resources.exhaustion import ExhaustionPolicy
 from oven.control.runtime.http_allow import AllowList
+from oven.control.scheduling.chunks import AUTO
 from oven.control.scheduling.interception import NAMES as INTERCEPTION_POLICIES
 from oven.control.scheduling.interception import InterceptionPolicy
 from oven.control.scheduling.policy import DEFAULT_K, DEFAULT_T_S, DispatchPolicy
@@ -41,11 +42,12 @@ class ControlConfig:
     interception_policy: str = setting("infercept", "the KV of an instance waiting on I/O: infercept (whichever of "
                                                     "preserve, swap and discard wastes least), or always one of them",
                                        choices=INTERCEPTION_POLICIES)
-    prefill_chunk_tokens: int = setting(256, "a forward of more tokens (a long prompt) goes to the device in "
-                                             "chunks of this many, one after another, so that other instances' "
-                                             "decode steps run between them; batches hold at most twice this "
-                                             "many tokens; 0 = forwards go whole, batches up to the inference "
-                                             "process's max_batch_tokens")
+    prefill_chunk_tokens: int = setting(AUTO, "a forward of more tokens (a long prompt) goes to the device in "
+                                              "chunks of this many, one after another, so that other instances' "
+                                              "decode steps run beside each; batches hold at most twice this many "
+                                              "tokens; -1 = by the device (128 on a CPU, 2048 on a GPU); 0 = "
+                                              "forwards go whole, batches up to the inference process's "
+                                              "max_batch_tokens")
     max_instances: int = setting(1024, "instances running at once, all clients together")
     max_instances_per_client: int = setting(256, "instances running at once per client (the operator is exempt)")
     max_launch_depth: int = setting(4, "how deep inferlets may launch inferlets: a child of a client's launch is at "
@@ -115,10 +117,11 @@ class ControlConfig:
         if not all(d.strip().isdigit() for d in self.replica_devices.split(",")) and self.replica_devices:
             raise ValueError(f"replica_devices must be CUDA device numbers separated by commas, not "
                              f"{self.replica_devices!r}")
-        if min(self.http_queue_per_instance, self.inference_restarts, self.finished_instances,
-               self.prefill_chunk_tokens) < 0:
-            raise ValueError("http_queue_per_instance, inference_restarts, finished_instances and prefill_chunk_tokens "
-                             "must not be negative")
+        if min(self.http_queue_per_instance, self.inference_restarts, self.finished_instances) < 0:
+            raise ValueError("http_queue_per_instance, inference_restarts and finished_instances must not be negative")
+        if self.prefill_chunk_tokens < AUTO:
+            raise ValueError(f"prefill_chunk_tokens must be -1 (by the device), 0 (off) or a number of tokens, not "
+                             f"{self.prefill_chunk_tokens}")
         parsed = {  # a bad name or entry fails here, at start, naming it
             "dispatch": DispatchPolicy.named(self.dispatch_policy, k=self.dispatch_k, t_s=self.dispatch_t_ms / 1000),
             "exhaustion": ExhaustionPolicy(self.exhaustion_policy),

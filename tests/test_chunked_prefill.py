@@ -15,7 +15,7 @@ from harness import assert_pools_full, direct_greedy, messages, run
 from oven.control.runtime.instance import State
 from oven.control.tokenizer import Tokenizer
 from oven.control.scheduling.batcher import BatchScheduler
-from oven.control.scheduling.chunks import split_forward
+from oven.control.scheduling.chunks import AUTO, chunk_budget, split_forward
 from oven.control.scheduling.commands import Command
 from oven.control.scheduling.footprint import Embed, TokenSlot
 from oven.proto import inference as p
@@ -62,6 +62,12 @@ def test_an_embed_forward_keeps_each_output_with_its_embed():
         (list(range(50, 58)), [2], [81]), (list(range(58, 66)), [], []), (list(range(66, 70)), [3], [80])]
     assert [(c.item.kv_page_ids, c.item.kv_last_page_len) for c in chunks] == [([1], 8), ([1], 16), ([1, 2], 4)]
     assert chunks[0].reads == frozenset(map(Embed, range(50, 58))) and chunks[0].writes == frozenset({Embed(81)})
+
+
+def test_the_budget_by_the_device_and_within_what_the_process_takes():
+    assert chunk_budget(AUTO, "cpu", 8192) == (128, 256) and chunk_budget(AUTO, "cuda:0", 8192) == (2048, 4096)
+    assert chunk_budget(300, "cpu", 512) == (300, 512) and chunk_budget(1000, "cpu", 512) == (512, 512)
+    assert chunk_budget(0, "cuda:0", 8192) == (0, 8192)  # off: forwards go whole
 
 
 def command(command_id: int, queue_id: int, num_tokens: int, enqueued_at: float) -> Command:

@@ -23,6 +23,7 @@ from oven.control.inference_client import InferenceClient
 from oven.control.resources.exports import ExportRegistry, SnapshotLimits
 from oven.control.resources.pool import PhysicalPool
 from oven.control.scheduling.batcher import BatchScheduler
+from oven.control.scheduling.chunks import chunk_budget
 from oven.control.scheduling.profiler import CostProfiler
 from oven.control.remote import RemoteInference
 from oven.control.supervisor import InferenceSupervisor
@@ -63,10 +64,9 @@ class Replica:
         self.profiler = CostProfiler(copies_overlap=self.info.device.startswith("cuda"))
         self.profile_logged = self.profiler.measured  # what the loop last logged of it
         # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
-        # Chunked prefill: a longer forward goes as chunks, batches hold at most two chunks' worth (the
-        # rest decode steps or a second prompt's chunk), however large the process would take them.
-        chunk = min(config.prefill_chunk_tokens, info.max_batch_tokens)
-        self.batch_tokens = min(2 * chunk, info.max_batch_tokens) if chunk else info.max_batch_tokens
+        # Chunked prefill: a longer forward goes as chunks, and batches stay small enough that a decode
+        # step never waits for a whole long prompt's forward, however large the process would take them.
+        chunk, self.batch_tokens = chunk_budget(config.prefill_chunk_tokens, info.device, info.max_batch_tokens)
         self.calls = InferenceCalls(self.scheduler, on_broken=kill,
                                     on_batch=lambda *batch: self.interceptions.observe_batch(*batch),
                                     chunk_tokens=chunk, page_size=info.page_size)

@@ -15,7 +15,8 @@ which writes every item's K/V before any item attends). A sample goes with the c
 call's last output, as does a grammar or log-probabilities it carries.
 
 Pure functions: :class:`~oven.control.runtime.calls.InferenceCalls` splits, queues the chunks and
-gathers their results into the call's one future.
+gathers their results into the call's one future; each replica sizes its chunks and batches with
+:func:`chunk_budget`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,24 @@ from oven.proto import inference as p
 
 from .footprint import Embed, Resource, TokenSlot
 
-__all__ = ["Chunk", "split_forward"]
+__all__ = ["AUTO", "Chunk", "chunk_budget", "split_forward"]
+
+AUTO = -1  # the prefill_chunk_tokens setting that sizes chunks by the device
+# A chunk's forward is what a decode step beside it waits for: on a CPU 128 tokens of SmolLM2-135M take
+# about a quarter of a second (bench/chunked_prefill.py); a GPU needs thousands of tokens in a batch to
+# forward them at full speed, and forwards 2048 of a 1B model in milliseconds.
+AUTO_CHUNK_TOKENS = {"cpu": 128, "cuda": 2048}
+
+
+def chunk_budget(setting: int, device: str, max_batch_tokens: int) -> tuple[int, int]:
+    """(chunk size, tokens one batch may hold) for the ``prefill_chunk_tokens`` setting (``AUTO``: by
+    ``device``, the inference process's; 0: no chunks) and the process's ``max_batch_tokens``: batches
+    hold two chunks' worth, the rest of a batch beside one chunk being decode steps or another prompt's
+    chunk."""
+    if setting == AUTO:
+        setting = AUTO_CHUNK_TOKENS["cuda" if device.startswith("cuda") else "cpu"]
+    chunk = min(setting, max_batch_tokens)
+    return chunk, min(2 * chunk, max_batch_tokens) if chunk else max_batch_tokens
 
 
 class Chunk(NamedTuple):
