@@ -6,12 +6,15 @@ the tokens of direct greedy decoding, and no batch sent is larger than the budge
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 from harness import assert_pools_full, direct_greedy, messages, run
 
+from oven.control.runtime.calls import InferenceCalls
+from oven.control.runtime.futures import DISTS, FutureTable
 from oven.control.runtime.instance import State
 from oven.control.tokenizer import Tokenizer
 from oven.control.scheduling.batcher import BatchScheduler
@@ -55,6 +58,16 @@ def test_chunks_cut_the_context_the_mask_and_the_outputs():
     assert {(c.item.top_k, c.item.adapter_id) for c in chunks} == {(5, 2)}
 
 
+def test_a_malformed_forward_is_not_split():
+    """Sent whole, it fails with the inference process's words for the fault, not a chunk's."""
+    good = p.ForwardTextItem(list(range(40)), list(range(40)), [1, 2, 3], 8, [39])
+    assert len(split_forward(good, 16, 16)) == 3
+    for bad in [dict(output_indices=[40]), dict(output_indices=[-1]), dict(kv_last_page_len=17),
+                dict(kv_page_ids=[1, 2]), dict(attention_mask=[b"\xff" * 5] * 39),
+                dict(attention_mask=[b"\xff" * 4] * 40)]:
+        assert split_forward(dataclasses.replace(good, **bad), 16, 16) is None, bad
+
+
 def test_an_embed_forward_keeps_each_output_with_its_embed():
     item = p.ForwardItem([1, 2], 4, list(range(50, 70)), [19, 2], [80, 81])  # 20 inputs, a context of 20
     chunks = split_forward(item, 16, 8)
@@ -68,6 +81,50 @@ def test_the_budget_by_the_device_and_within_what_the_process_takes():
     assert chunk_budget(AUTO, "cpu", 8192) == (128, 256) and chunk_budget(AUTO, "cuda:0", 8192) == (2048, 4096)
     assert chunk_budget(300, "cpu", 512) == (300, 512) and chunk_budget(1000, "cpu", 512) == (512, 512)
     assert chunk_budget(0, "cuda:0", 8192) == (0, 8192)  # off: forwards go whole
+
+
+class Inst:
+    """What InferenceCalls needs of an instance."""
+
+    instance_id = "a1-chunks"
+
+    def __init__(self):
+        self.rewriting_page_ids, self.queues, self.num_queues_opened = set(), {}, 0
+        self.futures = FutureTable(lambda handle: None, delivers=False)
+
+    def queue(self, q: int):
+        return self.queues[q]
+
+
+def dist(token: int) -> p.TopKDist:
+    return p.TopKDist(np.array([token], "<i4").tobytes(), np.array([1.0], "<f4").tobytes())
+
+
+@pytest.mark.parametrize("failing", [None, 1])
+def test_a_split_call_settles_once_every_chunk_has_with_its_outputs_in_order_or_the_first_failure(failing):
+    """Outputs at inputs 39 and 5 of 40, chunks of 16 (one a batch): the future gets the distributions in
+    the call's order, [after 39, after 5], once the last chunk is back; a failed middle chunk fails it,
+    but only then (a token slot it holds must outlive every chunk in flight)."""
+    calls = InferenceCalls(BatchScheduler(), on_broken=lambda inst, why: pytest.fail(why), chunk_tokens=16,
+                           page_size=16)
+    inst = Inst()
+    q = calls.open_queue(inst)
+    fut = inst.futures.create(DISTS)
+    calls.submit(inst, q, "forward_text", p.ForwardTextItem(list(range(40)), list(range(40)), [1, 2, 3], 8, [39, 5]),
+                 fut, num_tokens=40)
+    for request_id, outputs in enumerate([[5], [], [39 - 32]]):
+        assert not fut.done
+        batch = calls.scheduler.form_batch(0.0, 64, 16)
+        assert [c.item.output_indices for c in batch.commands] == [outputs]
+        calls.sent(request_id, batch, 0.0)
+        error = p.ItemError("bad_token", "no such token") if request_id == failing else None
+        dists = None if error else [dist(100 + 16 * request_id + o) for o in outputs]  # 100 + the input index
+        calls.settle(request_id, p.ForwardTextReply([error], [dists]))
+    assert fut.done and calls.scheduler.num_pending == 0 and not calls.has_calls(inst)
+    if failing is None:
+        assert fut.value == [([139], [1.0]), ([105], [1.0])]
+    else:
+        assert fut.error == "bad_token: no such token"
 
 
 def command(command_id: int, queue_id: int, num_tokens: int, enqueued_at: float) -> Command:

@@ -112,8 +112,10 @@ class InferenceCalls:
         state = inst.queue(q)
         rewrites = call_type == "forward_text" and _rewrites(inst, item)
         now = time.monotonic()
+        chunks = None
         if call_type in CHUNKED and 0 < self.chunk_tokens < num_tokens:
             chunks = split_forward(item, self.page_size, self.chunk_tokens)
+        if chunks is not None:
             gather = _Gather(len(chunks), len(item.output_indices))
             calls = [(c.item, c.num_tokens, c.reads, c.writes, c.kv_context, (gather, c.outputs)) for c in chunks]
         else:

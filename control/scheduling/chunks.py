@@ -60,12 +60,20 @@ class Chunk(NamedTuple):
     outputs: list[int]
 
 
-def split_forward(item: p.ForwardItem | p.ForwardTextItem, page_size: int, chunk_tokens: int) -> list[Chunk]:
-    """``item``'s inputs in chunks of ``chunk_tokens`` (the last may hold fewer), in order. The item is
-    as the control layer built it (its context covers its inputs); ``chunk_tokens`` is at least 1."""
+def split_forward(item: p.ForwardItem | p.ForwardTextItem, page_size: int,
+                  chunk_tokens: int) -> list[Chunk] | None:
+    """``item``'s inputs in chunks of ``chunk_tokens`` (at least 1; the last chunk may hold fewer), in
+    order; None for an item whose context, outputs or mask do not fit its inputs: sent whole, it fails
+    with the inference process's exact words for what is wrong."""
     text = isinstance(item, p.ForwardTextItem)
     num_inputs = len(item.token_ids if text else item.input_embed_ids)
-    base = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len - num_inputs  # tokens before them
+    kv_len = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len
+    mask = item.attention_mask
+    if not (item.kv_page_ids and 1 <= item.kv_last_page_len <= page_size and num_inputs <= kv_len
+            and all(0 <= index < num_inputs for index in item.output_indices)
+            and (mask is None or (len(mask) == num_inputs and all(len(row) == (kv_len + 7) // 8 for row in mask)))):
+        return None
+    base = kv_len - num_inputs  # tokens in the context before the inputs
     last_output = len(item.output_indices) - 1
     chunks = []
     for start in range(0, num_inputs, chunk_tokens):
