@@ -69,7 +69,8 @@ class InferenceCalls:
         self.device_s = self.rewrite_s = self.rewrite_page_s = 0.0
         self._rewrite_command_ids: set[int] = set()
         # command id -> whose call, its future, and for a chunk of a split forward what gathers its results
-        self._by_command_id: dict[int, tuple[Instance, Future, _Gather | None]] = {}
+        # and where its outputs sit among the forward's
+        self._by_command_id: dict[int, tuple[Instance, Future, tuple[_Gather, list[int]] | None]] = {}
         self._in_flight: dict[int, tuple[Batch, float]] = {}  # request id -> (batch, when sent), oldest first
         self._command_ids = itertools.count(1)
         self.token_slots = TokenSlots()  # the inference process's token future slots in use
@@ -112,18 +113,16 @@ class InferenceCalls:
         state = inst.queue(q)
         rewrites = call_type == "forward_text" and _rewrites(inst, item)
         now = time.monotonic()
-        chunks = None
+        pieces = [(item, num_tokens, reads, writes, kv_context, None)]
         if call_type in CHUNKED and 0 < self.chunk_tokens < num_tokens:
             chunks = split_forward(item, self.page_size, self.chunk_tokens)
-        if chunks is not None:
-            gather = _Gather(len(chunks), len(item.output_indices))
-            calls = [(c.item, c.num_tokens, c.reads, c.writes, c.kv_context, (gather, c.outputs)) for c in chunks]
-        else:
-            calls = [(item, num_tokens, reads, writes, kv_context, None)]
-        for item, num_tokens, reads, writes, kv_context, part in calls:
+            if chunks is not None:
+                gather = _Gather(len(chunks), len(item.output_indices))
+                pieces = [(c.item, c.num_tokens, c.reads, c.writes, c.kv_context, (gather, c.outputs)) for c in chunks]
+        for piece, cost, piece_reads, piece_writes, piece_context, part in pieces:
             command = Command(command_id=next(self._command_ids), queue_id=state.scheduler_queue_id,
-                              call_type=call_type, item=item, enqueued_at=now,
-                              num_tokens=max(1, num_tokens), reads=reads, writes=writes, kv_context=kv_context)
+                              call_type=call_type, item=piece, enqueued_at=now, num_tokens=max(1, cost),
+                              reads=piece_reads, writes=piece_writes, kv_context=piece_context)
             self._by_command_id[command.command_id] = (inst, fut, part)
             if rewrites:
                 self._rewrite_command_ids.add(command.command_id)
