@@ -6,8 +6,9 @@ then while ``bob`` keeps ``--prompts`` instances forwarding a prompt of ``--prom
 token each, relaunched as they end), once per chunk size in ``--chunks`` (0: forwards go whole, as
 before chunking existed). Alice's time per output token is taken from when the inference process's
 reply settles each of her token futures (consecutive tokens of one instance); the table gives its p50
-and p99, whether her tokens equal her tokens alone, and bob's prompt tokens forwarded per second
-meanwhile (what chunking costs the long prompts).
+and p99, whether her tokens equal her tokens alone, bob's prompt tokens forwarded per second
+meanwhile, and how long one of bob's prompts takes with nothing beside it (what chunking costs the
+long prompts).
 
 Writes ``results/chunked_prefill.md``.
 
@@ -81,6 +82,18 @@ def run(loop: ControlLoop, times: TokenTimes, args, prompt: str, prompts: int) -
             "bob_prompts": forwarded["prompts"]}
 
 
+def lone_prompt_s(loop: ControlLoop, prompt: str) -> float:
+    """Seconds one of bob's prompts takes with nothing beside it (launch to exit; the better of two)."""
+    seconds = []
+    for _ in range(2):
+        start = time.monotonic()
+        inst = loop.launch("text-completion", [prompt, "1"], owner="bob")
+        if not loop.run_until(lambda: not inst.alive, 600) or inst.exit_code != 0:
+            raise SystemExit(f"bob's prompt alone failed: {inst.error}")
+        seconds.append(time.monotonic() - start)
+    return min(seconds)
+
+
 def main() -> None:
     parser = doc_parser(__doc__)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -113,20 +126,23 @@ def main() -> None:
                 print(f"alice beside {args.prompts} prompts of {prompt_tokens} tokens, "
                       f"{f'chunks of {chunk}' if chunk else 'whole forwards'} ...", flush=True)
             results[chunk] = run(loop, times, args, prompt, 0 if chunk is None else args.prompts)
+            if chunk is not None:
+                results[chunk]["lone_s"] = lone_prompt_s(loop, prompt)
             loop.close()
     alone = results.pop(None)
+
     def figures(r: dict) -> list[str]:
         gaps = r["gaps"]
         return [f"{sum(gaps) / len(gaps):.1f}", f"{percentile(gaps, 50):.1f}", f"{percentile(gaps, 99):.1f}",
                 f"{max(gaps):.0f}", f"{r['wall_s']:.1f}"]
 
-    rows = [["alone", *figures(alone), "", ""]]
+    rows = [["alone", *figures(alone), "", "", ""]]
     for chunk, r in results.items():
         rows.append([f"beside bob, {'whole forwards' if not chunk else f'chunks of {chunk}'}", *figures(r),
                      "yes" if r["outputs"] == alone["outputs"] else "NO",
-                     f"{r['bob_prompts'] * prompt_tokens / r['wall_s']:.0f}"])
+                     f"{r['bob_prompts'] * prompt_tokens / r['wall_s']:.0f}", f"{r['lone_s']:.2f}"])
     table = markdown_table(["alice's run", "TPOT mean ms", "p50", "p99", "max", "alice's wall s", "same tokens",
-                            "bob's prompt tokens/s"], rows)
+                            "bob's prompt tokens/s", "one prompt alone s"], rows)
     sections = [
         f"Model `{args.model}`, alice: {args.instances} × `text-completion` × {args.tokens} tokens; bob: "
         f"{args.prompts} `text-completion` instances at once on prompts of {prompt_tokens} tokens, "
