@@ -63,10 +63,10 @@ class Replica:
         # The host tier copies on a side stream on CUDA only (inference/memory.py); elsewhere between steps.
         self.profiler = CostProfiler(copies_overlap=self.info.device.startswith("cuda"))
         self.profile_logged = self.profiler.measured  # what the loop last logged of it
-        # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
         # Chunked prefill: a longer forward goes as chunks, and batches stay small enough that a decode
         # step never waits for a whole long prompt's forward, however large the process would take them.
         chunk, self.batch_tokens = chunk_budget(config.prefill_chunk_tokens, info.device, info.max_batch_tokens)
+        # Interceptions is built below, once the pools and the allocator are: it hears of every batch.
         self.calls = InferenceCalls(self.scheduler, on_broken=kill,
                                     on_batch=lambda *batch: self.interceptions.observe_batch(*batch),
                                     chunk_tokens=chunk, page_size=info.page_size)
