@@ -22,11 +22,12 @@ gathers their results into the call's one future; each replica sizes its chunks 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
-
-from oven.proto import inference as p
+from typing import TYPE_CHECKING, NamedTuple
 
 from .footprint import Embed, Resource, TokenSlot
+
+if TYPE_CHECKING:  # not imported at run time: the CLI reads AUTO through the control settings
+    from oven.proto import inference as p
 
 __all__ = ["AUTO", "Chunk", "chunk_budget", "split_forward"]
 
@@ -65,7 +66,7 @@ def split_forward(item: p.ForwardItem | p.ForwardTextItem, page_size: int,
     """``item``'s inputs in chunks of ``chunk_tokens`` (at least 1; the last chunk may hold fewer), in
     order; None for an item whose context, outputs or mask do not fit its inputs: sent whole, it fails
     with the inference process's exact words for what is wrong."""
-    text = isinstance(item, p.ForwardTextItem)
+    text = hasattr(item, "token_ids")  # a ForwardTextItem; a ForwardItem's inputs are embeds
     num_inputs = len(item.token_ids if text else item.input_embed_ids)
     kv_len = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len
     mask = item.attention_mask
