@@ -138,6 +138,9 @@ class _SnapshotCollector:
         yield _batch_sizes(snap)
         yield _counter("oven:batch_items", "Items (calls) of those batches.", snap.stats.num_commands)
         yield _counter("oven:device_time_seconds", "Seconds inference processes spent on batches.", snap.device_s)
+        yield _counter("oven:split_forwards", "Forwards longer than --prefill-chunk-tokens, sent in chunks.",
+                       snap.num_split_forwards)
+        yield _counter("oven:prefill_chunks", "The chunks those forwards were sent as.", snap.num_prefill_chunks)
         interceptions = CounterMetricFamily("oven:interceptions", "The interception policy's moves of an "
                                             "instance waiting on I/O.", labels=["decision"])
         for decision, count in (("swap_out", snap.num_swapped_out), ("swap_in", snap.num_swapped_in),

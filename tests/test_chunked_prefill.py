@@ -147,7 +147,9 @@ def test_a_decode_step_joins_ahead_of_older_chunks():
 
 @pytest.mark.parametrize("flags", [[], ["--fused"]], ids=["forward", "forward-text"])
 def test_the_raw_api_on_a_chunked_prompt_equals_direct_greedy(loop, inference, flags, monkeypatch):
-    sent = record_batches(loop, monkeypatch)
+    """The prompt's forward goes as chunks (the loop counts them: the metrics' split_forwards and
+    prefill_chunks), two a batch, and the tokens are direct greedy's."""
+    sent, before = record_batches(loop, monkeypatch), loop.snapshot()
     (inst,) = run(loop, "hello-python", [[PROMPT, "6", *flags]])
     assert (inst.state, inst.exit_code) == (State.FINISHED, 0), inst.error
     prompt_tokens = len(Tokenizer(loop.info.tokenizer).encode(PROMPT))
@@ -156,6 +158,9 @@ def test_the_raw_api_on_a_chunked_prompt_equals_direct_greedy(loop, inference, f
     # two chunks a batch (the queue's next chunk joins its predecessor's batch), then a step a token
     whole, rest = divmod(prompt_tokens, 2 * CHUNK)
     assert sent == [2 * CHUNK] * whole + [rest] + [1] * 5
+    chunked = loop.snapshot()
+    assert chunked.num_split_forwards - before.num_split_forwards == 1
+    assert chunked.num_prefill_chunks - before.num_prefill_chunks == -(-prompt_tokens // CHUNK)
     assert_pools_full(loop)
 
 

@@ -77,6 +77,7 @@ def test_metrics_need_a_key_and_parse(served):
     expected = {"oven:num_requests_running": "gauge", "oven:instances": "gauge", "oven:requests": "counter",
                 "oven:kv_pages": "gauge", "oven:generation_tokens": "counter", "oven:batches": "counter",
                 "oven:batch_size": "histogram", "oven:device_time_seconds": "counter",
+                "oven:split_forwards": "counter", "oven:prefill_chunks": "counter",
                 "oven:interceptions": "counter", "oven:preemptions": "counter", "oven:adapter_requests": "counter",
                 "oven:inference_restarts": "counter", "oven:request_queue_time_seconds": "histogram",
                 "oven:time_to_first_token_seconds": "histogram", "oven:time_per_output_token_seconds": "histogram",

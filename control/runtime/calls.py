@@ -60,6 +60,7 @@ class InferenceCalls:
                  page_size: int = 16):
         self.scheduler = scheduler
         self.chunk_tokens, self.page_size = chunk_tokens, page_size
+        self.num_split = self.num_chunks = 0  # forwards split into chunks, and the chunks they made
         self._on_broken, self._on_batch = on_broken, on_batch
         self._last_settled_at = 0.0
         # Seconds the inference process took over every batch, and the share of the forward-text items that
@@ -117,6 +118,8 @@ class InferenceCalls:
         if call_type in CHUNKED and 0 < self.chunk_tokens < num_tokens:
             chunks = split_forward(item, self.page_size, self.chunk_tokens)
             if chunks is not None:
+                self.num_split += 1
+                self.num_chunks += len(chunks)
                 gather = _Gather(len(chunks), len(item.output_indices))
                 pieces = [(c.item, c.num_tokens, c.reads, c.writes, c.kv_context, (gather, c.outputs)) for c in chunks]
         for piece, cost, piece_reads, piece_writes, piece_context, part in pieces:

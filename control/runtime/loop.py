@@ -233,7 +233,8 @@ class ControlLoop:
                             sum(r.allocator.num_preempted for r in replicas), sum(c.rewrite_page_s for c in calls),
                             sum(i.copy_s for i in interceptions), sum(i.copy_page_s for i in interceptions),
                             tuple(ReplicaLoad(r.index, r.serving, len(r.instances), r.kv_pool.num_free, replica_stats)
-                                  for r, replica_stats in zip(replicas, stats)))
+                                  for r, replica_stats in zip(replicas, stats)),
+                            sum(c.num_split for c in calls), sum(c.num_chunks for c in calls))
 
     def exports(self) -> list[Export]:
         """Every client's exports on every replica."""

@@ -47,3 +47,5 @@ class LoopSnapshot:
     copy_s: float = 0.0  # Interceptions.copy_s / copy_page_s
     copy_page_s: float = 0.0
     replicas: tuple[ReplicaLoad, ...] = ()  # the counts above, per inference replica
+    num_split_forwards: int = 0  # InferenceCalls.num_split / num_chunks: long forwards sent in chunks
+    num_prefill_chunks: int = 0
