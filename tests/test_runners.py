@@ -74,8 +74,11 @@ def test_spinning_launches_of_one_client_hold_up_nothing_of_another(loop, expect
     assert 0 < alice_cpu_s < min(loop.ended(s.instance_id).cpu_s for s in spinners)
 
 
+LAUNCHES = 60  # they must outlast the decode's token's round trip (wave wait included): 30 did not always
+
+
 def test_a_clients_launches_wait_behind_its_running_instances(loop, expected):
-    """Thirty launches ordered while alice's decode waits for the device: the slice its next token wakes
+    """Sixty launches ordered while alice's decode waits for the device: the slice its next token wakes
     runs before the last of them. A Python launch takes 5-30 ms of the runner's one thread; run in the
     order they were ordered, every token of a running decode waited for every launch queued before it,
     and the launches' slices held the device's next batch back (512 launches of one client made 10 s in
@@ -90,7 +93,7 @@ def test_a_clients_launches_wait_behind_its_running_instances(loop, expected):
 
     loop._slices_ran = record
     try:
-        launched = [loop.launch("hello-python", [PROMPT, "1"], owner="alice") for _ in range(30)]
+        launched = [loop.launch("hello-python", [PROMPT, "1"], owner="alice") for _ in range(LAUNCHES)]
         assert loop.run_until(lambda: not decode.alive and not any(x.alive for x in launched), 120)
     finally:
         del loop._slices_ran
