@@ -22,6 +22,7 @@ import torch
 from oven.proto import inference as p
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ALICE_PROMPT = "Once upon a time"  # the decoding client of the isolation benches (alice_decodes)
 SHIPPED_ADAPTER = Path(str(files("oven.client.asynclm") / "adapter"))  # the AsyncLM adapter oven ships
 
 
@@ -184,6 +185,28 @@ class TokenTimes:
             times = self.by_instance.pop(inst.instance_id, [])
             out += [(b - a) * 1000 for a, b in zip(times, times[1:])]
         return sorted(out)
+
+
+def alice_decodes(loop, times: TokenTimes, instances: int, tokens: int, while_running: Callable[[], None],
+                  timeout_s: float = 600) -> tuple[list[float], list[str], float]:
+    """``alice`` runs ``instances`` `text-completion` × ``tokens`` tokens on ``loop`` (a ControlLoop that
+    holds it), calling ``while_running`` each turn until they end: her gaps between tokens (ms,
+    ascending), each instance's token message, and the seconds the run took. Exits on a failure."""
+    start = time.monotonic()
+    alice = [loop.launch("text-completion", [ALICE_PROMPT, str(tokens)], owner="alice") for _ in range(instances)]
+
+    def done() -> bool:
+        while_running()
+        return not any(i.alive for i in alice)
+
+    if not loop.run_until(done, timeout_s):
+        raise SystemExit(f"alice's instances did not finish in {timeout_s:.0f} s")
+    wall_s = time.monotonic() - start
+    bad = [i for i in alice if i.exit_code != 0]
+    if bad:
+        raise SystemExit(f"alice: {len(bad)} instances failed, first: {bad[0].error}")
+    outputs = [next(p for iid, k, p in loop.events if iid == i.instance_id and k == "message") for i in alice]
+    return times.gaps_ms(alice), outputs, wall_s
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

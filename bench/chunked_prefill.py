@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import TokenTimes, doc_parser, machine_lines, markdown_table, percentile, write_results  # noqa: E402
+from benchlib import (TokenTimes, alice_decodes, doc_parser, machine_lines, markdown_table,  # noqa: E402
+                      percentile, write_results)
 
 from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig  # noqa: E402
@@ -35,7 +36,6 @@ from oven.control.tokenizer import Tokenizer  # noqa: E402
 from oven.inference.config import InferenceConfig  # noqa: E402
 from oven.proto.endpoints import private_endpoint  # noqa: E402
 
-ALICE_PROMPT = "Once upon a time"
 NUM_PAGES = 2048
 
 
@@ -48,11 +48,12 @@ def long_prompt(num_tokens: int) -> str:
 def run(loop: ControlLoop, times: TokenTimes, args, prompt: str, prompts: int) -> dict:
     """Alice's run, beside ``prompts`` of bob's long prompts at once."""
     bob: list = []
-    forwarded = {"prompts": 0}
+    forwarded = 0
 
     def keep_bob_busy() -> None:
+        nonlocal forwarded
         for inst in [b for b in bob if not b.alive]:
-            forwarded["prompts"] += inst.exit_code == 0
+            forwarded += inst.exit_code == 0
             bob.remove(inst)
         while len(bob) < prompts:
             bob.append(loop.launch("text-completion", [prompt, "1"], owner="bob"))
@@ -60,26 +61,10 @@ def run(loop: ControlLoop, times: TokenTimes, args, prompt: str, prompts: int) -
     if prompts:
         keep_bob_busy()
         loop.run_until(lambda: keep_bob_busy() or False, 1)  # bob's prompts in flight first
-    start = time.monotonic()
-    alice = [loop.launch("text-completion", [ALICE_PROMPT, str(args.tokens)], owner="alice")
-             for _ in range(args.instances)]
-
-    def done() -> bool:
-        if prompts:
-            keep_bob_busy()
-        return not any(i.alive for i in alice)
-
-    if not loop.run_until(done, 1800):
-        raise SystemExit("alice's instances did not finish in 1800 s")
-    wall_s = time.monotonic() - start
+    gaps, outputs, wall_s = alice_decodes(loop, times, args.instances, args.tokens, keep_bob_busy, 1800)
     for inst in bob:
         loop.terminate(inst.instance_id, "bench over")
-    bad = [i for i in alice if i.exit_code != 0]
-    if bad:
-        raise SystemExit(f"alice: {len(bad)} instances failed, first: {bad[0].error}")
-    outputs = [next(p for iid, k, p in loop.events if iid == i.instance_id and k == "message") for i in alice]
-    return {"gaps": times.gaps_ms(alice), "outputs": outputs, "wall_s": wall_s,
-            "bob_prompts": forwarded["prompts"]}
+    return {"gaps": gaps, "outputs": outputs, "wall_s": wall_s, "bob_prompts": forwarded}
 
 
 def lone_prompt_s(loop: ControlLoop, prompt: str) -> float:
@@ -110,6 +95,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="oven-chunked-") as root, \
             start_inference_process(config, timeout_s=600) as inference:
+        prompt_tokens = len(Tokenizer(inference.info.tokenizer).encode(prompt))
         for chunk in [None, *args.chunks]:  # None: alice alone (chunking moot: her prompt is short)
             events: list = []
             loop = ControlLoop(inference.client(), ControlConfig(program_dir=str(Path(root) / "programs"),
@@ -118,7 +104,6 @@ def main() -> None:
             loop.events = events
             loop.programs.add((inferlets_dir() / "text-completion" / "text-completion.wasm").read_bytes(),
                               "text-completion", namespace=LIBRARY)
-            prompt_tokens = len(Tokenizer(loop.info.tokenizer).encode(prompt))
             if chunk is None:
                 print("warm-up and alice alone ...", flush=True)
                 run(loop, times, args, prompt, 0)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import TokenTimes, doc_parser, machine_lines, markdown_table, percentile, write_results  # noqa: E402
+from benchlib import (TokenTimes, alice_decodes, doc_parser, machine_lines, markdown_table,  # noqa: E402
+                      percentile, write_results)
 
 from oven.client.paths import inferlets_dir  # noqa: E402
 from oven.control.config import ControlConfig  # noqa: E402
@@ -37,7 +38,6 @@ from oven.control.runtime.programs import LIBRARY  # noqa: E402
 from oven.inference.config import InferenceConfig  # noqa: E402
 from oven.proto.endpoints import private_endpoint  # noqa: E402
 
-PROMPT = "Once upon a time"
 GOAL = 1.5
 NUM_PAGES = 1024
 
@@ -55,23 +55,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def alice(loop: ControlLoop, times: TokenTimes, args, while_running) -> tuple[list[float], list[str]]:
-    instances = [loop.launch("text-completion", [PROMPT, str(args.tokens)], owner="alice")
-                 for _ in range(args.instances)]
-
-    def done() -> bool:
-        while_running()
-        return not any(i.alive for i in instances)
-
-    if not loop.run_until(done, 600):
-        raise SystemExit("alice's instances did not finish in 600 s")
-    bad = [i for i in instances if i.exit_code != 0]
-    if bad:
-        raise SystemExit(f"alice: {len(bad)} instances failed, first: {bad[0].error}")
-    outputs = [next(p for iid, k, p in loop.events if iid == i.instance_id and k == "message") for i in instances]
-    return times.gaps_ms(instances), outputs
 
 
 def main() -> None:
@@ -96,8 +79,8 @@ def main() -> None:
         kinds = [("hostile", ["spin"]), (many, []), ("hostile", ["hoard"]), ("hostile", ["tokenize", str(60 << 10)]),
                  ("hostile", ["hold-kv", str(NUM_PAGES // 4 // (args.hostile // 5 + 1)), "0"])]
         print("warm-up and alice alone ...", flush=True)
-        alice(loop, times, args, lambda: None)
-        alone_gaps, alone_out = alice(loop, times, args, lambda: None)
+        alice_decodes(loop, times, args.instances, args.tokens, lambda: None)
+        alone_gaps, alone_out, _ = alice_decodes(loop, times, args.instances, args.tokens, lambda: None)
         control_before = rss_mib(os.getpid())
         hostile: list = []
         peak = {"runner": 0.0}
@@ -112,7 +95,7 @@ def main() -> None:
         print(f"alice beside {args.hostile} hostile instances of mallory ...", flush=True)
         keep_mallory_busy()
         loop.run_until(lambda: keep_mallory_busy() or False, 3)  # let mallory settle in
-        noisy_gaps, noisy_out = alice(loop, times, args, keep_mallory_busy)
+        noisy_gaps, noisy_out, _ = alice_decodes(loop, times, args.instances, args.tokens, keep_mallory_busy)
         control_after = rss_mib(os.getpid())
         failures = defaultdict(int)
         for inst in hostile:

@@ -4,9 +4,10 @@ A request's size is the user's to change, so a request past a limit is a 400 nam
 the request's figures (as OpenAI and vLLM word it), never a 500 after minutes of work that the
 ``openai`` client would retry. The limits come from the server's info: the model's positions, the
 KvPages one instance may hold (its quota, within the pool) and the longest forward where the server
-forwards a prompt in one (``--prefill-chunk-tokens 0``; else it reports none). ``max_tokens`` alone is checked before the launch; the prompts' sizes are known
-once the chat-completion inferlet has tokenized them, before it forwards anything: it sends them,
-and stops there itself past ``max_context`` or ``max_prompt_tokens`` (:meth:`Limits.inferlet_fields`).
+forwards a prompt in one (``--prefill-chunk-tokens 0``; else it reports none). ``max_tokens`` alone
+is checked before the launch; the prompts' sizes are known once the chat-completion inferlet has
+tokenized them, before it forwards anything: it sends them, and stops there itself past
+``max_context`` or ``max_prompt_tokens`` (:meth:`Limits.inferlet_fields`).
 """
 
 from __future__ import annotations

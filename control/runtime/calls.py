@@ -115,7 +115,7 @@ class InferenceCalls:
         rewrites = call_type == "forward_text" and _rewrites(inst, item)
         now = time.monotonic()
         pieces = [(item, num_tokens, reads, writes, kv_context, None)]
-        if call_type in CHUNKED and 0 < self.chunk_tokens < num_tokens:
+        if 0 < self.chunk_tokens < num_tokens and call_type in CHUNKED:  # never true of a decode step
             chunks = split_forward(item, self.page_size, self.chunk_tokens)
             if chunks is not None:
                 self.num_split += 1
@@ -207,7 +207,8 @@ class InferenceCalls:
             if part is None:
                 inst.futures.fail(fut, error)
             else:
-                part[0].settled(inst, fut, error)
+                gather, _ = part
+                gather.settled(inst, fut, error)
 
 
 CHUNKED = ("forward", "forward_text")  # the call types a long one of which is split
