@@ -68,33 +68,31 @@ def split_forward(item: p.ForwardItem | p.ForwardTextItem, page_size: int,
     with the inference process's exact words for what is wrong."""
     text = hasattr(item, "token_ids")  # a ForwardTextItem; a ForwardItem's inputs are embeds
     num_inputs = len(item.token_ids if text else item.input_embed_ids)
-    kv_len = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len
-    mask = item.attention_mask
-    if not (item.kv_page_ids and 1 <= item.kv_last_page_len <= page_size and num_inputs <= kv_len
-            and all(0 <= index < num_inputs for index in item.output_indices)
-            and (mask is None or (len(mask) == num_inputs and all(len(row) == (kv_len + 7) // 8 for row in mask)))):
+    if not _well_formed(item, num_inputs, page_size):
         return None
-    base = kv_len - num_inputs  # tokens in the context before the inputs
-    last_output = len(item.output_indices) - 1
+    base = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len - num_inputs  # context before them
+    outputs_of: list[list[int]] = [[] for _ in range(0, num_inputs, chunk_tokens)]  # chunk -> its outputs
+    for j, index in enumerate(item.output_indices):
+        outputs_of[index // chunk_tokens].append(j)
     chunks = []
-    for start in range(0, num_inputs, chunk_tokens):
-        stop = min(start + chunk_tokens, num_inputs)
-        kv_len = base + stop
-        pages = item.kv_page_ids[:(kv_len + page_size - 1) // page_size]
-        last_page_len = kv_len - (len(pages) - 1) * page_size
-        outputs = [j for j, index in enumerate(item.output_indices) if start <= index < stop]
-        mask = None if item.attention_mask is None else [
-            row[:(kv_len + 7) // 8] for row in item.attention_mask[start:stop]]
+    for k, outputs in enumerate(outputs_of):
+        start, stop = k * chunk_tokens, min((k + 1) * chunk_tokens, num_inputs)
+        context = base + stop  # the chunk's context ends after its last input
+        pages = item.kv_page_ids[:(context + page_size - 1) // page_size]
+        last_page_len = context - (len(pages) - 1) * page_size
+        mask = None if item.attention_mask is None else [row[:(context + 7) // 8] for row in
+                                                         item.attention_mask[start:stop]]
         common = dict(kv_page_ids=pages, kv_last_page_len=last_page_len, attention_mask=mask,
                       output_indices=[item.output_indices[j] - start for j in outputs])
         if text:
             futures = None if item.token_futures is None else item.token_futures[start:stop]
-            sample = item.sample if last_output in outputs else None
+            if futures is not None and all(s == -1 for s in futures):
+                futures = None
+            sample = item.sample if outputs and outputs[-1] == len(item.output_indices) - 1 else None
             chunk = dataclasses.replace(item, token_ids=item.token_ids[start:stop],
-                                        positions=item.positions[start:stop], **common,
-                                        token_futures=futures if futures and any(s != -1 for s in futures) else None,
-                                        sample=sample)
-            reads = frozenset(TokenSlot(s) for s in chunk.token_futures or () if s != -1)
+                                        positions=item.positions[start:stop], token_futures=futures, sample=sample,
+                                        **common)
+            reads = frozenset(TokenSlot(s) for s in futures or () if s != -1)
             writes = frozenset({TokenSlot(sample.future_id)}) if sample is not None else frozenset()
         else:
             chunk = dataclasses.replace(item, input_embed_ids=item.input_embed_ids[start:stop],
@@ -104,3 +102,14 @@ def split_forward(item: p.ForwardItem | p.ForwardTextItem, page_size: int,
         chunks.append(Chunk(chunk, stop - start, reads, writes, (pages, last_page_len, stop - start, page_size),
                             outputs))
     return chunks
+
+
+def _well_formed(item, num_inputs: int, page_size: int) -> bool:
+    """Whether ``item``'s context holds its inputs, its outputs index them, and its mask has a row per
+    input as long as the context."""
+    if not item.kv_page_ids or not 1 <= item.kv_last_page_len <= page_size:
+        return False
+    kv_len = (len(item.kv_page_ids) - 1) * page_size + item.kv_last_page_len
+    mask = item.attention_mask
+    return (num_inputs <= kv_len and all(0 <= index < num_inputs for index in item.output_indices)
+            and (mask is None or len(mask) == num_inputs and all(len(row) == (kv_len + 7) // 8 for row in mask)))
